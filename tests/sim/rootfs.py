@@ -1,0 +1,90 @@
+"""A Debian bookworm root filesystem, made with debootstrap and `docker import`ed.
+
+Every sim image (the simulated Thor, the vLLM stand-in base, the hub) starts from it, so all of
+them share one set of layers and one trusted CA bundle.
+"""
+
+import hashlib
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import docker.errors
+
+from tests.sim import locked, state_dir
+
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+REPOSITORY = "thorfleet-sim/rootfs"
+# What every sim container needs: systemd as PID 1, sshd for pyinfra, an inner Docker engine,
+# and Python for the stand-ins.
+PACKAGES = [
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "sudo", "docker.io", "iptables",
+    "ca-certificates", "curl", "procps", "iproute2", "python3", "python3-venv", "python3-pip",
+    "less",
+]
+# The host's bundle trusts the site's TLS-intercepting proxy; without it pip inside cannot reach PyPI.
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def _inputs_hash() -> str:
+    digest = hashlib.sha256()
+    for part in (SUITE, MIRROR, " ".join(PACKAGES)):
+        digest.update(part.encode() + b"\0")
+    digest.update(Path(__file__).read_bytes())
+    digest.update(HOST_CA_BUNDLE.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def ensure_rootfs(client) -> str:
+    """Return the tag of the rootfs image, building it only when its inputs changed."""
+    tag = f"{REPOSITORY}:{_inputs_hash()}"
+    with locked("rootfs"):
+        try:
+            client.images.get(tag)
+            return tag
+        except docker.errors.ImageNotFound:
+            pass
+        _build(client, tag)
+    return tag
+
+
+def _build(client, tag: str) -> None:
+    state = state_dir()
+    # debootstrap keeps the downloaded .debs here: a rebuild after an input change fetches little.
+    cache = state / "cache" / "debootstrap"
+    cache.mkdir(parents=True, exist_ok=True)
+    log_path = state / "logs" / "rootfs.log"
+    log_path.parent.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=state, prefix="rootfs-") as work:
+        target = Path(work) / "root"
+        with open(log_path, "w") as log:
+            subprocess.run(
+                ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+                 f"--cache-dir={cache}", SUITE, str(target), MIRROR],
+                stdout=log, stderr=subprocess.STDOUT, check=True,
+            )
+        _finish(target)
+        tarball = Path(work) / "rootfs.tar"
+        subprocess.run(["tar", "--numeric-owner", "--xattrs", "-C", str(target), "-cf",
+                        str(tarball), "."], check=True)
+        repository, _, version = tag.partition(":")
+        client.api.import_image(src=str(tarball), repository=repository, tag=version,
+                                changes=["ENV LANG=C.UTF-8", 'CMD ["/bin/bash"]'])
+
+
+def _finish(target: Path) -> None:
+    """Make the debootstrapped tree fit for an image: trust the site CA, drop caches."""
+    # As the system bundle, and as a local CA so update-ca-certificates (run by any later
+    # apt install of ca-certificates) keeps it.
+    shutil.copyfile(HOST_CA_BUNDLE, target / "etc/ssl/certs/ca-certificates.crt")
+    shutil.copyfile(HOST_CA_BUNDLE, target / "usr/local/share/ca-certificates/site-bundle.crt")
+    for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        for path in (target / leftover).glob("*"):
+            if path.is_file():
+                path.unlink()
+    # Empty machine-id: systemd makes a fresh one per container instead of sharing one.
+    (target / "etc/machine-id").write_text("")
+    for path in (target / "etc/ssh").glob("ssh_host_*"):
+        path.unlink()  # each box gets its own host keys at first boot (see box/)
