@@ -1,0 +1,26 @@
+"""thorfleet: turn Jetson AGX Thor boxes into supervised vLLM servers of Mistral Small 4 (NVFP4)
+with EAGLE-3 speculative decoding.
+
+    pyinfra inventory/my-fleet.py deploy.py
+
+Every step reads the box first and changes only what differs: a re-run on a converged box changes
+nothing, a drifted box is put right.
+"""
+
+from pyinfra import config, host, inventory
+
+from tasks import image, memory, power, preflight, service, verification, weights
+from thorfleet.settings import settings_for_inventory
+
+config.SUDO = True  # everything on the box is root's; the deploy user needs passwordless sudo
+
+# Every host's group data is checked (and the secrets read) before any operation is planned.
+s = settings_for_inventory(inventory)[host.name]
+
+preflight.run(s)
+power.run(s)
+memory.run(s)
+weights.run(s)
+image.run(s)
+service.run(s)
+verification.run(s)

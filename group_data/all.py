@@ -1,0 +1,53 @@
+"""Every thorfleet tunable, with its default. Override per fleet in your inventory's group data.
+
+One line of comment per key; the README's table is checked against this file by a test.
+"""
+
+import os
+
+# --- preflight: refuse boxes that cannot run the model -------------------------------------------
+preflight_min_l4t_release = "38.0"  # oldest L4T release accepted, from /etc/nv_tegra_release (JetPack 7)
+preflight_min_memory_gib = 100  # least total memory (MemTotal) a box must have; a Thor has ~122 GiB
+preflight_min_free_disk_gib = 100  # least free disk under weights_dir for weights (~71 GB) and image
+
+# --- power: nvpmodel mode and locked clocks -------------------------------------------------------
+power_mode = 1  # nvpmodel mode; on the T5000 0=MAXN, 1=120W (the seed), 2=90W, 3=70W
+power_allow_reboot = False  # allow a reboot when the mode needs one (2 and 3); otherwise fail clearly
+power_reboot_timeout_s = 900  # how long to wait for a box to come back from that reboot
+
+# --- memory: the page-cache gate run before every start of the server ----------------------------
+memory_min_available_gib = 95  # MemAvailable the server needs before it starts (vLLM's free-memory check)
+memory_gate_timeout_s = 300  # give up waiting for the page cache to drain after this long
+memory_gate_interval_s = 5  # seconds between drop_caches attempts
+
+# --- weights: huggingface_hub downloads on the box ----------------------------------------------
+weights_dir = "/opt/thorfleet/models"  # where checkpoints live on the box, one folder per revision
+weights_model_repo = "mistralai/Mistral-Small-4-119B-2603-NVFP4"  # the NVFP4 checkpoint (~71 GB)
+weights_model_revision = None  # REQUIRED: 40-hex commit of the checkpoint to serve (pin it)
+weights_draft_repo = "mistralai/Mistral-Small-4-119B-2603-eagle"  # the EAGLE-3 draft (~0.4 GB)
+weights_draft_revision = None  # REQUIRED: 40-hex commit of the draft to serve (pin it)
+weights_hf_endpoint = os.environ.get("HF_ENDPOINT")  # hub or site mirror the boxes download from
+weights_hf_token_file = None  # laptop path of a file holding HF_TOKEN (else env HF_TOKEN); never logged
+weights_hub_pip_spec = "huggingface_hub>=1.18,<3"  # huggingface_hub installed in the box's venv
+
+# --- image: the derived vLLM image with the chat patches ----------------------------------------
+image_base = None  # REQUIRED: base vLLM image pinned by digest, e.g. ghcr.io/nvidia-ai-iot/vllm@sha256:…
+image_name = "thorfleet/mistral-small4"  # local name of the derived image; the tag is a hash of its inputs
+image_think_prefill = True  # open [THINK] for reasoning_effort=high (this checkpoint does not by itself)
+
+# --- service: the systemd-supervised vLLM container ----------------------------------------------
+service_name = "thorfleet-vllm"  # systemd unit and container name
+service_profile = "default"  # "default": EAGLE-3, 64K context; "no-eagle": no speculation, 256K
+service_host = None  # listen address; None: 0.0.0.0 with an API key, 127.0.0.1 without one
+service_port = 8002  # port vLLM listens on
+service_gpu_memory_utilization = 0.72  # share of unified memory vLLM may take (~96 GB on a Thor)
+service_api_key_file = None  # laptop path of a file holding the API key (else env THORFLEET_API_KEY)
+service_allow_no_api_key = False  # explicitly serve without an API key (then binds 127.0.0.1 unless set)
+service_health_timeout_s = 1200  # how long a (re)start may take to answer /health (seed: 20 min)
+service_docker_gpus = "all"  # value of docker run --gpus
+service_extra_env = {}  # extra environment for the container, merged over the seed's
+
+# --- rollout: how a fleet is converged -----------------------------------------------------------
+rollout_batch = 1  # hosts restarted at once; each batch must serve before the next starts
+rollout_canary_group = None  # inventory group restarted (and proven) before everyone else
+rollout_report_path = "thorfleet-report.json"  # laptop path of the JSON report of the last run

@@ -1,0 +1,1 @@
+"""One module per concern, in the order an operator would do them by hand (see deploy.py)."""

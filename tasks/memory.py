@@ -1,0 +1,17 @@
+"""Memory: the page-cache gate the service runs before every start (its ExecStartPre)."""
+
+from pyinfra.api import deploy
+from pyinfra.operations import files
+
+from thorfleet.settings import BOX_BIN, FILES
+
+
+@deploy("Memory")
+def run(s):
+    files.directory(name="Create thorfleet's bin folder", path=BOX_BIN, mode="755")
+    files.put(
+        name="Install the memory gate (drop caches until MemAvailable is enough)",
+        src=str(FILES / "bin" / "memory-gate"),
+        dest=f"{BOX_BIN}/memory-gate",
+        mode="755",
+    )

@@ -1,0 +1,28 @@
+"""Power: the nvpmodel mode from group data, and clocks locked now and at every boot."""
+
+from pyinfra.api import deploy
+from pyinfra.operations import files, systemd
+
+from thorfleet import operations as thor
+from thorfleet.settings import CLOCKS_UNIT, FILES
+
+
+@deploy("Power")
+def run(s):
+    mode = thor.power_mode(
+        name=f"Set power mode {s.power_mode} (nvpmodel, never waiting on its reboot prompt)",
+        mode=s.power_mode,
+        allow_reboot=s.power_allow_reboot,
+        reboot_timeout=s.power_reboot_timeout_s,
+    )
+    # jetson_clocks does not survive a reboot: a oneshot unit ordered after nvpmodel.service does.
+    unit = files.put(
+        name="Install the unit that locks clocks at every boot",
+        src=str(FILES / "systemd" / CLOCKS_UNIT),
+        dest=f"/etc/systemd/system/{CLOCKS_UNIT}",
+        mode="644",
+    )
+    systemd.daemon_reload(name="Reload systemd after the clocks unit changed", _if=unit.did_change)
+    systemd.service(name="Enable the clocks unit", service=CLOCKS_UNIT, enabled=True)
+    # A new mode has new maximum clocks: lock again after a mode change.
+    thor.clocks_locked(name="Lock clocks with jetson_clocks", force=mode.did_change)

@@ -1,0 +1,1 @@
+"""thorfleet: custom facts, operations and settings for the Thor deploy."""

@@ -1,0 +1,157 @@
+"""What thorfleet reads from a Thor before deciding what to change. Each fact is one command."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from pyinfra.api import FactBase
+
+REMOTE_BIN = "/opt/thorfleet/bin"
+
+
+class L4TRelease(FactBase):
+    """The L4T release as "38.2" from /etc/nv_tegra_release, or None on a box that is not a Jetson."""
+
+    command = "cat /etc/nv_tegra_release 2>/dev/null || true"
+
+    def process(self, output):
+        # "# R38 (release), REVISION: 2.0, GCID: ..., BOARD: generic, EABI: aarch64, DATE: ..."
+        match = re.match(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", "\n".join(output))
+        return f"{match.group(1)}.{match.group(2)}" if match else None
+
+
+class MemTotalGiB(FactBase):
+    """Total memory in GiB (MemTotal)."""
+
+    command = "awk '/^MemTotal:/ {print $2}' /proc/meminfo"
+
+    def process(self, output):
+        return int(output[0]) / 1024**2
+
+
+class FreeDiskGiB(FactBase):
+    """Free disk in GiB on the filesystem that holds `path` (or its nearest existing parent)."""
+
+    def command(self, path):
+        return (
+            f"p={path}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
+            "df -Pk \"$p\" | awk 'NR==2 {print $4}'"
+        )
+
+    def process(self, output):
+        return int(output[0]) / 1024**2
+
+
+class DockerRuntimes(FactBase):
+    """Names of the runtimes the Docker engine offers (`nvidia` is needed), or None without Docker."""
+
+    command = "docker info --format '{{json .Runtimes}}'"
+    requires_command = "docker"
+
+    def process(self, output):
+        return sorted(json.loads("".join(output)))
+
+
+class SudoWorks(FactBase):
+    """True when the deploy user can run sudo without a password prompt."""
+
+    command = "sudo -n true >/dev/null 2>&1 && echo yes || echo no"
+
+    def process(self, output):
+        return output[-1] == "yes"
+
+
+class PowerMode(FactBase):
+    """The current nvpmodel mode id: the last line of `nvpmodel -q`, after any NVPM WARN lines."""
+
+    command = "nvpmodel -q </dev/null"
+    requires_command = "nvpmodel"
+
+    def process(self, output):
+        return int(output[-1].strip())
+
+
+class ClocksLocked(FactBase):
+    """True when jetson_clocks has pinned every CPU and the GPU (MinFreq == MaxFreq in --show)."""
+
+    command = "jetson_clocks --show </dev/null"
+    requires_command = "jetson_clocks"
+
+    def process(self, output):
+        # "cpu0: Online=1 Governor=... MinFreq=X MaxFreq=Y CurrentFreq=Z" and "GPU MinFreq=X MaxFreq=Y ..."
+        pairs = [
+            re.search(r"MinFreq=(\d+)\s+MaxFreq=(\d+)", line)
+            for line in output
+            if re.match(r"(cpu\d+:|GPU\b)", line.strip())
+        ]
+        pairs = [p for p in pairs if p]
+        return bool(pairs) and all(p.group(1) == p.group(2) for p in pairs)
+
+
+class RebootMarker(FactBase):
+    """True while /run/thorfleet-before-reboot exists: /run is emptied by every boot."""
+
+    command = "test -e /run/thorfleet-before-reboot && echo yes || echo no"
+
+    def process(self, output):
+        return output[-1] == "yes"
+
+
+class FileState(FactBase):
+    """sha256, mode and owner of a file (read as root), or None when it does not exist."""
+
+    def command(self, path):
+        return (
+            f"if [ -f {path} ]; then sha256sum {path} | cut -d' ' -f1; "
+            f"stat -c '%a %U %G' {path}; fi"
+        )
+
+    def process(self, output):
+        if len(output) < 2:
+            return None
+        mode, user, group = output[1].split()
+        return {"sha256": output[0], "mode": mode, "user": user, "group": group}
+
+
+class DockerImageLabels(FactBase):
+    """Labels of a local Docker image, or None when the image is not there."""
+
+    def command(self, ref):
+        return (
+            f"docker image inspect --format '{{{{json .Config.Labels}}}}' {ref} 2>/dev/null "
+            "|| echo absent"
+        )
+
+    def process(self, output):
+        text = "".join(output)
+        return None if text == "absent" else (json.loads(text) or {})
+
+
+class WeightsState(FactBase):
+    """Offline check of one pinned checkpoint folder: {"complete": bool, "problems": [...]}."""
+
+    def command(self, folder, revision):
+        tool = f"{REMOTE_BIN}/thorfleet-weights"
+        return (
+            f"if [ -x /opt/thorfleet/venv/bin/python ] && [ -f {tool} ]; then "
+            f"/opt/thorfleet/venv/bin/python {tool} verify --dir {folder} --revision {revision}; "
+            "else echo '{\"complete\": false, \"problems\": [\"thorfleet tools not installed\"]}'; fi"
+        )
+
+    def process(self, output):
+        return json.loads(output[-1])
+
+
+class ServerState(FactBase):
+    """What the server runs now: {"active", "enabled", "proven_fingerprint", "healthy"}."""
+
+    def command(self, service, port):
+        tool = f"{REMOTE_BIN}/thorfleet-serve"
+        return (
+            f"if [ -f {tool} ]; then python3 {tool} state --service {service} --port {port}; "
+            "else echo '{}'; fi"
+        )
+
+    def process(self, output):
+        return json.loads(output[-1])

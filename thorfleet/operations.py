@@ -1,0 +1,249 @@
+"""thorfleet's own operations: each reads a fact and yields only what closes the gap, or noops."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from io import StringIO
+
+from packaging.version import Version
+from pyinfra import host, logger
+from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
+from pyinfra.api.exceptions import OperationError
+
+from thorfleet import facts
+from thorfleet.settings import BOX_BIN, BOX_VENV
+
+
+def _fail(message):
+    """A FunctionCommand that fails the host with `message` (no traceback, host named)."""
+
+    def report(state, host):
+        host.log_styled(f"thorfleet: {message}", fg="red", log_func=logger.error)
+        return False
+
+    return FunctionCommand(report, (), {})
+
+
+@operation()
+def thor_ready(s):
+    """Refuse a box that cannot run the model: not a Thor, too little memory or disk, no nvidia
+    runtime, no sudo. Reads facts only; fails the host with one message per problem.
+
+    .. code:: python
+
+        thor_ready(name="Check the box is a Thor ready for the model", s=settings)
+    """
+    problems = []
+    release = host.get_fact(facts.L4TRelease)
+    if release is None:
+        problems.append("/etc/nv_tegra_release is missing: not a Jetson running L4T (JetPack)")
+    elif Version(release) < Version(str(s.preflight_min_l4t_release)):
+        problems.append(f"L4T R{release} is older than R{s.preflight_min_l4t_release}: "
+                        "flash JetPack 7 (L4T r38) or newer")
+    memory = host.get_fact(facts.MemTotalGiB)
+    if memory < s.preflight_min_memory_gib:
+        problems.append(f"{memory:.1f} GiB of memory, the model needs {s.preflight_min_memory_gib}"
+                        " (preflight_min_memory_gib)")
+    disk = host.get_fact(facts.FreeDiskGiB, path=s.weights_dir)
+    if disk < s.preflight_min_free_disk_gib:
+        problems.append(f"{disk:.1f} GiB free under {s.weights_dir}, need "
+                        f"{s.preflight_min_free_disk_gib} (preflight_min_free_disk_gib): free space "
+                        "or point weights_dir at a larger disk")
+    if not host.get_fact(facts.SudoWorks, _sudo=False):
+        problems.append(f"`sudo -n true` fails for {host.data.get('ssh_user') or 'the SSH user'}: "
+                        "give it passwordless sudo (thorfleet cannot answer password prompts)")
+    runtimes = host.get_fact(facts.DockerRuntimes)
+    if runtimes is None:
+        problems.append("docker is not installed: install JetPack's Docker with nvidia-container-toolkit")
+    elif "nvidia" not in runtimes:
+        problems.append(f"Docker offers runtimes {runtimes} but not `nvidia`: install "
+                        "nvidia-container-toolkit and run `nvidia-ctk runtime configure`")
+    if problems:
+        yield _fail("preflight failed:\n  - " + "\n  - ".join(problems))
+    else:
+        host.noop(f"Thor ready: L4T R{release}, {memory:.0f} GiB, {disk:.0f} GiB free")
+
+
+@operation()
+def power_mode(mode, allow_reboot=False, reboot_timeout=900):
+    """Set the nvpmodel power mode, never hanging on its reboot prompt.
+
+    Modes that switch live are set at once. A mode that needs a reboot prints a YES/no prompt:
+    nvpmodel gets a closed stdin, so it changes nothing, and the host fails with a clear message
+    unless ``allow_reboot`` is set; then nvpmodel is answered YES and the box is waited for.
+
+    .. code:: python
+
+        power_mode(name="Set power mode 1 (120 W)", mode=1)
+    """
+    current = host.get_fact(facts.PowerMode)
+    if current is None:
+        raise OperationError("nvpmodel not found: this box is not a Jetson with JetPack")
+    if current == mode:
+        host.noop(f"power mode is already {mode}")
+        return
+    # stdin closed: a mode that needs a reboot prints its prompt, reads EOF and changes nothing.
+    yield StringCommand(f"nvpmodel -m {int(mode)} </dev/null || true")
+
+    def needs_reboot(state, host):
+        if host.get_fact(facts.PowerMode) == mode:
+            return True
+        if not allow_reboot:
+            host.log_styled(
+                f"thorfleet: power mode {mode} needs a reboot on {host.name} and "
+                "power_allow_reboot is False: set power_allow_reboot = True to let thorfleet "
+                f"reboot it, or run `sudo nvpmodel -m {mode}` and answer YES yourself",
+                fg="red", log_func=logger.error)
+            return False
+        return _reboot_for_mode(host, mode, reboot_timeout)
+
+    yield FunctionCommand(needs_reboot, (), {})
+
+
+def _reboot_for_mode(host, mode, timeout):
+    """Answer nvpmodel's prompt with YES (the operator allowed it) and wait for the box."""
+    host.run_shell_command("touch /run/thorfleet-before-reboot", _sudo=True)
+    host.run_shell_command(
+        f"sh -c '(sleep 2; echo YES | nvpmodel -m {int(mode)}) </dev/null >/dev/null 2>&1 &'",
+        _sudo=True,
+    )
+    time.sleep(5)
+    deadline = time.monotonic() + timeout
+    host.disconnect()
+    while time.monotonic() < deadline:
+        time.sleep(5)
+        host.connect(show_errors=False)
+        # /run is emptied by a boot: the marker gone means the box really rebooted
+        if host.connected and not host.get_fact(facts.RebootMarker):
+            if host.get_fact(facts.PowerMode) == mode:
+                return True
+            host.log_styled(f"thorfleet: {host.name} rebooted but power mode is not {mode}",
+                            fg="red", log_func=logger.error)
+            return False
+        if host.connected:
+            host.disconnect()
+    host.log_styled(f"thorfleet: {host.name} did not come back within {timeout}s "
+                    "(power_reboot_timeout_s)", fg="red", log_func=logger.error)
+    return False
+
+
+@operation()
+def clocks_locked(force=False):
+    """Lock the clocks with jetson_clocks unless they already are (or `force`, after a mode change).
+
+    .. code:: python
+
+        clocks_locked(name="Lock clocks", force=power.did_change)
+    """
+    locked = host.get_fact(facts.ClocksLocked)
+    if locked is None:
+        raise OperationError("jetson_clocks not found: this box is not a Jetson with JetPack")
+    if locked and not (force() if callable(force) else force):
+        host.noop("clocks are already locked")
+        return
+    yield "jetson_clocks"
+
+
+@operation()
+def secret_file(path, content):
+    """A root-only (0600) file with secret `content`, uploaded without ever being in a command line.
+
+    Call it with ``_sudo=False``: the upload goes as the SSH user into a 0700 folder of its own,
+    then sudo installs it beside the destination and renames it into place.
+
+    .. code:: python
+
+        secret_file(name="Install the API key", path="/etc/thorfleet/secrets.env",
+                    content="VLLM_API_KEY=...\\n", _sudo=False)
+    """
+    import hashlib
+
+    wanted = hashlib.sha256(content.encode()).hexdigest()
+    current = host.get_fact(facts.FileState, path=path, _sudo=True)
+    if current == {"sha256": wanted, "mode": "600", "user": "root", "group": "root"}:
+        host.noop(f"{path} is already in place")
+        return
+    if current and current["sha256"] == wanted:
+        yield f"sudo chown root:root {path} && sudo chmod 600 {path}"
+        return
+    staged = ".thorfleet-upload/secret"
+    tmp = f"{path}.thorfleet-tmp"
+    yield "install -d -m 700 .thorfleet-upload"
+    yield FileUploadCommand(StringIO(content), staged)
+    yield (f"sudo install -m 600 -o root -g root {staged} {tmp} && sudo mv -f {tmp} {path}; "
+           f"status=$?; rm -f {staged}; exit $status")
+
+
+@operation()
+def checkpoint(folder, repo, revision, endpoint=None, token_file=None):
+    """A complete, verified checkpoint of `repo` at `revision` in `folder`.
+
+    Checked offline against huggingface_hub's download metadata; only missing or damaged files are
+    fetched (in a staging folder, moved into place once verified).
+
+    .. code:: python
+
+        checkpoint(name="Fetch the draft", folder="/opt/thorfleet/models/eagle/<rev>",
+                   repo="mistralai/Mistral-Small-4-119B-2603-eagle", revision="<rev>")
+    """
+    state = host.get_fact(facts.WeightsState, folder=folder, revision=revision, _sudo=True)
+    if state["complete"]:
+        host.noop(f"{repo}@{revision[:12]} is complete in {folder}")
+        return
+    args = [f"{BOX_VENV}/bin/python", f"{BOX_BIN}/thorfleet-weights", "fetch", "--dir", folder,
+            "--repo", repo, "--revision", revision]
+    if endpoint:
+        args += ["--endpoint", endpoint]
+    if token_file:
+        args += ["--token-file", token_file]
+    yield " ".join(shlex.quote(a) for a in args)
+
+
+@operation()
+def derived_image(s, context):
+    """The derived vLLM image for these inputs: built from `context` on the box when absent.
+
+    The tag is a hash of every input (Dockerfile, patches, base digest, build options), so the image
+    is built again only when one changed, and a failed build leaves the running image alone.
+
+    .. code:: python
+
+        derived_image(name="Build the derived image", s=settings, context="/opt/thorfleet/image/<h>")
+    """
+    labels = host.get_fact(facts.DockerImageLabels, ref=s.image_tag)
+    if labels is not None:
+        host.noop(f"{s.image_tag} is already built ({labels.get('thorfleet.patches', '?')})")
+        return
+    if host.get_fact(facts.DockerImageLabels, ref=s.image_base) is None:
+        yield f"docker pull {shlex.quote(s.image_base)}"
+    yield (f"sh {context}/build-image.sh --base {shlex.quote(s.image_base)} "
+           f"--tag {shlex.quote(s.image_tag)} --think-prefill {int(bool(s.image_think_prefill))} "
+           f"--label thorfleet.inputs={s.image_inputs_hash}")
+
+
+@operation()
+def serving(s, activate=True):
+    """The service runs the version rendered from group data and passes its checks.
+
+    A different fingerprint (unit, config, secrets, image) or a stopped service is restarted and
+    proven, and rolled back to the last good version if the proof fails. A running but unhealthy
+    one (still loading after a reboot) is waited for. A healthy one is left alone.
+
+    .. code:: python
+
+        serving(name="Serve and prove it", s=settings)
+    """
+    state = host.get_fact(facts.ServerState, service=s.service_name, port=s.service_port,
+                          _sudo=True)
+    tool = f"python3 {BOX_BIN}/thorfleet-serve"
+    common = f"--service {s.service_name} --port {s.service_port} --timeout {s.service_health_timeout_s}"
+    if state.get("proven_fingerprint") != s.fingerprint or state.get("active") != "active":
+        if not activate:
+            host.noop("restart deferred to the rollout")
+            return
+        yield f"{tool} activate {common} --fingerprint {s.fingerprint}"
+    elif not state.get("healthy"):
+        yield f"{tool} prove {common}"
+    else:
+        host.noop(f"{s.service_name} is serving fingerprint {s.fingerprint[:12]}")
