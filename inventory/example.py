@@ -1,0 +1,30 @@
+"""An example inventory for a real fleet: copy it, uncomment and fill in your boxes.
+
+    pyinfra inventory/my-fleet.py deploy.py
+
+Every module-level list is a group; the group data below beats group_data/all.py's defaults.
+Secrets are never written here: point at files on the laptop (or export THORFLEET_API_KEY / HF_TOKEN).
+"""
+
+thors = (
+    [
+        # ("thor-01", {"ssh_hostname": "10.0.0.21"}),
+        # ("thor-02", {"ssh_hostname": "10.0.0.22"}),
+        # ("thor-03", {"ssh_hostname": "10.0.0.23"}),
+        # ("thor-04", {"ssh_hostname": "10.0.0.24"}),
+    ],
+    {
+        "ssh_user": "ubuntu",  # an ordinary user with passwordless sudo
+        "ssh_key": "~/.ssh/id_ed25519",
+        # Host keys are checked: collect them once with `ssh-keyscan`, then keep "yes" here.
+        "ssh_known_hosts_file": "~/.ssh/known_hosts",
+        "ssh_strict_host_key_checking": "yes",
+        # Pin what you serve: the base image by digest, the weights by commit.
+        # "image_base": "ghcr.io/nvidia-ai-iot/vllm@sha256:<digest of latest-jetson-thor you tested>",
+        # "weights_model_revision": "<40-hex commit of Mistral-Small-4-119B-2603-NVFP4>",
+        # "weights_draft_revision": "<40-hex commit of Mistral-Small-4-119B-2603-eagle>",
+        "service_api_key_file": "~/.config/thorfleet/api_key",  # chmod 600; never logged
+        # "weights_hf_token_file": "~/.config/thorfleet/hf_token",
+        # "weights_hf_endpoint": "http://hf-mirror.example.internal",  # a site mirror, if any
+    },
+)
