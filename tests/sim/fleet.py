@@ -1,0 +1,453 @@
+"""The simulated Thor fleet: boxes, registry, hub and the pyinfra inventory that points at them.
+
+A box is a container `thorfleet-thor-<i>` (hostname `thor-<i>`) running systemd, sshd and its own
+Docker engine; its SSH port is published on 127.0.0.1:22000+i. "Reboot" restarts the container:
+systemd boots again, /run starts empty, the disk (container filesystem, /var/lib/docker) stays.
+"""
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import secrets
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from tests.sim import NETWORK, locked, registry, state_dir
+from tests.sim.rootfs import ensure_rootfs
+
+BOX_DIR = Path(__file__).parent / "box"
+THOR_REPOSITORY = "thorfleet-sim/thor"
+BOX_PREFIX = "thorfleet-thor-"
+SSH_PORT_BASE = 22000
+BASE_REPO_TAG = "nvidia-ai-iot/vllm:latest-jetson-thor"
+MODEL_REPO = "mistralai/Mistral-Small-4-119B-2603-NVFP4"
+DRAFT_REPO = "mistralai/Mistral-Small-4-119B-2603-eagle"
+CUT_RULE = ["INPUT", "-p", "tcp", "--dport", "22", "-m", "comment", "--comment",
+            "thorfleet-sim-cut", "-j", "DROP"]
+# What a box needs to run systemd and its own dockerd here (--privileged and --cap-add ALL fail).
+# The docker CLI, not the SDK: the SDK cannot express `systempaths=unconfined` (writable /proc/sys,
+# for vm.drop_caches).
+BOX_RUN_FLAGS = [
+    "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--cap-add", "NET_RAW",
+    "--cap-add", "SYS_PTRACE", "--cap-add", "MKNOD", "--cap-add", "SYS_MODULE",
+    "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+    "--security-opt", "systempaths=unconfined",
+    "--tmpfs", "/run", "--tmpfs", "/run/lock", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+    # `nvpmodel -m 2` answered YES runs `systemctl reboot`: systemd exits, Docker starts it again.
+    "--restart", "unless-stopped",
+]
+
+
+def log(message: str) -> None:
+    print(f"[sim] {message}", flush=True)
+
+
+# ---------------------------------------------------------------- images
+
+def ensure_thor_image(client) -> str:
+    """Build the simulated Thor image from the rootfs and tests/sim/box/, cached by input hash."""
+    rootfs = ensure_rootfs(client)
+    digest = hashlib.sha256(rootfs.encode())
+    for path in sorted(p for p in BOX_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(str(path.relative_to(BOX_DIR)).encode() + b"\0")
+        digest.update(path.read_bytes())
+    tag = f"{THOR_REPOSITORY}:{digest.hexdigest()[:16]}"
+    with locked("thor-image"):
+        try:
+            client.images.get(tag)
+        except docker.errors.ImageNotFound:
+            log(f"building {tag}")
+            client.images.build(path=str(BOX_DIR), tag=tag, buildargs={"ROOTFS": rootfs},
+                                rm=True, forcerm=True)
+    return tag
+
+
+def ensure_network(client) -> None:
+    if not client.networks.list(names=[NETWORK]):
+        client.networks.create(NETWORK, driver="bridge", labels={"thorfleet.sim": "network"})
+
+
+# ---------------------------------------------------------------- secrets and keys
+
+def ssh_key() -> Path:
+    """The operator's SSH key for the sim (ed25519, generated once), and its authorized_keys dir."""
+    key = state_dir() / "id_ed25519"
+    if not key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "thorfleet-sim",
+                        "-f", str(key)], check=True)
+    authorized = state_dir() / "authorized_keys"
+    authorized.mkdir(exist_ok=True)
+    (authorized / "thor").write_bytes(key.with_suffix(".pub").read_bytes())
+    return key
+
+
+def api_key_file() -> Path:
+    """The vLLM API key the deploy installs: random, generated once, readable by root only."""
+    path = state_dir() / "api_key"
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------- boxes
+
+def box_name(index: int) -> str:
+    return f"{BOX_PREFIX}{index}"
+
+
+def host_name(index: int) -> str:
+    return f"thor-{index}"
+
+
+def ssh_port(index: int) -> int:
+    return SSH_PORT_BASE + index
+
+
+def index_of(host: str) -> int:
+    """Accept `thor-2`, `thorfleet-thor-2` or `2`."""
+    return int(str(host).rsplit("-", 1)[-1])
+
+
+def boxes(client) -> dict:
+    """{index: container} of the boxes that exist, running or not."""
+    found = client.containers.list(all=True, filters={"label": "thorfleet.sim=box"})
+    return {int(c.labels["thorfleet.index"]): c for c in found}
+
+
+def box_data_dir(index: int) -> Path:
+    """The box's disk for Docker: bind-mounted at /var/lib/docker (overlay2 needs a real fs)."""
+    return state_dir() / "boxes" / host_name(index) / "docker"
+
+
+def _start_box(client, image: str, index: int) -> None:
+    data = box_data_dir(index)
+    data.mkdir(parents=True, exist_ok=True)
+    subprocess.run([
+        "docker", "run", "--detach", "--name", box_name(index), "--hostname", host_name(index),
+        "--network", NETWORK, "--publish", f"127.0.0.1:{ssh_port(index)}:22",
+        "--label", "thorfleet.sim=box", "--label", f"thorfleet.index={index}",
+        *BOX_RUN_FLAGS,
+        "-v", f"{data}:/var/lib/docker",
+        "-v", f"{state_dir() / 'authorized_keys'}:/etc/ssh/authorized_keys:ro",
+        image,
+    ], check=True, stdout=subprocess.DEVNULL)
+
+
+def _remove_box(container, index: int) -> None:
+    container.remove(force=True)
+    # The inner dockerd's files belong to root and may be busy for a moment after the stop.
+    subprocess.run(["rm", "-rf", str(box_data_dir(index).parent)], check=False)
+
+
+def box_exec(client, host, command, user: str = "root", timeout: float = 120) -> tuple[int, str]:
+    """Run a command in a box through Docker (works even when the box is cut off from SSH)."""
+    argv = ["docker", "exec", "--user", user, box_name(index_of(host))]
+    argv += ["sh", "-c", command] if isinstance(command, str) else list(command)
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout)
+    return done.returncode, done.stdout + done.stderr
+
+
+def wait_booted(client, host, timeout: float = 180) -> None:
+    """Wait until systemd says `running` and sshd answers with a banner on the published port."""
+    deadline = time.monotonic() + timeout
+    state = "?"
+    while time.monotonic() < deadline:
+        try:
+            _, out = box_exec(client, host, "systemctl is-system-running", timeout=20)
+            state = out.strip()
+        except subprocess.TimeoutExpired:
+            state = "timeout"
+        if state == "running" and _ssh_banner(ssh_port(index_of(host))):
+            return
+        if state == "degraded":
+            _, failed = box_exec(client, host, "systemctl --failed --no-legend")
+            raise RuntimeError(f"{host} booted degraded:\n{failed}")
+        time.sleep(1)
+    raise TimeoutError(f"{host} did not boot within {timeout:.0f}s (systemd: {state})")
+
+
+def _ssh_banner(port: int) -> bool:
+    import socket
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+            sock.settimeout(2)
+            return sock.recv(4).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def reboot(client, host, wait: bool = True) -> None:
+    """Reboot a box: a clean systemd shutdown (SIGRTMIN+3), then a fresh boot of the same disk."""
+    client.containers.get(box_name(index_of(host))).restart(timeout=30)
+    if wait:
+        wait_booted(client, host)
+        _write_known_hosts(client)
+
+
+def cut(client, host) -> None:
+    """The box stops answering on SSH, without closing open connections (packets are dropped)."""
+    code, _ = box_exec(client, host, ["iptables", "-C", *CUT_RULE])
+    if code != 0:
+        code, out = box_exec(client, host, ["iptables", "-I", *CUT_RULE])
+        if code != 0:
+            raise RuntimeError(f"cut {host}: {out}")
+
+
+def heal(client, host) -> None:
+    while box_exec(client, host, ["iptables", "-C", *CUT_RULE])[0] == 0:
+        box_exec(client, host, ["iptables", "-D", *CUT_RULE])
+
+
+def is_cut(client, host) -> bool:
+    return box_exec(client, host, ["iptables", "-C", *CUT_RULE])[0] == 0
+
+
+def _write_known_hosts(client) -> Path:
+    """known_hosts for strict checking, read from each box's own host keys."""
+    lines = []
+    for index in sorted(boxes(client)):
+        code, out = box_exec(client, index, "cat /etc/ssh/ssh_host_*_key.pub")
+        if code == 0:
+            lines += [f"[127.0.0.1]:{ssh_port(index)} {' '.join(line.split()[:2])}"
+                      for line in out.splitlines() if line.strip()]
+    path = state_dir() / "known_hosts"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------- base image and hub (others' parts)
+
+def _optional(module: str):
+    """Import a sim part another engineer writes, or None (with a note) while it is not there."""
+    if importlib.util.find_spec(module) is None:
+        log(f"{module} is not there yet: skipped")
+        return None
+    return importlib.import_module(module)
+
+
+def _ensure_base(client, rootfs: str) -> str | None:
+    base = _optional("tests.sim.base")
+    if base is None:
+        return None
+    local = base.ensure_base_image(client, rootfs)
+    digest = registry.push(client, local, BASE_REPO_TAG)
+    return registry.in_sim_ref(BASE_REPO_TAG.partition(":")[0], digest)
+
+
+def _ensure_hub(client, rootfs: str) -> dict | None:
+    hub = _optional("tests.sim.hub")
+    if hub is None:
+        return None
+    return hub.start(client, network=NETWORK, state_dir=state_dir(), rootfs_ref=rootfs)
+
+
+# ---------------------------------------------------------------- the fleet
+
+@dataclass
+class Fleet:
+    """What `up` made: the hosts, where the inventory is, and how to act on a box."""
+    client: object
+    hosts: list
+    inventory: Path
+    image_base: str | None = None
+    hub: dict | None = None
+    state: Path = field(default_factory=state_dir)
+
+    @property
+    def key(self) -> Path:
+        return self.state / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.state / "known_hosts"
+
+    def ssh_port(self, host) -> int:
+        return ssh_port(index_of(host))
+
+    def exec(self, host, command, user: str = "root", timeout: float = 120) -> tuple[int, str]:
+        return box_exec(self.client, host, command, user=user, timeout=timeout)
+
+    def ssh(self, host, command: str, timeout: float = 60, input: str | None = None,
+            connect_timeout: int = 10) -> subprocess.CompletedProcess:
+        """Run a command as the operator would: `ssh thor@box`, strict host key checking.
+        Without `input`, stdin is closed (/dev/null), as a batch job's should be."""
+        argv = ["ssh", "-i", str(self.key), "-p", str(self.ssh_port(host)),
+                "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+                "-o", "BatchMode=yes", "-o", f"ConnectTimeout={connect_timeout}",
+                "-o", "LogLevel=ERROR", "thor@127.0.0.1", command]
+        return subprocess.run(argv, input=input, stdin=None if input is not None else
+                              subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+
+    def reboot(self, host, wait: bool = True) -> None:
+        reboot(self.client, host, wait=wait)
+
+    def wait_booted(self, host, timeout: float = 180) -> None:
+        wait_booted(self.client, host, timeout=timeout)
+        _write_known_hosts(self.client)
+
+    def cut(self, host) -> None:
+        cut(self.client, host)
+
+    def heal(self, host) -> None:
+        heal(self.client, host)
+
+    def write_inventory(self, path, hosts=None, extra_data=None) -> Path:
+        return write_inventory(path, self.hosts if hosts is None else hosts, extra_data)
+
+
+def up(hosts: int = 2, inventory: Path | None = None, client=None) -> Fleet:
+    """Bring the fleet to `hosts` booted boxes plus registry, base image and hub; write the
+    inventory. Quick when nothing changed: images are cached, current boxes are kept."""
+    client = client or docker.from_env()
+    inventory = Path(inventory or state_dir() / "inventory.py")
+    with locked("fleet"):
+        started = time.monotonic()
+        rootfs = ensure_rootfs(client)
+        image = ensure_thor_image(client)
+        ensure_network(client)
+        ssh_key()
+        api_key_file()
+        registry.ensure_registry(client, rootfs)
+        image_base = _ensure_base(client, rootfs)
+        hub = _ensure_hub(client, rootfs)
+
+        existing = boxes(client)
+        current_id = client.images.get(image).id
+        for index, container in sorted(existing.items()):
+            if index > hosts or container.image.id != current_id:
+                log(f"removing {host_name(index)} ({'beyond --hosts' if index > hosts else 'image changed'})")
+                _remove_box(container, index)
+                existing.pop(index)
+        for index in range(1, hosts + 1):
+            if index not in existing:
+                log(f"starting {host_name(index)} on 127.0.0.1:{ssh_port(index)}")
+                _start_box(client, image, index)
+            elif existing[index].status != "running":
+                existing[index].start()
+        for index in range(1, hosts + 1):
+            wait_booted(client, index)
+        _write_known_hosts(client)
+
+        names = [host_name(i) for i in range(1, hosts + 1)]
+        (state_dir() / "fleet.json").write_text(json.dumps(
+            {"hosts": names, "image_base": image_base, "hub": hub}, indent=2) + "\n")
+        write_inventory(inventory, names)
+        log(f"{hosts} box(es) up in {time.monotonic() - started:.0f}s; inventory: {inventory}")
+    return Fleet(client, names, inventory, image_base, hub)
+
+
+def down(client=None) -> None:
+    """Remove the boxes (and their disks), the hub, the registry and the network. Keys, the API
+    key, registry storage and caches stay in the state dir."""
+    client = client or docker.from_env()
+    with locked("fleet"):
+        for index, container in sorted(boxes(client).items()):
+            log(f"removing {host_name(index)}")
+            _remove_box(container, index)
+        hub = importlib.util.find_spec("tests.sim.hub") and importlib.import_module("tests.sim.hub")
+        if hub and hasattr(hub, "stop"):
+            hub.stop(client)
+        for name in ("thorfleet-hub", registry.NAME):
+            try:
+                client.containers.get(name).remove(force=True)
+                log(f"removed {name}")
+            except docker.errors.NotFound:
+                pass
+        for network in client.networks.list(names=[NETWORK]):
+            network.remove()
+
+
+def status(client=None) -> list[str]:
+    client = client or docker.from_env()
+    lines = []
+    for index, container in sorted(boxes(client).items()):
+        state = container.status
+        if state == "running":
+            state = box_exec(client, index, "systemctl is-system-running")[1].strip()
+            state += ", ssh cut" if is_cut(client, index) else ""
+        lines.append(f"{host_name(index)}  127.0.0.1:{ssh_port(index)}  {state}")
+    for name in (registry.NAME, "thorfleet-hub"):
+        try:
+            container = client.containers.get(name)
+            ports = container.attrs["NetworkSettings"]["Ports"] or {}
+            published = ", ".join(f"{b['HostIp']}:{b['HostPort']}" for v in ports.values() if v
+                                  for b in v)
+            lines.append(f"{name}  {container.status}  {published}")
+        except docker.errors.NotFound:
+            lines.append(f"{name}  absent")
+    return lines or ["no fleet"]
+
+
+# ---------------------------------------------------------------- inventory
+
+def sim_group_data() -> dict:
+    """The group data a sim inventory carries, from the last `up` (fleet.json)."""
+    state = state_dir()
+    fleet_file = state / "fleet.json"
+    fleet = json.loads(fleet_file.read_text()) if fleet_file.exists() else {}
+    data = {
+        "ssh_user": "thor",
+        "ssh_key": str(state / "id_ed25519"),
+        "ssh_known_hosts_file": str(state / "known_hosts"),
+        "ssh_strict_host_key_checking": "yes",
+    }
+    if fleet.get("image_base"):
+        data["image_base"] = fleet["image_base"]
+    hub = fleet.get("hub")
+    if hub:
+        revisions = hub.get("revisions", {})
+        data["weights_hf_endpoint"] = hub["endpoint_in_sim"]
+        for key, repo in (("weights_model_revision", MODEL_REPO),
+                          ("weights_draft_revision", DRAFT_REPO)):
+            if repo in revisions:
+                data[key] = revisions[repo]
+    data["service_api_key_file"] = str(state / "api_key")
+    # The simulated box has 24 GB, not 128: thresholds an operator would set for such a box.
+    data.update({
+        "memory_min_available_gib": 2,
+        "preflight_min_memory_gib": 8,
+        "preflight_min_free_disk_gib": 10,
+        "service_gpu_memory_utilization": 0.1,
+        "service_health_timeout_s": 300,
+    })
+    return data
+
+
+def write_inventory(path, hosts, extra_data: dict | None = None) -> Path:
+    """Write a pyinfra inventory with one group, `sim_thors`.
+
+    hosts: names (`thor-1`) or (name, host_data) pairs. extra_data overrides the sim's group
+    data; a key set to None is left out (a test can drop a setting to see the deploy's default).
+    """
+    entries = []
+    for host in hosts:
+        name, data = (host, {}) if isinstance(host, str) else host
+        data = {"ssh_hostname": "127.0.0.1", "ssh_port": ssh_port(index_of(name)), **data}
+        entries.append(f"        ({name!r}, {data!r}),")
+    group = {**sim_group_data(), **(extra_data or {})}
+    group_lines = [f"        {key!r}: {value!r}," for key, value in group.items() if value is not None]
+    text = "\n".join([
+        f"# Written by `python -m tests.sim up`: {len(entries)} simulated Thors. "
+        "Rewritten by every `up`.",
+        "sim_thors = (",
+        "    [",
+        *entries,
+        "    ],",
+        "    {",
+        *group_lines,
+        "    },",
+        ")",
+        "",
+    ])
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
