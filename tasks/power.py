@@ -1,7 +1,7 @@
 """Power: the nvpmodel mode from group data, and clocks locked now and at every boot."""
 
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
+from pyinfra.operations import files, server, systemd
 
 from thorfleet import operations as thor
 from thorfleet.settings import CLOCKS_UNIT, FILES
@@ -24,5 +24,7 @@ def run(s):
     )
     systemd.daemon_reload(name="Reload systemd after the clocks unit changed", _if=unit.did_change)
     systemd.service(name="Enable the clocks unit", service=CLOCKS_UNIT, enabled=True)
-    # A new mode has new maximum clocks: lock again after a mode change.
-    thor.clocks_locked(name="Lock clocks with jetson_clocks", force=mode.did_change)
+    thor.clocks_locked(name="Lock clocks with jetson_clocks")
+    # A new mode has new maximum clocks: lock them again after a mode change.
+    server.shell(name="Lock clocks again for the new power mode", commands=["jetson_clocks"],
+                 _if=mode.did_change)

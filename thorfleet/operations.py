@@ -11,7 +11,7 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
 from pyinfra.api.exceptions import OperationError
 
-from thorfleet import facts
+from thorfleet import facts, rollout
 from thorfleet.settings import BOX_BIN, BOX_VENV
 
 
@@ -129,17 +129,17 @@ def _reboot_for_mode(host, mode, timeout):
 
 
 @operation()
-def clocks_locked(force=False):
-    """Lock the clocks with jetson_clocks unless they already are (or `force`, after a mode change).
+def clocks_locked():
+    """Lock the clocks at the power mode's maximum with jetson_clocks, unless they already are.
 
     .. code:: python
 
-        clocks_locked(name="Lock clocks", force=power.did_change)
+        clocks_locked(name="Lock clocks")
     """
     locked = host.get_fact(facts.ClocksLocked)
     if locked is None:
         raise OperationError("jetson_clocks not found: this box is not a Jetson with JetPack")
-    if locked and not (force() if callable(force) else force):
+    if locked:
         host.noop("clocks are already locked")
         return
     yield "jetson_clocks"
@@ -223,12 +223,13 @@ def derived_image(s, context):
 
 
 @operation()
-def serving(s, activate=True):
+def serving(s, wait_for=()):
     """The service runs the version rendered from group data and passes its checks.
 
     A different fingerprint (unit, config, secrets, image) or a stopped service is restarted and
     proven, and rolled back to the last good version if the proof fails. A running but unhealthy
-    one (still loading after a reboot) is waited for. A healthy one is left alone.
+    one (still loading after a reboot) is waited for. A healthy one is left alone. When a host of an
+    earlier batch (`wait_for`) failed its restart in this run, this one is not restarted.
 
     .. code:: python
 
@@ -236,14 +237,31 @@ def serving(s, activate=True):
     """
     state = host.get_fact(facts.ServerState, service=s.service_name, port=s.service_port,
                           _sudo=True)
-    tool = f"python3 {BOX_BIN}/thorfleet-serve"
-    common = f"--service {s.service_name} --port {s.service_port} --timeout {s.service_health_timeout_s}"
-    if state.get("proven_fingerprint") != s.fingerprint or state.get("active") != "active":
-        if not activate:
-            host.noop("restart deferred to the rollout")
-            return
-        yield f"{tool} activate {common} --fingerprint {s.fingerprint}"
-    elif not state.get("healthy"):
-        yield f"{tool} prove {common}"
-    else:
-        host.noop(f"{s.service_name} is serving fingerprint {s.fingerprint[:12]}")
+    common = (f"python3 {BOX_BIN}/thorfleet-serve {{}} --service {s.service_name} "
+              f"--port {s.service_port} --timeout {s.service_health_timeout_s}")
+    if state.get("proven_fingerprint") == s.fingerprint and state.get("active") == "active":
+        if state.get("healthy"):
+            host.noop(f"{s.service_name} is serving fingerprint {s.fingerprint[:12]}")
+        else:
+            yield _checked(common.format("prove"))
+        return
+    stopped_by = sorted(rollout.failed.intersection(wait_for))
+    if stopped_by:
+        host.noop(f"not restarted: the rollout stopped after {', '.join(stopped_by)} failed; "
+                  "this host keeps serving its current version")
+        return
+    yield _checked(common.format("activate") + f" --fingerprint {s.fingerprint}")
+
+
+def _checked(command):
+    """Run a thorfleet-serve command; on failure print its reason and stop later batches."""
+
+    def run(state, host):
+        ok, output = host.run_shell_command(command, _sudo=True)
+        if not ok:
+            rollout.failed.add(host.name)
+            for line in output.stdout_lines + output.stderr_lines:
+                host.log_styled(f"thorfleet: {line}", fg="red", log_func=logger.error)
+        return ok
+
+    return FunctionCommand(run, (), {})
