@@ -7,9 +7,10 @@ Every step reads the box first and changes only what differs: a re-run on a conv
 nothing, a drifted box is put right.
 """
 
-from pyinfra import config, host, inventory
+from pyinfra import config, host, inventory, state
 
 from tasks import image, memory, power, preflight, service, verification, weights
+from thorfleet import report
 from thorfleet.settings import settings_for_inventory
 
 config.SUDO = True  # everything on the box is root's; the deploy user needs passwordless sudo
@@ -24,3 +25,7 @@ weights.run(s)
 image.run(s)
 service.run(s)
 verification.run(s)
+
+# A table on the terminal and JSON in rollout_report_path, written once every host has finished.
+report.install(state._get_module(), s.rollout_report_path)
+report.observed(name="Record the host's state for the report", s=s)

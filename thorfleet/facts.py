@@ -144,12 +144,14 @@ class WeightsState(FactBase):
 
 
 class ServerState(FactBase):
-    """What the server runs now: {"active", "enabled", "proven_fingerprint", "healthy"}."""
+    """What the server runs now: {"active", "enabled", "proven_fingerprint", "healthy"}, and with
+    `chat` whether a short chat request answers ("chat_ok")."""
 
-    def command(self, service, port):
+    def command(self, service, port, chat=False):
         tool = f"{REMOTE_BIN}/thorfleet-serve"
+        extra = " --chat" if chat else ""
         return (
-            f"if [ -f {tool} ]; then python3 {tool} state --service {service} --port {port}; "
+            f"if [ -f {tool} ]; then python3 {tool} state --service {service} --port {port}{extra}; "
             "else echo '{}'; fi"
         )
 

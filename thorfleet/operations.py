@@ -12,6 +12,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, opera
 from pyinfra.api.exceptions import OperationError
 
 from thorfleet import facts, rollout
+from thorfleet.report import note_error
 from thorfleet.settings import BOX_BIN, BOX_VENV
 
 
@@ -19,6 +20,7 @@ def _fail(message):
     """A FunctionCommand that fails the host with `message` (no traceback, host named)."""
 
     def report(state, host):
+        note_error(host.name, message)
         host.log_styled(f"thorfleet: {message}", fg="red", log_func=logger.error)
         return False
 
@@ -90,6 +92,7 @@ def power_mode(mode, allow_reboot=False, reboot_timeout=900):
         if host.get_fact(facts.PowerMode) == mode:
             return True
         if not allow_reboot:
+            note_error(host.name, f"power mode {mode} needs a reboot; power_allow_reboot is False")
             host.log_styled(
                 f"thorfleet: power mode {mode} needs a reboot on {host.name} and "
                 "power_allow_reboot is False: set power_allow_reboot = True to let thorfleet "
@@ -260,6 +263,7 @@ def _checked(command):
         ok, output = host.run_shell_command(command, _sudo=True)
         if not ok:
             rollout.failed.add(host.name)
+            note_error(host.name, " ".join(output.stdout_lines[-3:]))
             for line in output.stdout_lines + output.stderr_lines:
                 host.log_styled(f"thorfleet: {line}", fg="red", log_func=logger.error)
         return ok
