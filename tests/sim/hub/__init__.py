@@ -12,5 +12,13 @@ from tests.sim.hub.container import CONTAINER, set_token, start
 from tests.sim.hub.faults import HubFaults
 from tests.sim.hub.repos import DRAFT_REPO, MODEL_REPO, build_repos, repo_revisions
 
-__all__ = ["CONTAINER", "DRAFT_REPO", "MODEL_REPO", "HubFaults", "build_repos", "repo_revisions",
-           "set_token", "start"]
+__all__ = [
+    "CONTAINER",
+    "DRAFT_REPO",
+    "MODEL_REPO",
+    "HubFaults",
+    "build_repos",
+    "repo_revisions",
+    "set_token",
+    "start",
+]

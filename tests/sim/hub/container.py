@@ -28,8 +28,15 @@ MOUNT = "/srv/hub"
 CONFIG_LABEL = "thorfleet.hub.config"
 
 
-def start(client, network: str = NETWORK, state_dir: Path | None = None, rootfs_ref: str | None = None,
-          *, token: str | None = None, tekken_json: Path | None = None) -> dict:
+def start(
+    client,
+    network: str = NETWORK,
+    state_dir: Path | None = None,
+    rootfs_ref: str | None = None,
+    *,
+    token: str | None = None,
+    tekken_json: Path | None = None,
+) -> dict:
     """Build the repos and make sure the hub container runs the current server; return
     {"endpoint_in_sim", "endpoint_local", "revisions"}. A running, current container is kept."""
     hub_dir = Path(state_dir or default_state_dir()) / "hub"
@@ -39,14 +46,21 @@ def start(client, network: str = NETWORK, state_dir: Path | None = None, rootfs_
         set_token(hub_dir.parent, token)
         if rootfs_ref is None:
             from tests.sim.rootfs import ensure_rootfs
+
             rootfs_ref = ensure_rootfs(client)
-        config = hashlib.sha256(json.dumps([SERVER.read_text(), rootfs_ref, network, str(hub_dir)]).encode())
+        config = hashlib.sha256(
+            json.dumps([SERVER.read_text(), rootfs_ref, network, str(hub_dir)]).encode()
+        )
         container = _current(client, config.hexdigest()[:16])
         if container is None:
             container = _run(client, network, hub_dir, rootfs_ref, config.hexdigest()[:16])
         local = f"http://127.0.0.1:{_published_port(container)}"
         _wait_healthy(container, local)
-    return {"endpoint_in_sim": f"http://{CONTAINER}:{PORT}", "endpoint_local": local, "revisions": revisions}
+    return {
+        "endpoint_in_sim": f"http://{CONTAINER}:{PORT}",
+        "endpoint_local": local,
+        "revisions": revisions,
+    }
 
 
 def set_token(state_dir: Path, token: str | None) -> None:

@@ -8,19 +8,24 @@ import urllib.request
 class HubFaults:
     """Switch faults on and off in a running stand-in hub, and read what it served.
 
-        faults = HubFaults("http://127.0.0.1:18000")
-        with faults.injected(mode="cut", path="consolidated-00007-of-00013.safetensors"):
-            ...  # downloads of that shard break half way
+    faults = HubFaults("http://127.0.0.1:18000")
+    with faults.injected(mode="cut", path="consolidated-00007-of-00013.safetensors"):
+        ...  # downloads of that shard break half way
     """
 
     def __init__(self, endpoint: str):
         self.endpoint = endpoint.rstrip("/")
 
-    def add(self, mode: str, path: str = "*", repo: str = "*", count: int | None = None, **options) -> dict:
-        """Add a fault: mode is cut, bad-sha, slow, 401 or 404; path and repo are globs; count is how
-        many responses it spoils (None: until cleared); options: at (cut), rate (slow)."""
-        return self._call("POST", "/_sim/faults", {"mode": mode, "path": path, "repo": repo, "count": count,
-                                                   **options})
+    def add(
+        self, mode: str, path: str = "*", repo: str = "*", count: int | None = None, **options
+    ) -> dict:
+        """Add a fault: mode is cut, bad-sha, slow, 401 or 404; path and repo are globs; count is
+        how many responses it spoils (None: until cleared); options: at (cut), rate (slow)."""
+        return self._call(
+            "POST",
+            "/_sim/faults",
+            {"mode": mode, "path": path, "repo": repo, "count": count, **options},
+        )
 
     def clear(self) -> None:
         self._call("DELETE", "/_sim/faults")
@@ -29,7 +34,9 @@ class HubFaults:
         return self._call("GET", "/_sim/faults")
 
     @contextlib.contextmanager
-    def injected(self, mode: str, path: str = "*", repo: str = "*", count: int | None = None, **options):
+    def injected(
+        self, mode: str, path: str = "*", repo: str = "*", count: int | None = None, **options
+    ):
         self.add(mode, path=path, repo=repo, count=count, **options)
         try:
             yield self
@@ -37,7 +44,7 @@ class HubFaults:
             self.clear()
 
     def requests(self) -> list[dict]:
-        """Requests served since the last forget_requests(): method, path, range, body bytes sent."""
+        """Requests served since forget_requests(): method, path, range, body bytes sent."""
         return self._call("GET", "/_sim/requests")
 
     def forget_requests(self) -> None:
@@ -45,7 +52,11 @@ class HubFaults:
 
     def _call(self, method: str, path: str, body=None):
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.endpoint + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.endpoint + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read() or b"null")

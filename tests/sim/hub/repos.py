@@ -25,7 +25,10 @@ DRAFT_REPO = "mistralai/Mistral-Small-4-119B-2603-eagle"
 SHARDS = 13
 # Files the real hub keeps in Git LFS: served by redirect, with their sha256 as the etag.
 LFS_SUFFIXES = (".safetensors", "tekken.json")
-GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\ntekken.json filter=lfs diff=lfs merge=lfs -text\n"
+GITATTRIBUTES = (
+    b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
+    b"tekken.json filter=lfs diff=lfs merge=lfs -text\n"
+)
 COMMIT_DATES = ("2026-03-16T10:00:00.000Z", "2026-03-24T09:30:00.000Z")
 
 # The architecture as a Mistral-native params.json states it. The tensors below are tiny and do not
@@ -72,7 +75,8 @@ PLACEHOLDER_TEKKEN = {
 
 def build_repos(dest_dir: Path, tekken_json: Path | None = None) -> dict[str, str]:
     """Write both repos under dest_dir (unless already there for the same inputs) and return
-    {repo_id: pinned revision}. The pinned revision is each repo's first commit; see repo_revisions()."""
+    {repo_id: pinned revision}. The pinned revision is each repo's first commit; the newer one is
+    in repo_revisions()."""
     dest_dir = Path(dest_dir)
     tekken = Path(tekken_json).read_bytes() if tekken_json else _json(PLACEHOLDER_TEKKEN)
     inputs = hashlib.sha256(Path(__file__).read_bytes() + b"\0" + tekken).hexdigest()
@@ -118,6 +122,7 @@ def _blobs_present(dest_dir: Path, manifest: dict) -> bool:
 
 # --- the repos' contents -------------------------------------------------------------------
 
+
 def _model_commits(tekken: bytes) -> list[tuple[str, dict[str, bytes]]]:
     shards, weight_map, total = {}, {}, 0
     for index in range(1, SHARDS + 1):
@@ -126,7 +131,9 @@ def _model_commits(tekken: bytes) -> list[tuple[str, dict[str, bytes]]]:
         shards[name] = _safetensors(tensors)
         weight_map.update({tensor: name for tensor in tensors})
         total += sum(len(data) for _, _, data in tensors.values())
-    index_json = _json({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
+    index_json = _json(
+        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    )
     first = {
         ".gitattributes": GITATTRIBUTES,
         "README.md": _readme(MODEL_REPO, "Initial upload."),
@@ -138,7 +145,9 @@ def _model_commits(tekken: bytes) -> list[tuple[str, dict[str, bytes]]]:
     # The second commit re-exports the output layer (same tensor names, new bytes) and edits params.
     last = f"consolidated-{SHARDS:05d}-of-{SHARDS:05d}.safetensors"
     second = dict(first)
-    second["README.md"] = _readme(MODEL_REPO, "Re-exported output layer; params.json states the draft.")
+    second["README.md"] = _readme(
+        MODEL_REPO, "Re-exported output layer; params.json states the draft."
+    )
     second["params.json"] = _json({**MODEL_PARAMS, "speculative_draft": DRAFT_REPO})
     second[last] = _safetensors(_shard_tensors(SHARDS, revision=2))
     return [("Upload Mistral Small 4 NVFP4", first), ("Re-export output layer", second)]
@@ -163,7 +172,11 @@ def _shard_tensors(index: int, revision: int) -> dict[str, tuple[str, list[int],
     final norm and output head (which revision 2 changes)."""
     tensors = {}
     if index == 1:
-        tensors["tok_embeddings.weight"] = ("BF16", [256, 64], _bytes("tok_embeddings", 256 * 64 * 2))
+        tensors["tok_embeddings.weight"] = (
+            "BF16",
+            [256, 64],
+            _bytes("tok_embeddings", 256 * 64 * 2),
+        )
     for layer in (2 * (index - 1), 2 * (index - 1) + 1):
         tensors.update(_layer_tensors(f"layers.{layer}", layer))
     if index == SHARDS:
@@ -175,11 +188,19 @@ def _shard_tensors(index: int, revision: int) -> dict[str, tuple[str, list[int],
 def _layer_tensors(prefix: str, seed: int) -> dict[str, tuple[str, list[int], bytes]]:
     """NVFP4-shaped tensors: packed 4-bit weights (U8), FP8 block scales, an F32 global scale."""
     tensors = {}
-    for name, rows, cols in (("attention.wq_a", 64, 256), ("attention.wkv_a", 64, 256),
-                             ("feed_forward.experts.w13", 128, 512), ("feed_forward.experts.w2", 128, 256)):
+    for name, rows, cols in (
+        ("attention.wq_a", 64, 256),
+        ("attention.wkv_a", 64, 256),
+        ("feed_forward.experts.w13", 128, 512),
+        ("feed_forward.experts.w2", 128, 256),
+    ):
         key = f"{prefix}.{name}"
         tensors[f"{key}.weight"] = ("U8", [rows, cols], _bytes(key, rows * cols))
-        tensors[f"{key}.weight_scale"] = ("F8_E4M3", [rows, cols // 8], _bytes(key + ".s", rows * cols // 8))
+        tensors[f"{key}.weight_scale"] = (
+            "F8_E4M3",
+            [rows, cols // 8],
+            _bytes(key + ".s", rows * cols // 8),
+        )
         tensors[f"{key}.weight_global_scale"] = ("F32", [1], struct.pack("<f", 1.0 + seed / 64))
     tensors[f"{prefix}.attention_norm.weight"] = ("BF16", [64], _bytes(prefix + ".an", 128))
     tensors[f"{prefix}.ffn_norm.weight"] = ("BF16", [64], _bytes(prefix + ".fn", 128))
@@ -191,11 +212,17 @@ def _safetensors(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name in sorted(tensors):
         dtype, shape, data = tensors[name]
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": dtype,
+            "shape": shape,
+            "data_offsets": [offset, offset + len(data)],
+        }
         offset += len(data)
     raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
     raw += b" " * (-len(raw) % 8)  # the spec allows space padding; aligns the data
-    return struct.pack("<Q", len(raw)) + raw + b"".join(tensors[name][2] for name in sorted(tensors))
+    return (
+        struct.pack("<Q", len(raw)) + raw + b"".join(tensors[name][2] for name in sorted(tensors))
+    )
 
 
 def _bytes(seed: str, size: int) -> bytes:
@@ -207,20 +234,32 @@ def _json(value) -> bytes:
 
 
 def _readme(repo_id: str, note: str) -> bytes:
-    return (f"---\nlicense: apache-2.0\nlibrary_name: vllm\n---\n# {repo_id} (thorfleet sim)\n\n"
-            f"Tiny stand-in with the real file layout. {note}\n").encode()
+    return (
+        f"---\nlicense: apache-2.0\nlibrary_name: vllm\n---\n# {repo_id} (thorfleet sim)\n\n"
+        f"Tiny stand-in with the real file layout. {note}\n"
+    ).encode()
 
 
 # --- git-like bookkeeping --------------------------------------------------------------------
+
 
 def _record_commits(dest_dir: Path, commits: list[tuple[str, dict[str, bytes]]]) -> dict:
     repo = {"commits": {}, "history": []}
     parent = ""
     for (message, files), date in zip(commits, COMMIT_DATES):
         entries = {path: _store(dest_dir, path, data) for path, data in sorted(files.items())}
-        tree = hashlib.sha1("".join(f"{p}\0{e['oid']}\n" for p, e in entries.items()).encode()).hexdigest()
-        commit = hashlib.sha1(f"tree {tree}\nparent {parent}\ndate {date}\n\n{message}\n".encode()).hexdigest()
-        repo["commits"][commit] = {"parent": parent or None, "date": date, "message": message, "files": entries}
+        tree = hashlib.sha1(
+            "".join(f"{p}\0{e['oid']}\n" for p, e in entries.items()).encode()
+        ).hexdigest()
+        commit = hashlib.sha1(
+            f"tree {tree}\nparent {parent}\ndate {date}\n\n{message}\n".encode()
+        ).hexdigest()
+        repo["commits"][commit] = {
+            "parent": parent or None,
+            "date": date,
+            "message": message,
+            "files": entries,
+        }
         repo["history"].append(commit)
         parent = commit
     repo["refs"] = {"main": parent}
@@ -236,8 +275,11 @@ def _store(dest_dir: Path, path: str, data: bytes) -> dict:
         os.replace(tmp, blob)
     entry = {"size": len(data), "sha256": sha256, "oid": _git_blob_oid(data), "lfs": None}
     if path.endswith(LFS_SUFFIXES):
-        # Git stores an LFS pointer; the tree's oid is the pointer's, the etag is the content's sha256.
-        pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {len(data)}\n".encode()
+        # Git stores an LFS pointer: the tree's oid is the pointer's, the etag the content's sha256.
+        pointer = (
+            f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {len(data)}\n"
+        )
+        pointer = pointer.encode()
         entry["oid"] = _git_blob_oid(pointer)
         entry["lfs"] = {"oid": sha256, "size": len(data), "pointerSize": len(pointer)}
     return entry

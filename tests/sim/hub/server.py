@@ -4,18 +4,18 @@ from unchanged through HF_ENDPOINT. Standard library only: it runs in the sim's 
 
     python3 server.py --root DIR --port 8000 [--token-file F]
 
-DIR is what tests/sim/hub/repos.py builds (manifest.json + blobs/). Endpoints, as the real hub has them:
-    GET       /api/models/{repo}[/revision/{rev}]         repo info: sha, siblings
-    GET       /api/models/{repo}/tree/{rev}[/{path}]      file listing with LFS sha256 and sizes
-    HEAD/GET  /{repo}/resolve/{rev}/{path}                small files: 200 with the git blob id as ETag;
-                                                          LFS files: 302 to a blob URL, X-Linked-Etag =
-                                                          sha256, X-Linked-Size, X-Repo-Commit
-    HEAD/GET  /_sim/lfs/{repo}/{commit}/{path}            the "CDN" the LFS redirect points at (ranges)
+DIR is what tests/sim/hub/repos.py builds (manifest.json + blobs/). Endpoints, as the hub has them:
+    GET       /api/models/{repo}[/revision/{rev}]     repo info: sha, siblings
+    GET       /api/models/{repo}/tree/{rev}[/{path}]  file listing with LFS sha256 and sizes
+    HEAD/GET  /{repo}/resolve/{rev}/{path}            small files: 200, the git blob id as ETag;
+                                                      LFS files: 302 to a blob URL, X-Linked-Etag =
+                                                      sha256, X-Linked-Size, X-Repo-Commit
+    HEAD/GET  /_sim/lfs/{repo}/{commit}/{path}        the "CDN" the LFS redirect points at (ranges)
 No X-Xet-Hash header is ever sent, so clients take the plain HTTP download path.
 
 Token: when --token-file names a non-empty file, every repo request needs `Authorization: Bearer
-<token>`; the file is re-read, so the token can change at run time. Missing -> 401 RepoNotFound
-(the hub hides private repos), wrong -> 401 "Invalid credentials in Authorization header".
+<token>`; the file is re-read, so the token can change at run time. Missing -> 401 GatedRepo (as
+the hub answers for a gated repo), wrong -> 401 "Invalid credentials in Authorization header".
 
 Fault knobs, switched at run time (no token needed):
     POST   /_sim/faults  {"repo": glob, "path": glob, "mode": m, "count": n|null, ...}
@@ -24,17 +24,17 @@ Fault knobs, switched at run time (no token needed):
                      the connection closes
            "bad-sha" full length, but bytes differ from the advertised sha256/etag
            "slow"    body trickles at "rate" bytes/s (default 65536)
-           "401" / "404"  refuse (404 is EntryNotFound). API calls match path "" (so path "*" refuses
+           "401" / "404"  refuse (404 is EntryNotFound). API calls match path "" (path "*" refuses
                      the whole repo, "*.safetensors" only the shards).
     count: how many responses the fault spoils before it lapses; null = until cleared.
-    GET /_sim/requests (DELETE to clear) lists the requests served, to check what a client fetched.
+    GET /_sim/requests (DELETE to clear) lists the repo requests served (method, path, range, body
+    bytes sent), to check what a client fetched.
 """
 
 import argparse
 import collections
 import fnmatch
 import json
-import os
 import socket
 import sys
 import threading
@@ -80,8 +80,17 @@ class Hub:
         mode = fault.get("mode")
         if mode not in BODY_FAULTS + REFUSALS:
             raise ValueError(f"unknown fault mode {mode!r}")
-        fault = {"repo": fault.get("repo", "*"), "path": fault.get("path", "*"), "mode": mode,
-                 "count": fault.get("count"), **{k: v for k, v in fault.items() if k in ("at", "rate")}}
+        if fault.get("count") is not None and (
+            not isinstance(fault["count"], int) or fault["count"] < 1
+        ):
+            raise ValueError("count must be a positive integer or null")
+        fault = {
+            "repo": fault.get("repo", "*"),
+            "path": fault.get("path", "*"),
+            "mode": mode,
+            "count": fault.get("count"),
+            **{k: v for k, v in fault.items() if k in ("at", "rate")},
+        }
         with self.lock:
             self.faults.append(fault)
         return fault
@@ -90,8 +99,11 @@ class Hub:
         """The first active fault of one of `modes` that matches, spending one of its count."""
         with self.lock:
             for fault in self.faults:
-                if (fault["mode"] in modes and fnmatch.fnmatchcase(repo, fault["repo"])
-                        and fnmatch.fnmatchcase(path, fault["path"])):
+                if (
+                    fault["mode"] in modes
+                    and fnmatch.fnmatchcase(repo, fault["repo"])
+                    and fnmatch.fnmatchcase(path, fault["path"])
+                ):
                     if fault["count"] is not None:
                         fault["count"] -= 1
                         if fault["count"] <= 0:
@@ -107,7 +119,9 @@ class HubError(Exception):
 
 
 class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as httpx expects; every response sets Content-Length
+    protocol_version = (
+        "HTTP/1.1"  # keep-alive, as httpx expects; every response sets Content-Length
+    )
     server_version = "thorfleet-hub"
     hub: Hub  # set by main()
 
@@ -133,13 +147,18 @@ class Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in url.path.split("/")[1:]]
         query = parse_qs(url.query)
         self._sent = 0
+        # Read any body now: left unread, it would spoil the next request on this connection.
+        self._body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        admin = parts[:1] == ["_sim"] and parts[1:2] != ["lfs"]
         try:
-            if parts[:1] == ["_sim"] and parts[1:2] != ["lfs"]:
+            if admin:
                 return self._admin(parts[1:])
             if parts[:2] == ["api", "models"] and len(parts) >= 4:
                 return self._api(parts[2] + "/" + parts[3], parts[4:], query)
             if parts[:2] == ["_sim", "lfs"] and len(parts) >= 6:
-                return self._lfs_blob(parts[2] + "/" + parts[3], parts[4], "/".join(parts[5:]), head)
+                return self._lfs_blob(
+                    parts[2] + "/" + parts[3], parts[4], "/".join(parts[5:]), head
+                )
             if len(parts) >= 5 and parts[2] == "resolve":
                 return self._resolve(parts[0] + "/" + parts[1], parts[3], "/".join(parts[4:]), head)
             raise HubError(404, None, f"no route for {url.path}")
@@ -148,40 +167,54 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         finally:
-            self.hub.requests.append({"method": self.command, "path": url.path,
-                                      "range": self.headers.get("Range"), "bytes": self._sent})
+            if not admin:
+                with self.hub.lock:
+                    self.hub.requests.append(
+                        {
+                            "method": self.command,
+                            "path": url.path,
+                            "range": self.headers.get("Range"),
+                            "bytes": self._sent,
+                        }
+                    )
 
     def _admin(self, parts: list[str]):
         if parts == ["health"]:
             return self._json(200, {"ok": True})
         if parts == ["faults"]:
             if self.command == "POST":
-                length = int(self.headers.get("Content-Length") or 0)
                 try:
-                    fault = self.hub.add_fault(json.loads(self.rfile.read(length) or b"{}"))
+                    fault = self.hub.add_fault(json.loads(self._body or b"{}"))
                 except ValueError as error:
                     return self._json(400, {"error": str(error)})
                 return self._json(201, fault)
-            if self.command == "DELETE":
-                with self.hub.lock:
-                    self.hub.faults.clear()
             with self.hub.lock:
-                return self._json(200, list(self.hub.faults))
+                if self.command == "DELETE":
+                    self.hub.faults.clear()
+                active = list(self.hub.faults)
+            return self._json(200, active)
         if parts == ["requests"]:
-            if self.command == "DELETE":
-                self.hub.requests.clear()
-            return self._json(200, list(self.hub.requests))
+            with self.hub.lock:
+                if self.command == "DELETE":
+                    self.hub.requests.clear()
+                served = list(self.hub.requests)
+            return self._json(200, served)
         raise HubError(404, None, "no such admin endpoint")
 
     # --- repo lookups ------------------------------------------------------------------------
 
     def _repo(self, repo_id: str, path: str) -> dict:
-        """Auth first (as the hub: it never says whether a private repo exists), then refusals."""
+        """Check the token, then the refusal faults; return the repo."""
         token = self.hub.token()
         if token is not None:
             auth = self.headers.get("Authorization", "")
             if not auth:
-                raise HubError(401, "RepoNotFound", "Repository not found")
+                raise HubError(
+                    401,
+                    "GatedRepo",
+                    f"Access to model {repo_id} is restricted. You must have "
+                    "access to it and be authenticated to access it. Please log in.",
+                )
             if auth != f"Bearer {token}":
                 raise HubError(401, None, "Invalid credentials in Authorization header")
         repo = self.hub.manifest()["repos"].get(repo_id)
@@ -228,16 +261,29 @@ class Handler(BaseHTTPRequestHandler):
             if blobs:
                 sibling.update(size=entry["size"], blobId=entry["oid"])
                 if entry["lfs"]:
-                    sibling["lfs"] = {"sha256": entry["sha256"], "size": entry["size"],
-                                      "pointerSize": entry["lfs"]["pointerSize"]}
+                    sibling["lfs"] = {
+                        "sha256": entry["sha256"],
+                        "size": entry["size"],
+                        "pointerSize": entry["lfs"]["pointerSize"],
+                    }
             siblings.append(sibling)
         return {
-            "_id": repo_id.replace("/", "-"), "id": repo_id, "modelId": repo_id,
-            "author": repo_id.split("/")[0], "sha": commit, "lastModified": info["date"],
-            "createdAt": repo["commits"][repo["history"][0]]["date"], "private": False,
-            "gated": "auto" if self.hub.token() else False, "disabled": False, "downloads": 0,
-            "likes": 0, "tags": ["vllm", "mistral-common"], "library_name": "vllm",
-            "siblings": siblings, "usedStorage": sum(e["size"] for e in info["files"].values()),
+            "_id": repo_id.replace("/", "-"),
+            "id": repo_id,
+            "modelId": repo_id,
+            "author": repo_id.split("/")[0],
+            "sha": commit,
+            "lastModified": info["date"],
+            "createdAt": repo["commits"][repo["history"][0]]["date"],
+            "private": False,
+            "gated": "auto" if self.hub.token() else False,
+            "disabled": False,
+            "downloads": 0,
+            "likes": 0,
+            "tags": ["vllm", "mistral-common"],
+            "library_name": "vllm",
+            "siblings": siblings,
+            "usedStorage": sum(e["size"] for e in info["files"].values()),
         }
 
     def _tree(self, files: dict, prefix: str, recursive: bool) -> list[dict]:
@@ -246,7 +292,7 @@ class Handler(BaseHTTPRequestHandler):
         for path, entry in files.items():
             if not path.startswith(base):
                 continue
-            rest = path[len(base):]
+            rest = path[len(base) :]
             if "/" in rest and not recursive:
                 folders.add(base + rest.split("/")[0])
                 continue
@@ -256,7 +302,9 @@ class Handler(BaseHTTPRequestHandler):
             listing.append(item)
         if prefix and not listing and not folders:
             raise HubError(404, "EntryNotFound", f"{prefix} does not exist")
-        return [{"type": "directory", "oid": "0" * 40, "size": 0, "path": f} for f in sorted(folders)] + listing
+        return [
+            {"type": "directory", "oid": "0" * 40, "size": 0, "path": f} for f in sorted(folders)
+        ] + listing
 
     # --- file bytes ---------------------------------------------------------------------------
 
@@ -266,12 +314,18 @@ class Handler(BaseHTTPRequestHandler):
         entry = self._entry(repo, commit, path)
         headers = {"X-Repo-Commit": commit, "Accept-Ranges": "bytes"}
         if entry["lfs"]:
-            # The hub redirects LFS files to its CDN and states the real file on the redirect itself.
+            # The hub redirects LFS files to its CDN and describes the file on the redirect itself.
             host = self.headers.get("Host") or f"127.0.0.1:{self.server.server_address[1]}"
             location = f"http://{host}/_sim/lfs/{repo_id}/{commit}/{quote(path)}"
-            headers.update({"ETag": f'"{entry["oid"]}"', "X-Linked-Etag": f'"{entry["sha256"]}"',
-                            "X-Linked-Size": str(entry["size"]), "Location": location,
-                            "Content-Length": "0"})
+            headers.update(
+                {
+                    "ETag": f'"{entry["oid"]}"',
+                    "X-Linked-Etag": f'"{entry["sha256"]}"',
+                    "X-Linked-Size": str(entry["size"]),
+                    "Location": location,
+                    "Content-Length": "0",
+                }
+            )
             return self._reply(302, headers, b"", head)
         headers["ETag"] = f'"{entry["oid"]}"'
         return self._send_file(repo_id, path, entry, headers, head)
@@ -282,8 +336,13 @@ class Handler(BaseHTTPRequestHandler):
         if commit not in repo["commits"]:
             raise HubError(404, "RevisionNotFound", f"Invalid rev id: {commit}")
         entry = self._entry(repo, commit, path)
-        headers = {"X-Repo-Commit": commit, "Accept-Ranges": "bytes", "ETag": f'"{entry["sha256"]}"',
-                   "X-Linked-Etag": f'"{entry["sha256"]}"', "X-Linked-Size": str(entry["size"])}
+        headers = {
+            "X-Repo-Commit": commit,
+            "Accept-Ranges": "bytes",
+            "ETag": f'"{entry["sha256"]}"',
+            "X-Linked-Etag": f'"{entry["sha256"]}"',
+            "X-Linked-Size": str(entry["size"]),
+        }
         return self._send_file(repo_id, path, entry, headers, head)
 
     def _send_file(self, repo_id: str, path: str, entry: dict, headers: dict, head: bool):
@@ -299,7 +358,9 @@ class Handler(BaseHTTPRequestHandler):
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"
         headers["Content-Length"] = str(end - start + 1)
-        headers["Content-Type"] = "application/json" if path.endswith(".json") else "application/octet-stream"
+        headers["Content-Type"] = (
+            "application/json" if path.endswith(".json") else "application/octet-stream"
+        )
         headers["Content-Disposition"] = f'inline; filename="{path.rsplit("/", 1)[-1]}"'
         fault = None if head else self.hub.take_fault(repo_id, path, BODY_FAULTS)
         self.send_response(status)
@@ -323,7 +384,9 @@ class Handler(BaseHTTPRequestHandler):
             handle.seek(start)
             offset = start
             while self._sent < stop:
-                chunk = bytearray(handle.read(min(CHUNK if rate is None else 16384, stop - self._sent)))
+                chunk = bytearray(
+                    handle.read(min(CHUNK if rate is None else 16384, stop - self._sent))
+                )
                 if not chunk:
                     break
                 for position in bad:
@@ -358,8 +421,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def _json(self, status: int, value) -> None:
         body = json.dumps(value).encode()
-        self._reply(status, {"Content-Type": "application/json", "Content-Length": str(len(body))}, body,
-                    self.command == "HEAD")
+        self._reply(
+            status,
+            {"Content-Type": "application/json", "Content-Length": str(len(body))},
+            body,
+            self.command == "HEAD",
+        )
 
     def _reply(self, status: int, headers: dict, body: bytes, head: bool) -> None:
         self.send_response(status)
@@ -372,7 +439,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def _parse_range(value: str | None, size: int):
-    """(start, end) for a single `bytes=a-b`, `bytes=a-` or `bytes=-n`; None for no/ignored range."""
+    """(start, end) for one `bytes=a-b`, `bytes=a-` or `bytes=-n`; None for no/ignored range."""
     if not value or not value.startswith("bytes=") or "," in value:
         return None
     first, _, last = value[6:].strip().partition("-")
@@ -393,13 +460,17 @@ def main(argv=None) -> None:
     parser.add_argument("--root", type=Path, required=True, help="directory built by build_repos")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--host", default="0.0.0.0")
-    parser.add_argument("--token-file", type=Path, help="require this token (file re-read per request)")
+    parser.add_argument(
+        "--token-file", type=Path, help="require this token (file re-read per request)"
+    )
     args = parser.parse_args(argv)
     Handler.hub = Hub(args.root, args.token_file)
     Handler.hub.manifest()  # fail at start, not on the first request, if the root is wrong
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
-    print(f"thorfleet-hub serving {args.root} on {args.host}:{server.server_address[1]}", flush=True)
+    print(
+        f"thorfleet-hub serving {args.root} on {args.host}:{server.server_address[1]}", flush=True
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:
