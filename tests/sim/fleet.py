@@ -225,28 +225,29 @@ def _write_known_hosts(client) -> Path:
 
 # ---------------------------------------------------------------- base image and hub (others' parts)
 
-def _optional(module: str):
-    """Import a sim part another engineer writes, or None (with a note) while it is not there."""
-    if importlib.util.find_spec(module) is None:
-        log(f"{module} is not there yet: skipped")
-        return None
-    return importlib.import_module(module)
+def _optional(module: str, function: str):
+    """A function of a sim part another engineer writes, or None (with a note) until it lands."""
+    spec = importlib.util.find_spec(module)
+    found = getattr(importlib.import_module(module), function, None) if spec else None
+    if found is None:
+        log(f"{module}.{function} is not there yet: skipped")
+    return found
 
 
 def _ensure_base(client, rootfs: str) -> str | None:
-    base = _optional("tests.sim.base")
-    if base is None:
+    ensure_base_image = _optional("tests.sim.base", "ensure_base_image")
+    if ensure_base_image is None:
         return None
-    local = base.ensure_base_image(client, rootfs)
+    local = ensure_base_image(client, rootfs)
     digest = registry.push(client, local, BASE_REPO_TAG)
     return registry.in_sim_ref(BASE_REPO_TAG.partition(":")[0], digest)
 
 
 def _ensure_hub(client, rootfs: str) -> dict | None:
-    hub = _optional("tests.sim.hub")
-    if hub is None:
+    start = _optional("tests.sim.hub", "start")
+    if start is None:
         return None
-    return hub.start(client, network=NETWORK, state_dir=state_dir(), rootfs_ref=rootfs)
+    return start(client, network=NETWORK, state_dir=state_dir(), rootfs_ref=rootfs)
 
 
 # ---------------------------------------------------------------- the fleet
