@@ -63,6 +63,14 @@ def start(
     }
 
 
+def stop(client) -> None:
+    """Remove the hub container (the repos stay in the state dir for the next start)."""
+    try:
+        client.containers.get(CONTAINER).remove(force=True)
+    except docker.errors.NotFound:
+        pass
+
+
 def set_token(state_dir: Path, token: str | None) -> None:
     """Require `token` from now on (None: no token needed). Takes effect on the next request."""
     path = Path(state_dir) / "hub" / "token"
