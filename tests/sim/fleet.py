@@ -333,6 +333,8 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None) -> Fleet:
                 _start_box(client, image, index)
             elif existing[index].status != "running":
                 existing[index].start()
+            else:
+                heal(client, index)  # a box left cut by an interrupted test answers again
         for index in range(1, hosts + 1):
             wait_booted(client, index)
         _write_known_hosts(client)
