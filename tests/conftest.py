@@ -19,7 +19,8 @@ from tests.sim import fleet
 @pytest.fixture(scope="session")
 def sim_fleet():
     """The fleet: `.hosts`, `.inventory`, `.ssh(host, cmd)`, `.exec(host, cmd)` (as root through
-    Docker), `.reboot(host)`, `.cut(host)`, `.heal(host)`, `.write_inventory(path, hosts, extra)`."""
+    Docker), `.reboot(host)`, `.cut(host)`, `.heal(host)`,
+    `.write_inventory(path, hosts, extra_data)`."""
     hosts = int(os.environ.get("THORFLEET_SIM_HOSTS", "2"))
     sim = fleet.up(hosts)
     yield sim

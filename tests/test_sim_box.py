@@ -12,7 +12,8 @@ import urllib.request
 
 import pytest
 
-from tests.sim import fleet as sim, registry
+from tests.sim import fleet as sim
+from tests.sim import registry
 from tests.sim.rootfs import ensure_rootfs
 
 pytestmark = pytest.mark.fleet
@@ -36,13 +37,13 @@ def power_mode(sim_fleet, box) -> int:
 def clocks_locked(sim_fleet, box) -> bool:
     """Locked = the GPU's MinFreq is pinned to its MaxFreq, read as an operator reads --show."""
     show = ok(sim_fleet.ssh(box, "sudo jetson_clocks --show"))
-    gpu = re.search(r"^GPU MinFreq=(\d+) MaxFreq=(\d+)", show, re.M)
+    gpu = re.search(r"^GPU MinFreq=(\d+) MaxFreq=(\d+)", show, re.MULTILINE)
     return gpu[1] == gpu[2]
 
 
 @pytest.fixture
 def restore_power(sim_fleet, box):
-    """Put the box back into the power mode and clock lock it had (a reboot if the mode needs it)."""
+    """Put the box back into its power mode and clock lock (a reboot if the mode needs it)."""
     before, was_locked = power_mode(sim_fleet, box), clocks_locked(sim_fleet, box)
     yield
     if power_mode(sim_fleet, box) != before:
@@ -70,7 +71,7 @@ def test_thor_logs_in_with_the_key_only_and_has_passwordless_sudo(sim_fleet, box
         ["ssh", "-p", str(sim_fleet.ssh_port(box)), "-o", "BatchMode=yes",
          "-o", f"UserKnownHostsFile={sim_fleet.known_hosts}", "-o", "PubkeyAuthentication=no",
          "-o", "PreferredAuthentications=password,keyboard-interactive", "thor@127.0.0.1", "true"],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False)
     assert by_password.returncode == 255 and "Permission denied" in by_password.stderr
 
 
@@ -83,7 +84,8 @@ def test_nvpmodel_query_format(sim_fleet, box):
     assert re.fullmatch(r"\d+", lines[-1])
 
 
-# "0 = MAXN, 1 = 120W, 2 = 90W, 3 = 70W ... `nvpmodel -p --verbose` lists `POWER_MODEL: ID=n NAME=x`"
+# "0 = MAXN, 1 = 120W, 2 = 90W, 3 = 70W ... `nvpmodel -p --verbose` lists
+# `POWER_MODEL: ID=n NAME=x`"
 def test_nvpmodel_lists_the_t5000_modes(sim_fleet, box):
     listing = ok(sim_fleet.ssh(box, "nvpmodel -p --verbose"))
     modes = dict(re.findall(r"POWER_MODEL: ID=(\d+) NAME=(\S+)", listing))
@@ -167,7 +169,8 @@ def test_jetson_clocks_store_restore_and_fan(sim_fleet, box, restore_power):
     assert clocks_locked(sim_fleet, box)
     ok(sim_fleet.ssh(box, "sudo jetson_clocks --restore /tmp/l4t_dfs.conf"))
     assert not clocks_locked(sim_fleet, box)
-    ok(sim_fleet.ssh(box, "sudo -H jetson_clocks --fan && sudo test -s /root/.jetsonclocks_fan.txt"))
+    ok(sim_fleet.ssh(box, "sudo -H jetson_clocks --fan"))
+    ok(sim_fleet.ssh(box, "sudo test -s /root/.jetsonclocks_fan.txt"))
     assert "hwmon0_pwm1=255" in ok(sim_fleet.ssh(box, "sudo jetson_clocks --show"))
     assert sim_fleet.ssh(box, "jetson_clocks").returncode != 0, "jetson_clocks needs root"
 
@@ -178,7 +181,7 @@ def test_drop_caches_is_writable_and_memory_is_the_real_one(sim_fleet, box):
     free = ok(sim_fleet.ssh(box, "free -g")).splitlines()
     assert free[0].split()[-1] == "available"
     in_box = int(free[1].split()[-1])
-    on_host = int(subprocess.run(["free", "-g"], capture_output=True, text=True)
+    on_host = int(subprocess.run(["free", "-g"], capture_output=True, text=True, check=True)
                   .stdout.splitlines()[1].split()[-1])
     assert abs(in_box - on_host) <= 2  # the host's /proc/meminfo, not a fake one
 
@@ -206,12 +209,13 @@ def test_a_gpu_container_on_host_network_serves_on_box_localhost(sim_fleet, box,
     runtimes = ok(sim_fleet.ssh(box, "sudo docker info --format '{{json .Runtimes}}'"))
     assert "nvidia" in json.loads(runtimes)
     ok(sim_fleet.ssh(box, f"sudo docker pull -q {probe_image}", timeout=300))
-    ok(sim_fleet.ssh(box, "sudo docker rm -f probe >/dev/null 2>&1; sudo docker run -d --name probe "
-                          "--runtime nvidia --gpus all --network host --ipc=host "
-                          f"{probe_image} python3 -m http.server 18080"))
+    sim_fleet.ssh(box, "sudo docker rm -f probe")
+    ok(sim_fleet.ssh(box, "sudo docker run -d --name probe --runtime nvidia --gpus all "
+                          f"--network host --ipc=host {probe_image} python3 -m http.server 18080"))
     try:
-        ok(sim_fleet.ssh(box, "for i in $(seq 30); do curl -fsS -o /dev/null "
-                              "http://127.0.0.1:18080/ && exit 0; sleep 1; done; exit 1", timeout=60))
+        wait_for_server = ("for i in $(seq 30); do curl -fsS -o /dev/null http://127.0.0.1:18080/"
+                           " && exit 0; sleep 1; done; exit 1")
+        ok(sim_fleet.ssh(box, wait_for_server, timeout=60))
     finally:
         sim_fleet.ssh(box, "sudo docker rm -f probe")
 
@@ -249,7 +253,8 @@ def test_up_adds_a_box_and_pyinfra_reaches_all_three(sim_fleet, tmp_path):
         assert {name: after[name] for name in before} == before, "existing boxes were recreated"
         run = subprocess.run(["pyinfra", str(grown.inventory), "exec", "--",
                               "systemctl", "is-system-running"],
-                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+                             check=False)
         output = run.stdout + run.stderr  # pyinfra reports on stderr
         assert run.returncode == 0, output
         for host in ("thor-1", "thor-2", "thor-3"):

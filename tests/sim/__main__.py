@@ -11,7 +11,7 @@ from tests.sim import fleet
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.sim", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    up = commands.add_parser("up", help="bring up N boxes, registry, base image, hub; write inventory")
+    up = commands.add_parser("up", help="boxes, registry, base image, hub; write inventory")
     up.add_argument("--hosts", type=int, default=2)
     up.add_argument("--inventory", help="where to write the pyinfra inventory "
                                         "(default: <state>/inventory.py)")

@@ -54,7 +54,8 @@ def ensure_thor_image(client) -> str:
     """Build the simulated Thor image from the rootfs and tests/sim/box/, cached by input hash."""
     rootfs = ensure_rootfs(client)
     digest = hashlib.sha256(rootfs.encode())
-    for path in sorted(p for p in BOX_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+    files = (p for p in BOX_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    for path in sorted(files):
         digest.update(str(path.relative_to(BOX_DIR)).encode() + b"\0")
         digest.update(path.read_bytes())
     tag = f"{THOR_REPOSITORY}:{digest.hexdigest()[:16]}"
@@ -151,7 +152,7 @@ def box_exec(client, host, command, user: str = "root", timeout: float = 120) ->
     argv = ["docker", "exec", "--user", user, box_name(index_of(host))]
     argv += ["sh", "-c", command] if isinstance(command, str) else list(command)
     done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, check=False)
     return done.returncode, done.stdout + done.stderr
 
 
@@ -223,7 +224,7 @@ def _write_known_hosts(client) -> Path:
     return path
 
 
-# ---------------------------------------------------------------- base image and hub (others' parts)
+# ------------------------------------------------------- base image and hub (others' parts)
 
 def _optional(module: str, function: str):
     """A function of a sim part another engineer writes, or None (with a note) until it lands."""
@@ -284,8 +285,9 @@ class Fleet:
                 "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
                 "-o", "BatchMode=yes", "-o", f"ConnectTimeout={connect_timeout}",
                 "-o", "LogLevel=ERROR", "thor@127.0.0.1", command]
-        return subprocess.run(argv, input=input, stdin=None if input is not None else
-                              subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        stdin = None if input is not None else subprocess.DEVNULL
+        return subprocess.run(argv, input=input, stdin=stdin, capture_output=True, text=True,
+                              timeout=timeout, check=False)
 
     def reboot(self, host, wait: bool = True) -> None:
         reboot(self.client, host, wait=wait)
@@ -324,7 +326,8 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None) -> Fleet:
         current_id = client.images.get(image).id
         for index, container in sorted(existing.items()):
             if index > hosts or container.image.id != current_id:
-                log(f"removing {host_name(index)} ({'beyond --hosts' if index > hosts else 'image changed'})")
+                why = "beyond --hosts" if index > hosts else "image changed"
+                log(f"removing {host_name(index)} ({why})")
                 _remove_box(container, index)
                 existing.pop(index)
         for index in range(1, hosts + 1):
@@ -436,10 +439,11 @@ def write_inventory(path, hosts, extra_data: dict | None = None) -> Path:
         data = {"ssh_hostname": "127.0.0.1", "ssh_port": ssh_port(index_of(name)), **data}
         entries.append(f"        ({name!r}, {data!r}),")
     group = {**sim_group_data(), **(extra_data or {})}
-    group_lines = [f"        {key!r}: {value!r}," for key, value in group.items() if value is not None]
+    group_lines = [f"        {key!r}: {value!r}," for key, value in group.items()
+                   if value is not None]
     text = "\n".join([
-        f"# Written by `python -m tests.sim up`: {len(entries)} simulated Thors. "
-        "Rewritten by every `up`.",
+        (f"# Written by `python -m tests.sim up`: {len(entries)} simulated Thors."
+         " Rewritten by every `up`."),
         "sim_thors = (",
         "    [",
         *entries,
