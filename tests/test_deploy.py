@@ -1,0 +1,59 @@
+"""The operator's first story: one command takes bare Thors to serving; a re-run changes nothing."""
+
+import json
+
+import pytest
+
+from tests.deploy_run import deploy
+
+pytestmark = pytest.mark.fleet
+
+CHAT = json.dumps({"model": "/model", "max_tokens": 16,
+                   "messages": [{"role": "user", "content": "Hello"}]})
+
+
+def ask(sim_fleet, host, path="/v1/chat/completions", body=CHAT, key=True):
+    """HTTP status of a request made on the box itself, with the API key from the secrets file
+    (read by the shell, so it never lands in a process's arguments)."""
+    header = ('. /etc/thorfleet/secrets.env; printf "Authorization: Bearer %s" "$VLLM_API_KEY" '
+              '> /run/thorfleet-test-header; ' if key else ": > /run/thorfleet-test-header; ")
+    code, out = sim_fleet.exec(host, (
+        f"sh -c '{header}curl -s -o /dev/null -w %{{http_code}} -H @/run/thorfleet-test-header "
+        f"-H \"Content-Type: application/json\" -d @- http://127.0.0.1:8002{path}' <<'EOF'\n"
+        f"{body}\nEOF"))
+    return out.strip()[-3:]
+
+
+@pytest.fixture(scope="module")
+def converged(sim_fleet, tmp_path_factory):
+    inventory = sim_fleet.write_inventory(
+        tmp_path_factory.mktemp("deploy") / "fleet.py",
+        extra_data={"rollout_report_path": str(tmp_path_factory.mktemp("report") / "report.json")})
+    first = deploy(inventory)
+    assert first.returncode == 0, first.stderr[-4000:]
+    return inventory, first
+
+
+def test_first_run_converges_every_host_and_they_answer_chat(sim_fleet, converged):
+    _, first = converged
+    assert first.failed_hosts == []
+    assert first.changed > 0
+    for host in sim_fleet.hosts:
+        assert ask(sim_fleet, host) == "200"
+        assert ask(sim_fleet, host, key=False) == "401"  # the API key guards /v1/*
+        assert ask(sim_fleet, host, path="/health", body="") == "200"
+
+
+def test_second_run_changes_nothing(converged):
+    inventory, _ = converged
+    again = deploy(inventory)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert again.failed_hosts == []
+    assert again.changed == 0, again.stdout
+
+
+def test_dry_run_on_a_converged_fleet_reports_nothing_to_change(converged):
+    inventory, _ = converged
+    dry = deploy(inventory, "--dry")
+    assert dry.returncode == 0, dry.stderr[-4000:]
+    assert dry.changed == 0, dry.stdout
