@@ -10,7 +10,7 @@ from thorfleet.settings import BOX_BIN, BOX_HF_TOKEN, BOX_VENV, FILES
 @deploy("Weights")
 def run(s):
     apt.packages(name="Install python3-venv", packages=["python3-venv"])
-    pip.venv(name="Create thorfleet's venv", path=BOX_VENV)
+    pip.venv(name="Create thorfleet's venv", path=BOX_VENV, python="python3")
     pip.packages(
         name=f"Install {s.weights_hub_pip_spec} in the venv",
         packages=[s.weights_hub_pip_spec],
