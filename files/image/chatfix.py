@@ -300,7 +300,8 @@ def check(think_prefill: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = render_all(make_tokenizer(Path(tmp)))
     for name, result in results.items():
-        say(f"render {name:10s} -> " + (result.get("text") or result.get("error", ""))[-110:])
+        shown = result["text"][-100:] if result["ok"] else result["error"].splitlines()[0]
+        say(f"render {name:10s} -> {shown}")
     for name in ("absent", "none", "high", "tools", "tools-high"):
         assert results[name]["ok"], f"{name}: {results[name]['error']}"
     high = results["high"]["text"]
