@@ -45,6 +45,7 @@ service_api_key_file = None  # laptop path of a file holding the API key (else e
 service_allow_no_api_key = False  # explicitly serve without an API key (then binds 127.0.0.1 unless set)
 service_health_timeout_s = 1200  # how long a (re)start may take to answer /health (seed: 20 min)
 service_docker_gpus = "all"  # value of docker run --gpus
+service_docker_ulimits = {"memlock": "-1", "stack": "67108864"}  # docker run --ulimit, as the seed
 service_extra_env = {}  # extra environment for the container, merged over the seed's
 
 # --- rollout: how a fleet is converged -----------------------------------------------------------

@@ -250,6 +250,7 @@ def serving(s, wait_for=()):
         return
     stopped_by = sorted(rollout.failed.intersection(wait_for))
     if stopped_by:
+        note_error(host.name, f"not restarted: the rollout stopped after {', '.join(stopped_by)} failed")
         host.noop(f"not restarted: the rollout stopped after {', '.join(stopped_by)} failed; "
                   "this host keeps serving its current version")
         return

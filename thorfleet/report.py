@@ -30,6 +30,7 @@ def note_error(host_name, message):
 @operation()
 def observed(s):
     """Record what the host looks like now for the report (reads facts; never a change)."""
+    yield from ()  # reads only: never a command, so never a change
     if host.state.current_stage != StateStage.Execute:
         host.noop("the report reads the host after the run")
         return
@@ -104,7 +105,9 @@ def _print_table(rows, path):
     from rich.table import Table
 
     def mark(value):
-        return {True: "yes", False: "NO", None: "-"}.get(value, str(value))
+        if value is True or value is False:
+            return "yes" if value else "NO"
+        return "-" if value is None else str(value)
 
     table = Table(title=f"thorfleet report (also in {path})")
     for column in ("host", "L4T", "power", "clocks", "weights", "image / patches", "service",

@@ -85,7 +85,7 @@ def site_root(package: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise PlanError(f"package {package} not found by {sys.executable}")
-    return Path(list(spec.submodule_search_locations)[0]).parent
+    return Path(next(iter(spec.submodule_search_locations))).parent
 
 
 # ------------------------------------------------------------------ strict unified-diff applier
@@ -230,8 +230,8 @@ def plan(think_prefill: bool) -> list[tuple[Patch, str, str]]:
 
     takes, where = transformers_takes_reasoning_effort()
     if takes:
-        steps.append((TRANSFORMERS_FIX, "skip", f"transformers {found['transformers']} "
-                      f"{where} already takes reasoning_effort"))
+        why = f"transformers {found['transformers']} {where} already takes reasoning_effort"
+        steps.append((TRANSFORMERS_FIX, "skip", why))
     else:
         steps.append((TRANSFORMERS_FIX, "apply", f"{where} refuses reasoning_effort"))
 
@@ -283,7 +283,7 @@ def render_case(tokenizer, case: dict) -> dict:
             messages, tools=tools, add_generation_prompt=True, continue_final_message=False,
             documents=None, chat_template=None, return_dict=False, tokenize=True,
             reasoning_effort=case.get("reasoning_effort"))
-    except Exception as error:  # what vLLM turns into a 400
+    except Exception as error:  # noqa: BLE001 - any of them is what vLLM turns into a 400
         return {"ok": False, "error": f"{type(error).__name__}: {error}"}
     return {"ok": True, "text": tokenizer.decode(ids, skip_special_tokens=False)}
 
@@ -345,7 +345,7 @@ def cmd_apply(args) -> int:
             say(f"patched {path}")
     # A fresh interpreter imports the patched modules: a broken patch fails here, not a request.
     argv = [sys.executable, __file__, "check", "--think-prefill", args.think_prefill]
-    if subprocess.run(argv).returncode != 0:
+    if subprocess.run(argv, check=False).returncode != 0:
         say("FAILED: the patched image does not render chat requests as expected")
         return 1
     print(label(steps))
