@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - pytest fixtures are imported by name and then requested by name
 """The stand-in for ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor behaves as FACTS.md says the
 real image does: same packages and versions in /opt/venv, `vllm serve` reading the same YAML and
 flags, the same start-up log, the memory gate, the port closed while loading, /v1/* behind the
@@ -9,7 +10,12 @@ import json
 import pytest
 
 from tests.sim.base.testing import (  # noqa: F401
-    base_image, derive, docker_client, model_dir, run_python, serving,
+    base_image,
+    derive,
+    docker_client,
+    model_dir,
+    run_python,
+    serving,
 )
 
 CHAT = {"model": "/model", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 64}
@@ -31,7 +37,7 @@ ROOMY = {"THORFLEET_SIM_MEMINFO": "/sim/meminfo"}
 
 
 @pytest.fixture(scope="module")
-def derived(docker_client, base_image):  # noqa: F811
+def derived(docker_client, base_image):
     tag = "thorfleet-test/standin:patched"
     code, output = derive(base_image, tag)
     assert code == 0, output
@@ -39,7 +45,7 @@ def derived(docker_client, base_image):  # noqa: F811
     docker_client.images.remove(tag, force=True)
 
 
-def test_base_has_the_real_packages_in_opt_venv(docker_client, base_image):  # noqa: F811
+def test_base_has_the_real_packages_in_opt_venv(docker_client, base_image):
     out = run_python(docker_client, base_image, (
         "import importlib.metadata as m, shutil, sys; "
         "import vllm.tokenizers.mistral, vllm.reasoning.mistral_reasoning_parser; "
@@ -49,7 +55,7 @@ def test_base_has_the_real_packages_in_opt_venv(docker_client, base_image):  # n
                            "0.19.0", "4.57.3", "1.11.0", "2.13.0+cpu"]
 
 
-def test_v15_test_tokenizer(docker_client, base_image, model_dir):  # noqa: F811
+def test_v15_test_tokenizer(docker_client, base_image, model_dir):
     tekken = json.loads((model_dir / "tekken.json").read_text())
     assert tekken["config"]["version"] == "v15"
     tokens = {t["token_str"] for t in tekken["special_tokens"]}
@@ -65,7 +71,7 @@ def test_v15_test_tokenizer(docker_client, base_image, model_dir):  # noqa: F811
     assert out.split() == ["v15", "True"]
 
 
-def test_serves_after_loading_with_the_thor_log(docker_client, base_image, model_dir):  # noqa: F811
+def test_serves_after_loading_with_the_thor_log(docker_client, base_image, model_dir):
     env = {**ROOMY, "VLLM_API_KEY": "s3cret", "THORFLEET_SIM_LOAD_SECONDS": "14"}
     with serving(docker_client, base_image, model_dir, env=env,
                  files={"meminfo": meminfo(117)}) as server:
@@ -95,14 +101,14 @@ def test_serves_after_loading_with_the_thor_log(docker_client, base_image, model
         assert "Kwargs ['reasoning_effort'] are not supported" in body["error"]["message"]
 
 
-def test_marlin_fallback_shows_in_the_log(docker_client, base_image, model_dir):  # noqa: F811
+def test_marlin_fallback_shows_in_the_log(docker_client, base_image, model_dir):
     with serving(docker_client, base_image, model_dir, env={**ROOMY, "THORFLEET_SIM_MARLIN": "1"},
                  files={"meminfo": meminfo(117)}) as server:
         server.wait_healthy()
         assert "marlin_utils_fp4" in server.logs()
 
 
-def test_refuses_to_start_without_free_memory(docker_client, base_image, model_dir):  # noqa: F811
+def test_refuses_to_start_without_free_memory(docker_client, base_image, model_dir):
     # The previous container's weights still in the page cache: 26 GiB available of 122.
     with serving(docker_client, base_image, model_dir, env=ROOMY,
                  files={"meminfo": meminfo(26)}) as server:
@@ -116,7 +122,7 @@ def test_refuses_to_start_without_free_memory(docker_client, base_image, model_d
     (["--no-such-option", "1"], ""),
     ([], "no_such_key: 1\n"),
 ])
-def test_unknown_options_are_refused_as_vllm_does(docker_client, base_image, model_dir,  # noqa: F811
+def test_unknown_options_are_refused_as_vllm_does(docker_client, base_image, model_dir,
                                                   args, config_extra):
     from tests.sim.base.testing import SEED_CONFIG
 
@@ -126,7 +132,7 @@ def test_unknown_options_are_refused_as_vllm_does(docker_client, base_image, mod
         assert "unrecognized arguments" in server.logs()
 
 
-def test_patched_image_answers_chat(docker_client, derived, model_dir):  # noqa: F811
+def test_patched_image_answers_chat(docker_client, derived, model_dir):
     with serving(docker_client, derived, model_dir, env=ROOMY,
                  files={"meminfo": meminfo(117)}) as server:
         server.wait_healthy()
@@ -142,6 +148,9 @@ def test_patched_image_answers_chat(docker_client, derived, model_dir):  # noqa:
         assert status == 200, body
         call = body["choices"][0]["message"]["tool_calls"][0]["function"]
         assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
+        status, events = server.request("POST", "/v1/chat/completions",
+                                        body={**CHAT, "stream": True})
+        assert status == 200 and events.rstrip().endswith("data: [DONE]"), events
         status, body = server.request("POST", "/v1/chat/completions",
                                       body={**CHAT, "reasoning_effort": "low"})
         assert status == 400 and "not supported by Mistral models" in body["error"]["message"]

@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - pytest fixtures are imported by name and then requested by name
 """The chat-template patches, against the real packages (vLLM 0.19.0, transformers 4.57.3,
 mistral_common 1.11.0 from PyPI) in the stand-in base image, with the v15 test tokenizer.
 
@@ -6,6 +7,9 @@ self-checks a derived image in which chat works, reasoning_effort is honoured an
 that moved on is either left alone (already fixed) or refused loudly at build time.
 """
 
+import contextlib
+
+import docker.errors
 import pytest
 
 from tests.sim.base.testing import base_image, derive, docker_client, render, variant  # noqa: F401
@@ -20,7 +24,7 @@ ALL_APPLIED = ("vllm-reasoning-effort=applied,transformers-reasoning-effort=appl
 
 
 @pytest.fixture(scope="module")
-def images(docker_client, base_image):  # noqa: F811
+def images(docker_client, base_image):
     """Derived images built during this module; removed at the end."""
     made = []
 
@@ -31,14 +35,12 @@ def images(docker_client, base_image):  # noqa: F811
 
     yield build
     for tag in made:
-        try:
+        with contextlib.suppress(docker.errors.ImageNotFound):  # a failed build left no tag
             docker_client.images.remove(tag, force=True)
-        except Exception:  # noqa: BLE001 - a build that failed left no tag
-            pass
 
 
 @pytest.fixture(scope="module")
-def patched(images, base_image):  # noqa: F811
+def patched(images, base_image):
     tag, code, output = images(base_image, "patched", labels=["thorfleet.test=1"])
     assert code == 0, output
     return tag, output
@@ -48,7 +50,7 @@ def labels(client, tag: str) -> dict:
     return client.images.get(tag).labels
 
 
-def test_unpatched_base_refuses_every_chat_request(docker_client, base_image):  # noqa: F811
+def test_unpatched_base_refuses_every_chat_request(docker_client, base_image):
     rendered = render(docker_client, base_image)
     for case in ("absent", "none", "high", "tools"):
         assert rendered[case] == {"ok": False, "error": KWARGS_ERROR}, case
@@ -83,7 +85,7 @@ def test_patched_image_refuses_an_unknown_effort_clearly(docker_client, patched)
     assert "reasoning_effort" in unknown["error"] and "'none' or 'high'" in unknown["error"]
 
 
-def test_think_prefill_is_a_build_option(docker_client, images, base_image):  # noqa: F811
+def test_think_prefill_is_a_build_option(docker_client, images, base_image):
     tag, code, output = images(base_image, "no-think", think_prefill=False)
     assert code == 0, output
     assert labels(docker_client, tag)["thorfleet.patches"].endswith("think-prefill=off")
@@ -91,7 +93,7 @@ def test_think_prefill_is_a_build_option(docker_client, images, base_image):  # 
     assert HIGH_SETTINGS in high and "[THINK]" not in high
 
 
-def test_transformers_5_base_keeps_its_own_fix(docker_client, images, base_image):  # noqa: F811
+def test_transformers_5_base_keeps_its_own_fix(docker_client, images, base_image):
     base5 = variant(docker_client, base_image, "transformers5")
     tag, code, output = images(base5, "transformers5")
     assert code == 0, output
@@ -121,7 +123,7 @@ def test_rebuilding_on_a_patched_image_stands_aside(docker_client, images, patch
     ]),
     ("vllm-0.20", ["found vllm 0.20.0, expected vllm~=0.19.0"]),
 ])
-def test_a_base_that_no_longer_fits_fails_the_build(docker_client, images, base_image, name,  # noqa: F811
+def test_a_base_that_no_longer_fits_fails_the_build(docker_client, images, base_image, name,
                                                      expected):
     moved = variant(docker_client, base_image, name)
     tag = f"thorfleet-test/chat:{name}"

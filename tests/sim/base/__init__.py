@@ -84,7 +84,6 @@ def _build(client, tag: str, rootfs_ref: str, wheels: Path) -> None:
         for wheel in wheels.iterdir():
             if wheel.name != ".complete":
                 os.link(wheel, context / "wheels" / wheel.name)  # same filesystem: no copy
-        repository, _, version = tag.partition(":")
         with open(log_path, "w") as log:
             for event in client.api.build(path=str(context), tag=tag, rm=True, forcerm=True,
                                           buildargs={"ROOTFS": rootfs_ref}, decode=True):
@@ -122,4 +121,4 @@ def build_derived(image_ref: str, tag: str, think_prefill: bool = True, labels=(
             "--think-prefill", "1" if think_prefill else "0"]
     for label in labels:
         argv += ["--label", label]
-    return subprocess.run(argv, capture_output=True, text=True)
+    return subprocess.run(argv, capture_output=True, text=True, check=False)

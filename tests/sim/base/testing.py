@@ -8,7 +8,6 @@ transformers 4.57.3 cannot live with.
 import contextlib
 import hashlib
 import json
-import socket
 import tempfile
 import time
 import urllib.error
@@ -20,7 +19,13 @@ import docker.errors
 import pytest
 
 from tests.sim import state_dir
-from tests.sim.base import HERE, IMAGE_CONTEXT, build_derived, ensure_base_image, export_v15_tokenizer
+from tests.sim.base import (
+    HERE,
+    IMAGE_CONTEXT,
+    build_derived,
+    ensure_base_image,
+    export_v15_tokenizer,
+)
 
 VARIANTS = HERE / "variants"
 SERVE = ["vllm", "serve", "/model", "--config", "/config/vllm.yaml",
@@ -121,7 +126,7 @@ class StandIn:
         """Whether port 8002 refuses connections inside the container (as while loading)."""
         probe = ("import socket; s = socket.socket(); "
                  "print(s.connect_ex(('127.0.0.1', 8002)))")
-        code, out = self.container.exec_run(["python3", "-c", probe])
+        _, out = self.container.exec_run(["python3", "-c", probe])
         return out.decode().strip() != "0"
 
     def wait_log(self, text: str, timeout: float = 120) -> None:

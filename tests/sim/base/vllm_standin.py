@@ -8,9 +8,10 @@ messages, files and line numbers of the vLLM sources that print them on a Thor.
 
 What is stand-in: no weights are run. Loading takes THORFLEET_SIM_LOAD_SECONDS (default 5;
 the port refuses meanwhile); answers are canned text (a tool call of the first tool when tools
-are given), produced at THORFLEET_SIM_DECODE_TOKS tokens/s (default the seed's Thor figures:
-33.7 with speculative decoding, 17.5 without). Free/total "device" memory are MemAvailable/
-MemTotal of THORFLEET_SIM_MEMINFO (default /proc/meminfo). THORFLEET_SIM_MARLIN=1 makes the
+are given; `stream: true` gets the answer as server-sent events), produced at
+THORFLEET_SIM_DECODE_TOKS tokens/s (default the seed's Thor figures: 33.7 with speculative
+decoding, 17.5 without). Free/total "device" memory are MemAvailable/MemTotal of
+THORFLEET_SIM_MEMINFO (default /proc/meminfo). THORFLEET_SIM_MARLIN=1 makes the
 kernel selection log the slow Marlin fallback instead of FlashInfer-CUTLASS.
 
     vllm serve /model --config /config/vllm.yaml --attention-backend TRITON_MLA --language-model-only
@@ -291,6 +292,29 @@ def make_handler(server: Server):
             self.end_headers()
             self.wfile.write(data)
 
+        def stream(self, answer: dict) -> None:
+            """Server-sent events as vLLM sends them: the answer as one delta chunk, a closing
+            chunk with finish_reason and usage, then [DONE]."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            chat = answer["object"] == "chat.completion"
+            kind = "chat.completion.chunk" if chat else "text_completion"
+            choice = answer["choices"][0]
+            if chat:
+                first = {"index": 0, "delta": {k: v for k, v in choice["message"].items() if v}}
+                last = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}
+            else:
+                first = {"index": 0, "text": choice["text"], "finish_reason": None}
+                last = {"index": 0, "text": "", "finish_reason": choice["finish_reason"]}
+            for chunk in ({"choices": [first]}, {"choices": [last], "usage": answer["usage"]}):
+                event = {"id": answer["id"], "object": kind, "created": answer["created"],
+                         "model": answer["model"], **chunk}
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.close_connection = True
+
         def guarded(self) -> bool:
             # As vLLM's auth middleware: only /v1/* needs the key.
             if self.path.startswith("/v1") and not server.authorized(self.headers):
@@ -325,9 +349,11 @@ def make_handler(server: Server):
                 return
             try:
                 body = json.loads(raw or b"{}")
+                answer = handlers[path](body)
                 if body.get("stream"):
-                    raise ValueError("the thorfleet stand-in does not stream")
-                self.send(200, handlers[path](body))
+                    self.stream(answer)
+                else:
+                    self.send(200, answer)
             except (ValueError, TypeError) as error:  # pydantic's ValidationError is a ValueError
                 self.send(400, error_body(error))
             except Exception as error:  # noqa: BLE001 - a server answers 500, it does not die
@@ -359,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_memory(v, args)
         tokenizer = load(args, started)
-    except Exception:  # vLLM's engine core dies with the traceback and a non-zero exit
+    except Exception:  # noqa: BLE001 - like vLLM's engine core: traceback, non-zero exit
         log.error("EngineCore failed to start.\n%s", traceback.format_exc().rstrip())
         return 1
     host, port = args.host or "0.0.0.0", args.port
