@@ -3,15 +3,17 @@
 from pyinfra.api import deploy
 from pyinfra.operations import files
 
+from thorfleet import operations as thor
 from thorfleet.settings import BOX_BIN, FILES
 
 
 @deploy("Memory")
 def run(s):
     files.directory(name="Create thorfleet's bin folder", path=BOX_BIN, mode="755")
-    files.put(
+    thor.whole_file(
         name="Install the memory gate (drop caches until MemAvailable is enough)",
         src=str(FILES / "bin" / "memory-gate"),
-        dest=f"{BOX_BIN}/memory-gate",
+        path=f"{BOX_BIN}/memory-gate",
         mode="755",
+        _sudo=False,
     )

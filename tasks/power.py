@@ -1,7 +1,7 @@
 """Power: the nvpmodel mode from group data, and clocks locked now and at every boot."""
 
 from pyinfra.api import deploy
-from pyinfra.operations import files, server, systemd
+from pyinfra.operations import server, systemd
 
 from thorfleet import operations as thor
 from thorfleet.settings import CLOCKS_UNIT, FILES
@@ -16,11 +16,12 @@ def run(s):
         reboot_timeout=s.power_reboot_timeout_s,
     )
     # jetson_clocks does not survive a reboot: a oneshot unit ordered after nvpmodel.service does.
-    unit = files.put(
+    unit = thor.whole_file(
         name="Install the unit that locks clocks at every boot",
         src=str(FILES / "systemd" / CLOCKS_UNIT),
-        dest=f"/etc/systemd/system/{CLOCKS_UNIT}",
+        path=f"/etc/systemd/system/{CLOCKS_UNIT}",
         mode="644",
+        _sudo=False,
     )
     systemd.daemon_reload(name="Reload systemd after the clocks unit changed", _if=unit.did_change)
     systemd.service(name="Enable the clocks unit", service=CLOCKS_UNIT, enabled=True)

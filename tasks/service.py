@@ -19,14 +19,17 @@ def run(s):
                     path="/etc/thorfleet/vllm", mode="755")
     files.directory(name="Create the vLLM cache folder", path=BOX_VLLM_CACHE, mode="755")
     files.directory(name="Create thorfleet's state folder", path="/var/lib/thorfleet", mode="700")
-    files.put(name=f"Write the vLLM runtime config ({s.service_profile} profile)",
-              src=StringIO(s.config_text), dest=BOX_CONFIG, mode="644")
+    # Every file is replaced whole (temporary name, then rename): never half-written, even on a cut.
+    thor.whole_file(name=f"Write the vLLM runtime config ({s.service_profile} profile)",
+                    src=StringIO(s.config_text), path=BOX_CONFIG, mode="644", _sudo=False)
     thor.secret_file(name="Write the service secrets (root-only)", path=BOX_SECRETS_ENV,
                      content=s.secrets_env_text, _sudo=False)
-    files.put(name="Install the start/prove/roll-back tool", src=str(FILES / "bin" / "thorfleet-serve"),
-              dest=f"{BOX_BIN}/thorfleet-serve", mode="755")
-    unit = files.put(name=f"Write the {s.service_name} unit", src=StringIO(s.unit_text),
-                     dest=f"/etc/systemd/system/{s.service_name}.service", mode="644")
+    thor.whole_file(name="Install the start/prove/roll-back tool",
+                    src=str(FILES / "bin" / "thorfleet-serve"), path=f"{BOX_BIN}/thorfleet-serve",
+                    mode="755", _sudo=False)
+    unit = thor.whole_file(name=f"Write the {s.service_name} unit", src=StringIO(s.unit_text),
+                           path=f"/etc/systemd/system/{s.service_name}.service", mode="644",
+                           _sudo=False)
     systemd.daemon_reload(name="Reload systemd after the unit changed", _if=unit.did_change)
     systemd.service(name=f"Enable {s.service_name} at boot", service=f"{s.service_name}.service",
                     enabled=True)

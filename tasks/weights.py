@@ -16,11 +16,12 @@ def run(s):
         packages=[s.weights_hub_pip_spec],
         pip=f"{BOX_VENV}/bin/pip",
     )
-    files.put(
+    thor.whole_file(
         name="Install the weights fetcher and verifier",
         src=str(FILES / "bin" / "thorfleet-weights"),
-        dest=f"{BOX_BIN}/thorfleet-weights",
+        path=f"{BOX_BIN}/thorfleet-weights",
         mode="755",
+        _sudo=False,
     )
     files.directory(name="Create /etc/thorfleet", path="/etc/thorfleet", mode="755")
     if s.hf_token:

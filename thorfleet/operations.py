@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import time
-from io import StringIO
+from io import BytesIO, StringIO
 
 from packaging.version import Version
 from pyinfra import host, logger
@@ -148,34 +149,49 @@ def clocks_locked():
     yield "jetson_clocks"
 
 
-@operation()
-def secret_file(path, content):
-    """A root-only (0600) file with secret `content`, uploaded without ever being in a command line.
+def _text_of(src):
+    """Bytes of an upload source: a local path or a StringIO."""
+    if isinstance(src, StringIO):
+        return src.getvalue().encode()
+    with open(src, "rb") as f:
+        return f.read()
 
-    Call it with ``_sudo=False``: the upload goes as the SSH user into a 0700 folder of its own,
-    then sudo installs it beside the destination and renames it into place.
+
+@operation()
+def whole_file(path, src, mode="644"):
+    """A root-owned file at `path` with the content of `src` (a local path or a StringIO), only
+    ever replaced whole: a reader (systemd, the container, the next run) sees the old file or the
+    new one, never half of it, even when the SSH connection dies mid-upload.
+
+    Call it with ``_sudo=False``: the upload goes as the SSH user into a 0700 folder of its own
+    (so a secret is never readable by others, nor in a command line), then sudo installs it beside
+    the destination under a temporary name and renames it into place.
 
     .. code:: python
 
-        secret_file(name="Install the API key", path="/etc/thorfleet/secrets.env",
-                    content="VLLM_API_KEY=...\\n", _sudo=False)
+        whole_file(name="Install the API key", path="/etc/thorfleet/secrets.env",
+                   src=StringIO("VLLM_API_KEY=...\\n"), mode="600", _sudo=False)
     """
-    import hashlib
-
-    wanted = hashlib.sha256(content.encode()).hexdigest()
+    content = _text_of(src)
+    wanted = hashlib.sha256(content).hexdigest()
     current = host.get_fact(facts.FileState, path=path, _sudo=True)
-    if current == {"sha256": wanted, "mode": "600", "user": "root", "group": "root"}:
+    if current == {"sha256": wanted, "mode": mode, "user": "root", "group": "root"}:
         host.noop(f"{path} is already in place")
         return
     if current and current["sha256"] == wanted:
-        yield f"sudo chown root:root {path} && sudo chmod 600 {path}"
+        yield f"sudo chown root:root {path} && sudo chmod {mode} {path}"
         return
-    staged = ".thorfleet-upload/secret"
+    staged = f".thorfleet-upload/{wanted[:16]}"
     tmp = f"{path}.thorfleet-tmp"
     yield "install -d -m 700 .thorfleet-upload"
-    yield FileUploadCommand(StringIO(content), staged)
-    yield (f"sudo install -m 600 -o root -g root {staged} {tmp} && sudo mv -f {tmp} {path}; "
+    yield FileUploadCommand(BytesIO(content), staged)
+    yield (f"sudo install -m {mode} -o root -g root {staged} {tmp} && sudo mv -f {tmp} {path}; "
            f"status=$?; rm -f {staged}; exit $status")
+
+
+def secret_file(path, content, **kwargs):
+    """A root-only (0600) file with secret `content`: whole_file with mode 600."""
+    return whole_file(path=path, src=StringIO(content), mode="600", **kwargs)
 
 
 @operation()
