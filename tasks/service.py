@@ -31,5 +31,6 @@ def run(s):
                            path=f"/etc/systemd/system/{s.service_name}.service", mode="644",
                            _sudo=False)
     systemd.daemon_reload(name="Reload systemd after the unit changed", _if=unit.did_change)
+    # Enabled only: starting it is the verification step's job, which proves what it starts.
     systemd.service(name=f"Enable {s.service_name} at boot", service=f"{s.service_name}.service",
-                    enabled=True)
+                    enabled=True, running=None)
