@@ -1,0 +1,1 @@
+"""Measurements of thorfleet on the simulated fleet (see README: Rollouts and the benchmark)."""

@@ -1,0 +1,145 @@
+"""Benchmark thorfleet on the simulated fleet: converge times and what a rolling change costs.
+
+    python -m bench.rollout                      # thor-3..thor-6, fresh boxes, ~15 min
+    python -m bench.rollout --hosts 3-6 --keep-boxes --batches 1 2
+
+1. First converge of fresh boxes and a no-change re-run, for one host and for all of them
+   (the boxes are re-created: their containers and disks are removed, then `up`).
+2. A rolling config change through all of them per --batches value, while a prober inside each box
+   hits /health every 0.5 s: the most hosts down at once, and each host's outage against its own
+   restart (systemd stopping the service -> thorfleet-serve writing the proven fingerprint).
+
+Never touches boxes outside --hosts (other engineers test on thor-1 and thor-2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import docker
+
+from bench.prober import Prober, restart_window
+from tests.deploy_run import deploy
+from tests.sim import fleet
+
+
+def parse_range(text):
+    first, _, last = text.partition("-")
+    return [f"thor-{i}" for i in range(int(first), int(last or first) + 1)]
+
+
+def recreate(client, hosts, up_to):
+    """Fresh boxes: remove the containers and their disks, then bring the fleet back up."""
+    existing = fleet.boxes(client)
+    for host in hosts:
+        index = fleet.index_of(host)
+        if index in existing:
+            fleet._remove_box(existing[index], index)
+    return fleet.up(up_to, inventory=Path(tempfile.gettempdir()) / "thorfleet-bench-all.py",
+                    client=client)
+
+
+def timed_deploy(sim, workdir, name, hosts, extra=None):
+    inventory = sim.write_inventory(workdir / f"{name}.py", hosts=hosts, extra_data={
+        "rollout_report_path": str(workdir / f"{name}-report.json"), **(extra or {})})
+    run = deploy(inventory)
+    if run.returncode != 0:
+        raise SystemExit(f"{name}: deploy failed ({run.returncode}):\n{run.stderr[-3000:]}")
+    print(f"[bench] {name}: {run.seconds:.1f} s, {run.changed} changed operations", flush=True)
+    return run
+
+
+def rolling_change(sim, workdir, hosts, batch, value):
+    """Roll a config change (an extra env value: a new fingerprint) through `hosts`, probing."""
+    since = time.time()
+    with Prober(hosts) as probe:
+        time.sleep(1)  # a few samples of the serving fleet first
+        run = timed_deploy(sim, workdir, f"rolling-batch{batch}", hosts, {
+            "rollout_batch": batch, "service_extra_env": {"THORFLEET_BENCH_CHANGE": value}})
+        time.sleep(1)
+    windows = {h: restart_window(h, since) for h in hosts}
+    outages = probe.outages()
+    per_host = {}
+    for host in hosts:
+        mine = [o for o in outages if o.host == host]
+        start, end = windows[host] or (None, None)
+        per_host[host] = {
+            "down_s": round(sum(o.seconds for o in mine), 1),
+            "restart_s": round(end - start, 1) if start else None,
+            "outages": len(mine),
+            "inside_restart": all(start and start - 0.6 <= o.start and o.end <= end + 0.6
+                                  for o in mine),
+        }
+    return {"batch": batch, "seconds": round(run.seconds, 1), "most_down_at_once":
+            probe.most_down_at_once(), "samples": sum(len(s) for s in probe.samples.values()),
+            "hosts": per_host}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", default="3-6", help="box range, e.g. 3-6 (never 1-2 while "
+                        "others test)")
+    parser.add_argument("--keep-boxes", action="store_true",
+                        help="skip the fresh-box converges (measure re-runs and rollouts only)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 2],
+                        help="rollout_batch values to roll a change through (one run each)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    hosts = parse_range(args.hosts)
+    up_to = max(fleet.index_of(h) for h in hosts)
+    client = docker.from_env()
+    workdir = Path(tempfile.mkdtemp(prefix="thorfleet-bench-"))
+    results = {"hosts": hosts, "converge": {}, "rollouts": []}
+
+    sim = fleet.up(up_to, inventory=workdir / "all.py", client=client)
+    for group in ([hosts[0]], hosts):
+        label = f"{len(group)} host{'s' * (len(group) > 1)}"
+        if not args.keep_boxes:
+            sim = recreate(client, group, up_to)
+            first = timed_deploy(sim, workdir, f"first-{len(group)}", group)
+            results["converge"].setdefault(label, {})["first_s"] = round(first.seconds, 1)
+        again = timed_deploy(sim, workdir, f"rerun-{len(group)}", group)
+        results["converge"].setdefault(label, {}).update(
+            {"rerun_s": round(again.seconds, 1), "rerun_changed": again.changed})
+
+    for number, batch in enumerate(args.batches):
+        results["rollouts"].append(rolling_change(sim, workdir, hosts, batch, f"bench-{number}"))
+    # Leave the boxes on the group data's own version, as other runs expect.
+    timed_deploy(sim, workdir, "restore", hosts, {"rollout_batch": 2})
+
+    print_table(results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def print_table(results):
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=120)
+    table = Table(title="Converge wall time (pyinfra CLI, simulated Thors)")
+    for column in ("hosts", "first converge", "no-change re-run", "changed ops in re-run"):
+        table.add_column(column)
+    for label, row in results["converge"].items():
+        table.add_row(label, f"{row['first_s']} s" if "first_s" in row else "-",
+                      f"{row['rerun_s']} s", str(row["rerun_changed"]))
+    console.print(table)
+    table = Table(title="Rolling config change, /health probed every 0.5 s in every box")
+    for column in ("rollout_batch", "wall time", "most down at once", "host", "down",
+                   "its restart", "outage inside restart"):
+        table.add_column(column)
+    for roll in results["rollouts"]:
+        for i, (host, row) in enumerate(roll["hosts"].items()):
+            table.add_row(*(str(roll["batch"]), f"{roll['seconds']} s",
+                            str(roll["most_down_at_once"])) if i == 0 else ("", "", ""),
+                          host, f"{row['down_s']} s", f"{row['restart_s']} s",
+                          "yes" if row["inside_restart"] else "NO")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
