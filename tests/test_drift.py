@@ -1,0 +1,200 @@
+"""The operator's drift story: something changed on a converged Thor; one re-run puts it right and
+redoes only the part that drifted (no re-download of good shards, no rebuild of a good image, no
+restart of a healthy server whose inputs did not change).
+
+Each scenario drifts the first simulated host, re-runs the deploy on it alone, and checks from
+pyinfra's --json output which operations changed, and from the box that the server kept running
+(same container start), the image was not rebuilt (same id) and the hub served only what was
+damaged. The scenarios run in order on the same box: each starts from the one before it, so each
+also proves the previous re-run left the box converged.
+"""
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from tests.deploy_run import deploy
+from tests.sim import fleet as sim
+from tests.sim.hub import HubFaults
+
+pytestmark = pytest.mark.fleet
+
+SERVICE = "thorfleet-vllm"
+SHARD = "consolidated-{:05d}-of-00013.safetensors"
+
+
+# ------------------------------------------------------------------ helpers shared by the fault
+# and security stories too
+
+def changed_on(run, host):
+    """Names of the operations that changed something on `host` (pyinfra's "success")."""
+    return [op["name"] for op in run.json["results"]["operations"] if host in op["success"]]
+
+
+def failed_on(run, host):
+    return [op["name"] for op in run.json["results"]["operations"] if host in op["error"]]
+
+
+def box(sim_fleet, host, command):
+    code, out = sim_fleet.exec(host, command)
+    assert code == 0, out
+    return out.strip()
+
+
+def container_started(sim_fleet, host):
+    """When the server's container started (changes with every restart), or "" when none runs."""
+    return sim_fleet.exec(host, f"docker inspect -f '{{{{.State.StartedAt}}}}' {SERVICE}")[1].strip()
+
+
+def image_ref(sim_fleet, host):
+    """The image the unit runs, and its id."""
+    unit = box(sim_fleet, host, f"cat /etc/systemd/system/{SERVICE}.service")
+    tag = next(line.split()[0] for line in unit.splitlines() if "thorfleet/mistral-small4:" in line)
+    return tag, sim_fleet.exec(host, f"docker image inspect -f '{{{{.Id}}}}' {tag}")[1].strip()
+
+
+def model_dir(sim_fleet):
+    revision = sim.sim_group_data()["weights_model_revision"]
+    return f"/opt/thorfleet/models/{sim.MODEL_REPO.split('/')[-1]}/{revision}"
+
+
+def hub(sim_fleet):
+    return HubFaults(sim_fleet.hub["endpoint_local"])
+
+
+def downloads(faults):
+    """Files the hub sent since forget_requests() (GETs with a body; metadata API calls excluded)."""
+    return sorted({r["path"].rsplit("/", 1)[-1] for r in faults.requests()
+                   if r["method"] == "GET" and ("/resolve/" in r["path"] or "/_sim/lfs/" in r["path"])
+                   and r["bytes"]})
+
+
+def serves(sim_fleet, host, timeout=120):
+    """True once the server answers /health on the box (it may still be loading)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _, out = sim_fleet.exec(host, "curl -s -o /dev/null -w '%{http_code}' "
+                                         "http://127.0.0.1:8002/health")
+        if out.strip() == "200":
+            return True
+        time.sleep(2)
+    return False
+
+
+# ------------------------------------------------------------------ the scenarios
+
+@dataclass
+class Drift:
+    name: str
+    command: str  # run as root on the box; {model} is the checkpoint folder
+    redone: set  # operations (name fragments) the re-run must change, and nothing else...
+    may_redo: set = field(default_factory=set)  # ...except these, which it may change
+    restart: bool = False  # the re-run restarts the server
+    fetched: list = field(default_factory=list)  # the only files the hub may send
+
+
+VERIFY = "serve the rendered version and prove it"
+DRIFTS = [
+    Drift("power mode changed", "nvpmodel -m 0 </dev/null",
+          {"Set power mode", "Lock clocks again for the new power mode"},
+          may_redo={"Lock clocks with jetson_clocks"}),
+    Drift("clocks unlocked", "rm -rf /run/jetson_clocks/*", {"Lock clocks with jetson_clocks"}),
+    Drift("unit file edited", f"sed -i 's/RestartSec=10/RestartSec=99/' "
+          f"/etc/systemd/system/{SERVICE}.service",
+          {f"Write the {SERVICE} unit", "Reload systemd after the unit changed"}),
+    Drift("runtime config edited",
+          "sed -i 's/max_num_seqs: 1/max_num_seqs: 8/' /etc/thorfleet/vllm/vllm.yaml",
+          {"Write the vLLM runtime config"}),
+    Drift("secrets file mode and owner changed",
+          "chmod 644 /etc/thorfleet/secrets.env && chown thor:thor /etc/thorfleet/secrets.env",
+          {"Write the service secrets"}),
+    Drift("service disabled", f"systemctl disable {SERVICE}", {f"Enable {SERVICE} at boot"}),
+    Drift("derived image deleted", "docker rmi -f {image}", {"unless it exists"}),
+    Drift("weight shard deleted", "rm {model}/" + SHARD.format(3), {"Fetch and verify the checkpoint"},
+          fetched=[SHARD.format(3)]),
+    Drift("weight shard truncated", "truncate -s 1000 {model}/" + SHARD.format(5),
+          {"Fetch and verify the checkpoint"}, fetched=[SHARD.format(5)]),
+    Drift("weight shard corrupted",
+          "printf 'XXXXXXXX' | dd of={model}/" + SHARD.format(7) + " bs=1 seek=4096 conv=notrunc",
+          {"Fetch and verify the checkpoint"}, fetched=[SHARD.format(7)]),
+    Drift("service stopped", f"systemctl stop {SERVICE}", {VERIFY}, restart=True),
+]
+
+
+@pytest.fixture(scope="module")
+def drift_box(sim_fleet, tmp_path_factory):
+    """The first simulated host, converged, with an inventory of its own."""
+    host = sim_fleet.hosts[0]
+    inventory = sim_fleet.write_inventory(
+        tmp_path_factory.mktemp("drift") / "drift.py", hosts=[host],
+        extra_data={"rollout_report_path": str(tmp_path_factory.mktemp("report") / "r.json")})
+    first = deploy(inventory)
+    assert first.returncode == 0, first.stderr[-4000:]
+    return host, inventory
+
+
+def rerun_after(sim_fleet, drift_box, drift):
+    """Drift the box, re-run once; return the run and what the box looked like before and after."""
+    host, inventory = drift_box
+    tag, image_id = image_ref(sim_fleet, host)
+    started = container_started(sim_fleet, host)
+    box(sim_fleet, host, drift.command.format(model=model_dir(sim_fleet), image=tag))
+    faults = hub(sim_fleet)
+    faults.forget_requests()
+    run = deploy(inventory)
+    return run, {"started": started, "image_id": image_id, "fetched": downloads(faults)}
+
+
+@pytest.mark.parametrize("drift", DRIFTS, ids=[d.name for d in DRIFTS])
+def test_one_rerun_repairs_only_what_drifted(sim_fleet, drift_box, drift):
+    host, _ = drift_box
+    run, before = rerun_after(sim_fleet, drift_box, drift)
+    assert run.returncode == 0, run.stderr[-4000:]
+    changed = changed_on(run, host)
+    for fragment in drift.redone:
+        assert any(fragment in name for name in changed), (fragment, changed)
+    extra = [n for n in changed if not any(f in n for f in drift.redone | drift.may_redo)]
+    assert extra == [], f"{drift.name}: the re-run also changed {extra}"
+    # The box: serving, the image not rebuilt, the server not restarted unless it had to be.
+    assert serves(sim_fleet, host, timeout=5)
+    if "image" not in drift.name:
+        assert image_ref(sim_fleet, host)[1] == before["image_id"]
+    if drift.restart:
+        assert container_started(sim_fleet, host) != before["started"]
+    else:
+        assert container_started(sim_fleet, host) == before["started"]
+    assert before["fetched"] == drift.fetched
+
+
+def test_container_removed_behind_systemds_back_comes_back_by_itself(sim_fleet, drift_box):
+    host, inventory = drift_box
+    started = container_started(sim_fleet, host)
+    restarts = box(sim_fleet, host, f"systemctl show -p NRestarts --value {SERVICE}")
+    box(sim_fleet, host, f"docker rm -f {SERVICE}")
+    # systemd alone (Restart=on-failure, memory gate first), before any re-run:
+    assert serves(sim_fleet, host, timeout=120), sim_fleet.exec(host, f"journalctl -u {SERVICE} -n 30")
+    assert container_started(sim_fleet, host) not in ("", started)
+    assert int(box(sim_fleet, host, f"systemctl show -p NRestarts --value {SERVICE}")) > int(restarts)
+    run = deploy(inventory)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert changed_on(run, host) == []
+
+
+def test_a_reboot_is_repaired_by_the_box_itself_and_a_rerun_changes_nothing(sim_fleet, drift_box):
+    host, inventory = drift_box
+    _, image_id = image_ref(sim_fleet, host)
+    sim_fleet.reboot(host)
+    # clocks are locked again by thorfleet-clocks.service; the server starts at boot
+    show = box(sim_fleet, host, "jetson_clocks --show")
+    assert all(m.group(1) == m.group(2) for m in re.finditer(r"MinFreq=(\d+) MaxFreq=(\d+)", show))
+    run = deploy(inventory)
+    assert run.returncode == 0, run.stderr[-4000:]
+    # a server still loading is waited for and proven: that is the only thing a re-run may do
+    assert [n for n in changed_on(run, host) if VERIFY not in n] == []
+    assert serves(sim_fleet, host, timeout=5)
+    assert image_ref(sim_fleet, host)[1] == image_id
+    again = deploy(inventory)
+    assert changed_on(again, host) == [], json.dumps(again.json["results"]["totals"])
