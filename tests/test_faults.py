@@ -1,0 +1,225 @@
+"""The operator's fault story: boxes crash, lose their network, hubs break downloads, disks fill,
+bases move, a new version does not start. Each time the host ends up serving a known-good version
+or stopped with a clear reason, never half-way, and a re-run finishes the job.
+
+Faults are done to the second simulated host (the first one, where the fleet needs two); every
+test leaves the hosts converged.
+"""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.deploy_run import ROOT, deploy
+from tests.sim import registry
+from tests.sim.base import ensure_base_image
+from tests.sim.base.testing import variant
+from tests.sim.rootfs import ensure_rootfs
+from tests.test_drift import (
+    SERVICE,
+    SHARD,
+    box,
+    changed_on,
+    container_started,
+    downloads,
+    hub,
+    image_ref,
+    model_dir,
+    serves,
+)
+
+pytestmark = pytest.mark.fleet
+
+
+@pytest.fixture(scope="module")
+def fault_box(sim_fleet, tmp_path_factory):
+    """The second simulated host, converged; `inventory(**data)` writes one for it alone."""
+    host = sim_fleet.hosts[1]
+    folder = tmp_path_factory.mktemp("faults")
+    report = folder / "report.json"
+
+    def inventory(host_data=None, **group):
+        return sim_fleet.write_inventory(
+            folder / "faults.py", hosts=[(host, host_data or {})],
+            extra_data={"rollout_report_path": str(report), **group})
+
+    first = deploy(inventory())
+    assert first.returncode == 0, first.stderr[-4000:]
+    return host, inventory, report
+
+
+def failed_alone(run, host):
+    """The run failed on `host` (with one host, pyinfra ends with "No hosts remaining" and no JSON)."""
+    assert run.returncode != 0
+    if run.stdout.strip():
+        assert run.failed_hosts == [host]
+    else:
+        assert "No hosts remaining" in run.stderr
+    return True
+
+
+def converge(inventory):
+    """The operator's re-run after the fault is gone: it must converge the host."""
+    run = deploy(inventory)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return run
+
+
+def proven(sim_fleet, host):
+    return box(sim_fleet, host, "cat /var/lib/thorfleet/proven-fingerprint")
+
+
+def test_ssh_cut_mid_run_leaves_no_half_written_file_and_a_rerun_converges(sim_fleet, fault_box):
+    host, inventory, _ = fault_box
+    live = f"/etc/systemd/system/{SERVICE}.service /etc/thorfleet/vllm/vllm.yaml"
+    good = box(sim_fleet, host, f"sha256sum {live}")
+    # Work for the run to be in the middle of: a shard to fetch slowly, a config to rewrite.
+    box(sim_fleet, host, f"rm {model_dir(sim_fleet)}/{SHARD.format(2)}; "
+                         "sed -i 's/max_num_seqs: 1/max_num_seqs: 4/' /etc/thorfleet/vllm/vllm.yaml")
+    faults = hub(sim_fleet)
+    try:
+        faults.add("slow", path=SHARD.format(2), rate=20000)
+        argv = [sys.executable, "-m", "pyinfra", "-y", str(inventory()), "deploy.py"]
+        run = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and sim_fleet.exec(
+                host, "ls -d /opt/thorfleet/models/*/.*.partial")[0] != 0:
+            time.sleep(0.5)
+        sim_fleet.cut(host)  # mid-download: the laptop's connection hangs
+        time.sleep(5)
+        run.kill()  # the operator gives up on the hung run
+        run.wait()
+        # Whatever was live is whole: each file is the old or the new one, never a part.
+        for line in box(sim_fleet, host, f"sha256sum {live}").splitlines():
+            assert line in good or "vllm.yaml" in line, line
+        assert "max_num_seqs: " in box(sim_fleet, host, "cat /etc/thorfleet/vllm/vllm.yaml")
+    finally:
+        faults.clear()
+        sim_fleet.heal(host)
+    converge(inventory())
+    assert box(sim_fleet, host, f"sha256sum {live}") == good
+    assert changed_on(converge(inventory()), host) == []
+    assert serves(sim_fleet, host, timeout=5)
+
+
+def test_a_host_down_at_the_start_is_named_and_the_others_converge(sim_fleet, fault_box,
+                                                                   tmp_path):
+    up, down = sim_fleet.hosts[0], sim_fleet.hosts[1]
+    inventory = sim_fleet.write_inventory(tmp_path / "two.py", hosts=[up, down], extra_data={
+        "rollout_report_path": str(tmp_path / "report.json"), "ssh_connect_timeout": 5})
+    box(sim_fleet, up, "sed -i 's/max_num_seqs: 1/max_num_seqs: 2/' /etc/thorfleet/vllm/vllm.yaml")
+    sim_fleet.cut(down)
+    try:
+        run = deploy(inventory, timeout=300)
+    finally:
+        sim_fleet.heal(down)
+    assert run.returncode != 0
+    assert down in run.failed_hosts and up not in run.failed_hosts
+    assert f"[{down}] SSH" in run.stderr, run.stderr[-3000:]
+    assert any("runtime config" in name for name in changed_on(run, up))  # repaired anyway
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert "could not connect" in report["hosts"][down]["error"]
+    converge(inventory)
+
+
+@pytest.mark.parametrize("mode", ["cut", "bad-sha"])
+def test_a_broken_download_never_puts_a_damaged_file_in_place(sim_fleet, fault_box, mode):
+    host, inventory, _ = fault_box
+    folder, shard = model_dir(sim_fleet), SHARD.format(9)
+    box(sim_fleet, host, f"rm {folder}/{shard}")
+    others = box(sim_fleet, host, f"cd {folder} && stat -c '%i %Y %n' *.safetensors")
+    started = container_started(sim_fleet, host)
+    faults = hub(sim_fleet)
+    try:
+        faults.add(mode, path=shard)
+        run = deploy(inventory())
+    finally:
+        faults.clear()
+    assert failed_alone(run, host)
+    assert "Fetch and verify the checkpoint" in run.stderr
+    reason = "does not match its sha256" if mode == "bad-sha" else "was interrupted"
+    assert reason in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
+    # Nothing damaged in the served folder; the good shards and the server untouched.
+    assert sim_fleet.exec(host, f"test -e {folder}/{shard}")[0] != 0
+    assert box(sim_fleet, host, f"cd {folder} && stat -c '%i %Y %n' *.safetensors") == others
+    assert container_started(sim_fleet, host) == started and serves(sim_fleet, host, timeout=5)
+    # The re-run finishes the job, fetching only that shard.
+    faults.forget_requests()
+    again = converge(inventory())
+    assert downloads(faults) == [shard]
+    assert [n for n in changed_on(again, host) if "Fetch" not in n] == []
+
+
+def test_a_full_disk_says_so_and_leaves_the_weights_in_place_untouched(sim_fleet, fault_box):
+    host, inventory, _ = fault_box
+    tiny = "/mnt/thorfleet-tiny"
+    revision_dir = model_dir(sim_fleet).split("/models/", 1)[1]
+    folder, shard = f"{tiny}/{revision_dir}", SHARD.format(4)
+    # A small disk holding the checkpoint with one shard gone, then filled up.
+    box(sim_fleet, host, f"mkdir -p {tiny} && mount -t tmpfs -o size=32m tmpfs {tiny} && "
+                         f"cp -a /opt/thorfleet/models/. {tiny}/ && rm {folder}/{shard} && "
+                         f"(dd if=/dev/zero of={tiny}/filler bs=64k 2>/dev/null; true)")
+    try:
+        before = box(sim_fleet, host, f"cd {folder} && sha256sum * | sort")
+        started = container_started(sim_fleet, host)
+        run = deploy(inventory(weights_dir=tiny, preflight_min_free_disk_gib=0))
+        assert failed_alone(run, host)
+        assert "disk full under" in run.stderr and "weights in place are untouched" in run.stderr, \
+            run.stderr[-3000:]
+        assert box(sim_fleet, host, f"cd {folder} && sha256sum * | sort") == before
+        # the failed host stopped before its unit changed: the server still serves the old folder
+        assert container_started(sim_fleet, host) == started and serves(sim_fleet, host, timeout=5)
+    finally:
+        sim_fleet.exec(host, f"umount {tiny}")
+    assert changed_on(converge(inventory()), host) == []
+
+
+def test_a_base_the_patches_do_not_fit_fails_the_build_and_the_old_image_keeps_serving(
+        sim_fleet, fault_box):
+    host, inventory, _ = fault_box
+    client = sim_fleet.client
+    moved = variant(client, ensure_base_image(client, ensure_rootfs(client)), "moved-code")
+    digest = registry.push(client, moved, "nvidia-ai-iot/vllm:moved-code")
+    tag, image_id = image_ref(sim_fleet, host)
+    started = container_started(sim_fleet, host)
+    run = deploy(inventory(image_base=registry.in_sim_ref("nvidia-ai-iot/vllm", digest)))
+    assert failed_alone(run, host)
+    assert "no longer has the code" in run.stderr, run.stderr[-3000:]
+    assert image_ref(sim_fleet, host) == (tag, image_id)
+    assert container_started(sim_fleet, host) == started and serves(sim_fleet, host, timeout=5)
+    assert changed_on(converge(inventory()), host) == []
+
+
+# A new version that fails its checks: the previous one is put back and serves again.
+BAD_VERSIONS = [
+    ("marlin fallback", {"service_extra_env": {"THORFLEET_SIM_MARLIN": "1"}},
+     ["marlin_utils_fp4", "Rolled back"]),
+    ("health not up in time", {"service_extra_env": {"THORFLEET_SIM_LOAD_SECONDS": "60"},
+                               "service_health_timeout_s": 8},
+     ["/health did not answer within 8", "Rolled back"]),
+    ("page cache never drains", {"memory_min_available_gib": 1000, "memory_gate_timeout_s": 3,
+                                 "memory_gate_interval_s": 1},
+     ["need more than 1000 GiB", "GiB available after 3s", "Rolled back"]),
+]
+
+
+@pytest.mark.parametrize("what,data,reasons", BAD_VERSIONS, ids=[b[0] for b in BAD_VERSIONS])
+def test_a_version_that_fails_its_checks_is_rolled_back(sim_fleet, fault_box, what, data, reasons):
+    host, inventory, report = fault_box
+    previous, unit = proven(sim_fleet, host), box(sim_fleet, host, f"systemctl cat {SERVICE}")
+    started = time.monotonic()
+    run = deploy(inventory(**data))
+    assert time.monotonic() - started < 240  # bounded: no endless waiting
+    assert failed_alone(run, host)
+    for reason in reasons:
+        assert reason in run.stderr, (reason, run.stderr[-3000:])
+    assert json.loads(report.read_text())["hosts"][host]["error"]  # the report says it failed
+    # The last good version serves again, from its own unit, config and secrets.
+    assert proven(sim_fleet, host) == previous
+    assert box(sim_fleet, host, f"systemctl cat {SERVICE}") == unit
+    assert serves(sim_fleet, host, timeout=5)
+    assert changed_on(converge(inventory()), host) == []
