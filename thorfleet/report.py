@@ -1,22 +1,30 @@
 """The end-of-run report: one row per host, as a table on the terminal and JSON in a file.
 
-Each host records what it observed in the last operation of the run (`observed`); hosts that
-dropped out record nothing and are reported with the step that failed and its output. The report is
-written when pyinfra exits, once every host has finished.
+Every host gets every field (None when it could not be read). Hosts that finished the run record
+what they look like in the run's last operation (`observed`). Hosts that dropped out on the way but
+are still connected are read the same way once that last operation has run; a host that could not
+be reached at all gets only its error. The report is written when pyinfra exits.
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import socket
 import sys
 import time
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import operation
-from pyinfra.api.state import StateStage
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.state import BaseStateCallback, StateStage
 
 from thorfleet import facts
+from thorfleet.settings import settings_for_inventory
+
+# Every row has exactly these keys, in this order.
+FIELDS = ("l4t_release", "power_mode", "clocks_locked", "weights", "image", "patches", "service",
+          "serving_fingerprint", "health", "chat", "changed", "error")
 
 observed_by_host: dict[str, dict] = {}
 errors_by_host: dict[str, list[str]] = {}
@@ -27,27 +35,22 @@ def note_error(host_name, message):
     errors_by_host.setdefault(host_name, []).append(message)
 
 
-@operation()
-def observed(s):
-    """Record what the host looks like now for the report (reads facts; never a change)."""
-    yield from ()  # reads only: never a command, so never a change
-    if host.state.current_stage != StateStage.Execute:
-        host.noop("the report reads the host after the run")
-        return
+def observe(target, s):
+    """Read what `target` looks like now (facts only; never a change) into the report."""
     weights = {}
     for role, repo, folder, revision in (
         ("model", s.weights_model_repo, s.model_dir, s.weights_model_revision),
         ("draft", s.weights_draft_repo, s.draft_dir, s.weights_draft_revision),
     ):
-        state = host.get_fact(facts.WeightsState, folder=folder, revision=revision, _sudo=True)
+        state = target.get_fact(facts.WeightsState, folder=folder, revision=revision, _sudo=True)
         weights[role] = {"repo": repo, "revision": revision, "verified": state["complete"]}
-    labels = host.get_fact(facts.DockerImageLabels, ref=s.image_tag, _sudo=True) or {}
-    server = host.get_fact(facts.ServerState, service=s.service_name, port=s.service_port,
-                           chat=True, _sudo=True)
-    observed_by_host[host.name] = {
-        "l4t_release": host.get_fact(facts.L4TRelease),
-        "power_mode": host.get_fact(facts.PowerMode, _sudo=True),
-        "clocks_locked": host.get_fact(facts.ClocksLocked, _sudo=True),
+    labels = target.get_fact(facts.DockerImageLabels, ref=s.image_tag, _sudo=True) or {}
+    server = target.get_fact(facts.ServerState, service=s.service_name, port=s.service_port,
+                             chat=True, _sudo=True)
+    observed_by_host[target.name] = {
+        "l4t_release": target.get_fact(facts.L4TRelease),
+        "power_mode": target.get_fact(facts.PowerMode, _sudo=True),
+        "clocks_locked": target.get_fact(facts.ClocksLocked, _sudo=True),
         "weights": weights,
         "image": s.image_tag if labels else None,
         "patches": labels.get("thorfleet.patches"),
@@ -56,14 +59,53 @@ def observed(s):
         "health": server.get("healthy"),
         "chat": server.get("chat_ok"),
     }
+
+
+@operation()
+def observed(s):
+    """Record what the host looks like now for the report (reads facts; never a change)."""
+    yield from ()  # reads only: never a command, so never a change
+    if host.state.current_stage != StateStage.Execute:
+        host.noop("the report reads the host after the run")
+        return
+    observe(host, s)
     host.noop("state recorded for the report")
+
+
+class _ReadDroppedHosts(BaseStateCallback):
+    """Once the run's last operation has run, read the hosts that dropped out on the way."""
+
+    @staticmethod
+    def operation_end(state, op_hash):
+        if op_hash != state.get_op_order()[-1]:
+            return
+        for h in state.failed_hosts:
+            if h.name in observed_by_host or not h.connected:
+                continue
+            try:
+                observe(h, settings_for_inventory(state.inventory)[h.name])
+            # a box that broke mid-run: report what we have
+            except (PyinfraError, OSError, KeyError, TypeError, ValueError) as error:
+                logger.warning(f"thorfleet: could not read {h.name} for the report: {error}")
 
 
 def install(state, path):
     """Write the report when pyinfra exits (once per run, however many hosts)."""
     if not _installed:
         _installed.append(path)
+        state.add_callback_handler(_ReadDroppedHosts())
         atexit.register(_write, state, path)
+
+
+def _unreachable(h):
+    """Why a host that never connected could not be reached, in a few words."""
+    address = h.data.get("ssh_hostname") or h.name
+    port = h.data.get("ssh_port") or 22
+    try:
+        with socket.create_connection((address, port), timeout=3):
+            return f"could not connect over SSH to {address}:{port} (see pyinfra's output above)"
+    except OSError as error:
+        return f"could not connect to {address}:{port}: {error.strerror or error}"
 
 
 def _host_rows(state):
@@ -74,7 +116,7 @@ def _host_rows(state):
             op_data = state.ops[h].get(op_hash)
             if op_data is None or not op_data.operation_meta.is_complete():
                 continue
-            name = sorted(state.get_op_meta(op_hash).names)[0]
+            name = min(state.get_op_meta(op_hash).names)
             meta = op_data.operation_meta
             if meta.did_error():
                 tail = (meta.stdout_lines + meta.stderr_lines)[-6:]
@@ -83,9 +125,12 @@ def _host_rows(state):
                 changed.append(name)
         errors = errors_by_host.get(h.name, []) + failed
         if h in state.failed_hosts and not errors:
-            errors = ["could not connect or failed before any operation (see the output above)"]
-        rows[h.name] = {**observed_by_host.get(h.name, {}), "changed": changed,
-                        "error": "; ".join(errors) or None}
+            errors = [_unreachable(h) if not h.connected and h.name not in observed_by_host
+                      else "failed before any operation (see pyinfra's output above)"]
+        row = {field: None for field in FIELDS}
+        row.update(observed_by_host.get(h.name, {}))
+        row.update(changed=changed, error="; ".join(errors) or None)
+        rows[h.name] = row
     return rows
 
 
@@ -117,15 +162,15 @@ def _print_table(rows, path):
         weights = row.get("weights") or {}
         table.add_row(
             name,
-            mark(row.get("l4t_release")),
-            mark(row.get("power_mode")),
-            mark(row.get("clocks_locked")),
+            mark(row["l4t_release"]),
+            mark(row["power_mode"]),
+            mark(row["clocks_locked"]),
             ", ".join(f"{k}@{v['revision'][:8]} {'ok' if v['verified'] else 'BAD'}"
                       for k, v in weights.items()) or "-",
-            f"{row.get('image') or '-'} {row.get('patches') or ''}".strip(),
-            mark(row.get("service")),
-            mark(row.get("health")),
-            mark(row.get("chat")),
+            f"{row['image'] or '-'} {row['patches'] or ''}".strip(),
+            mark(row["service"]),
+            mark(row["health"]),
+            mark(row["chat"]),
             str(len(row["changed"])),
             row["error"] or "",
         )
