@@ -3,7 +3,8 @@ bases move, a new version does not start. Each time the host ends up serving a k
 or stopped with a clear reason, never half-way, and a re-run finishes the job.
 
 Faults are done to the second simulated host (the first one, where the fleet needs two); every
-test leaves the hosts converged.
+test leaves the hosts converged. The hub's fault knobs and request log are global: run these
+stories alone, not beside tests/test_drift.py (its forget_requests() empties the log these read).
 """
 
 import json
