@@ -23,7 +23,11 @@ class Run:
 
     @property
     def changed(self):
-        """Operations that changed something, summed over hosts ("success" in pyinfra's JSON)."""
+        """Operations that changed something, summed over hosts ("success" in pyinfra's JSON);
+        for a --dry run, the operations it would change (or might, behind a condition)."""
+        if self.json.get("results") is None:
+            return sum(len(op["hosts_with_change"]) + len(op["hosts_with_conditional_change"])
+                       for op in self.json["plan"])
         return self.json["results"]["totals"]["success"]
 
     @property

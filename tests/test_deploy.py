@@ -13,14 +13,14 @@ CHAT = json.dumps({"model": "/model", "max_tokens": 16,
 
 
 def ask(sim_fleet, host, path="/v1/chat/completions", body=CHAT, key=True):
-    """HTTP status of a request made on the box itself, with the API key from the secrets file
-    (read by the shell, so it never lands in a process's arguments)."""
+    """HTTP status of a request made on the box itself (a GET without a body), with the API key
+    from the secrets file (read by the shell, so it never lands in a process's arguments)."""
     header = ('. /etc/thorfleet/secrets.env; printf "Authorization: Bearer %s" "$VLLM_API_KEY" '
               '> /run/thorfleet-test-header; ' if key else ": > /run/thorfleet-test-header; ")
     code, out = sim_fleet.exec(host, (
         f"sh -c '{header}curl -s -o /dev/null -w %{{http_code}} -H @/run/thorfleet-test-header "
-        f"-H \"Content-Type: application/json\" -d @- http://127.0.0.1:8002{path}' <<'EOF'\n"
-        f"{body}\nEOF"))
+        f"-H \"Content-Type: application/json\" {'-d @-' if body else ''} "
+        f"http://127.0.0.1:8002{path}' <<'EOF'\n{body}\nEOF"))
     return out.strip()[-3:]
 
 
@@ -37,7 +37,6 @@ def converged(sim_fleet, tmp_path_factory):
 def test_first_run_converges_every_host_and_they_answer_chat(sim_fleet, converged):
     _, first = converged
     assert first.failed_hosts == []
-    assert first.changed > 0
     for host in sim_fleet.hosts[:2]:
         assert ask(sim_fleet, host) == "200"
         assert ask(sim_fleet, host, key=False) == "401"  # the API key guards /v1/*
