@@ -121,6 +121,12 @@ def test_a_failing_canary_stops_the_rollout_and_the_report_names_every_host(
     for host in serving + [dropped]:
         assert since_active(sim_fleet, host) == before[host], f"{host} was restarted"
         assert sim_fleet.exec(host, "cat /var/lib/thorfleet/proven-fingerprint")[1] == proven[host]
+    # A host the rollout did not reach keeps its proven files live: a crash or reboot before the
+    # next run restarts what it serves, not the untested change.
+    for host in serving:
+        _, unit = sim_fleet.exec(host, "grep -c THORFLEET_SIM_MARLIN "
+                                       "/etc/systemd/system/thorfleet-vllm.service")
+        assert unit.strip() == "0", f"{host} has the unproven unit live"
 
     # The report: every field for every host, and each host's story in its error.
     assert set(report) == {*hosts, UNREACHABLE}

@@ -267,8 +267,9 @@ def serving(s, wait_for=()):
     stopped_by = sorted(rollout.failed.intersection(wait_for))
     if stopped_by:
         note_error(host.name, f"not restarted: the rollout stopped after {', '.join(stopped_by)} failed")
-        host.noop(f"not restarted: the rollout stopped after {', '.join(stopped_by)} failed; "
-                  "this host keeps serving its current version")
+        # The new unit and config are already on disk: put the serving version's back, so a crash
+        # or reboot before the next run does not start what was never proven.
+        yield common.format("hold")
         return
     yield _checked(common.format("activate") + f" --fingerprint {s.fingerprint}")
 
