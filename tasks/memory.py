@@ -15,5 +15,4 @@ def run(s):
         src=str(FILES / "bin" / "memory-gate"),
         path=f"{BOX_BIN}/memory-gate",
         mode="755",
-        _sudo=False,
     )

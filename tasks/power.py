@@ -21,7 +21,6 @@ def run(s):
         src=str(FILES / "systemd" / CLOCKS_UNIT),
         path=f"/etc/systemd/system/{CLOCKS_UNIT}",
         mode="644",
-        _sudo=False,
     )
     systemd.daemon_reload(name="Reload systemd after the clocks unit changed", _if=unit.did_change)
     systemd.service(name="Enable the clocks unit", service=CLOCKS_UNIT, enabled=True)

@@ -21,12 +21,11 @@ def run(s):
         src=str(FILES / "bin" / "thorfleet-weights"),
         path=f"{BOX_BIN}/thorfleet-weights",
         mode="755",
-        _sudo=False,
     )
     files.directory(name="Create /etc/thorfleet", path="/etc/thorfleet", mode="755")
     if s.hf_token:
         thor.secret_file(name="Install the Hugging Face token (root-only)", path=BOX_HF_TOKEN,
-                         content=s.hf_token + "\n", _sudo=False)
+                         content=s.hf_token + "\n")
     else:
         files.file(name="No Hugging Face token configured", path=BOX_HF_TOKEN, present=False)
     files.directory(name=f"Create {s.weights_dir}", path=s.weights_dir, mode="755")

@@ -163,14 +163,14 @@ def whole_file(path, src, mode="644"):
     ever replaced whole: a reader (systemd, the container, the next run) sees the old file or the
     new one, never half of it, even when the SSH connection dies mid-upload.
 
-    Call it with ``_sudo=False``: the upload goes as the SSH user into a 0700 folder of its own
-    (so a secret is never readable by others, nor in a command line), then sudo installs it beside
-    the destination under a temporary name and renames it into place.
+    The upload goes as the SSH user (never through sudo's world-readable temporary file) into a
+    0700 folder of its own, so a secret is never readable by others nor in a command line; then
+    sudo installs it beside the destination under a temporary name and renames it into place.
 
     .. code:: python
 
         whole_file(name="Install the API key", path="/etc/thorfleet/secrets.env",
-                   src=StringIO("VLLM_API_KEY=...\\n"), mode="600", _sudo=False)
+                   src=StringIO("VLLM_API_KEY=...\\n"), mode="600")
     """
     content = _text_of(src)
     wanted = hashlib.sha256(content).hexdigest()
@@ -179,14 +179,15 @@ def whole_file(path, src, mode="644"):
         host.noop(f"{path} is already in place")
         return
     if current and current["sha256"] == wanted:
-        yield f"sudo chown root:root {path} && sudo chmod {mode} {path}"
+        yield f"chown root:root {path} && chmod {mode} {path}"
         return
     staged = f".thorfleet-upload/{wanted[:16]}"
     tmp = f"{path}.thorfleet-tmp"
-    yield "install -d -m 700 .thorfleet-upload"
-    yield FileUploadCommand(BytesIO(content), staged)
-    yield (f"sudo install -m {mode} -o root -g root {staged} {tmp} && sudo mv -f {tmp} {path}; "
-           f"status=$?; rm -f {staged}; exit $status")
+    yield StringCommand("install -d -m 700 .thorfleet-upload", _sudo=False)
+    yield FileUploadCommand(BytesIO(content), staged, _sudo=False)
+    yield StringCommand(f"sudo install -m {mode} -o root -g root {staged} {tmp} && "
+                        f"sudo mv -f {tmp} {path}; status=$?; rm -f {staged}; exit $status",
+                        _sudo=False)
 
 
 def secret_file(path, content, **kwargs):
