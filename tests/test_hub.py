@@ -422,9 +422,14 @@ def test_the_hub_container_serves_the_sim_network_and_is_kept_when_current(tmp_p
     rootfs = ensure_rootfs(client)
     state = Path(os.environ.get("THORFLEET_SIM_STATE", "/var/tmp/thorfleet-sim"))
 
-    hub = start(client, state_dir=state, rootfs_ref=rootfs)
+    # The fleet's own hub serves the test tokenizer the base image made: start it the same way, or
+    # the repos (and their revisions, pinned in the fleet's inventory) would change under the
+    # other stories.
+    made = sorted((state / "tokenizer").glob("*/tekken.json"), key=lambda p: p.stat().st_mtime)
+    tekken = made[-1] if made else None
+    hub = start(client, state_dir=state, rootfs_ref=rootfs, tekken_json=tekken)
     first_id = client.containers.get(CONTAINER).id
-    assert start(client, state_dir=state, rootfs_ref=rootfs) == hub
+    assert start(client, state_dir=state, rootfs_ref=rootfs, tekken_json=tekken) == hub
     assert client.containers.get(CONTAINER).id == first_id
 
     local = Hub(state / "hub" / "repos", hub["endpoint_local"], state / "hub" / "token")

@@ -45,10 +45,22 @@ def clocks_locked(sim_fleet, box) -> bool:
 def restore_power(sim_fleet, box):
     """Put the box back into its power mode and clock lock (a reboot if the mode needs it)."""
     before, was_locked = power_mode(sim_fleet, box), clocks_locked(sim_fleet, box)
+    # A box a deploy already reached locks its clocks at boot (thorfleet-clocks.service): these
+    # stories are about the bare stand-ins, so take the box back to unlocked, no boot unit.
+    # (the server's unit Wants= the clocks unit, so it goes too, for the length of the story)
+    units = "thorfleet-clocks.service thorfleet-vllm.service"
+    boot_unit = sim_fleet.ssh(box, "systemctl is-enabled thorfleet-clocks.service").returncode == 0
+    serving = sim_fleet.ssh(box, "systemctl is-active thorfleet-vllm.service").returncode == 0
+    ok(sim_fleet.ssh(box, f"sudo systemctl disable -q --now {units} 2>/dev/null; "
+                          "sudo rm -f /run/jetson_clocks/state.json"))
     yield
     if power_mode(sim_fleet, box) != before:
         sim_fleet.ssh(box, f"sudo nvpmodel -m {before}", input="YES\n")
         sim_fleet.wait_booted(box)
+    if boot_unit:
+        ok(sim_fleet.ssh(box, f"sudo systemctl enable -q {units}"))
+    if serving:
+        ok(sim_fleet.ssh(box, "sudo systemctl start thorfleet-clocks.service thorfleet-vllm.service"))
     ok(sim_fleet.ssh(box, "sudo jetson_clocks" if was_locked
                      else "sudo rm -f /run/jetson_clocks/state.json"))
     assert power_mode(sim_fleet, box) == before
@@ -247,7 +259,8 @@ def test_cut_stops_answering_without_closing_and_heal_brings_it_back(sim_fleet, 
 # The operator's entry point: pyinfra over real SSH, strict host keys, against a grown fleet.
 def test_up_adds_a_box_and_pyinfra_reaches_all_three(sim_fleet, tmp_path):
     before = {c.name: c.id for c in sim.boxes(sim_fleet.client).values()}
-    grown = sim.up(3, inventory=tmp_path / "inventory.py", client=sim_fleet.client)
+    grown = sim.up(len(sim_fleet.hosts) + 1, inventory=tmp_path / "inventory.py",
+                   client=sim_fleet.client)
     try:
         after = {c.name: c.id for c in sim.boxes(sim_fleet.client).values()}
         assert {name: after[name] for name in before} == before, "existing boxes were recreated"
@@ -257,7 +270,7 @@ def test_up_adds_a_box_and_pyinfra_reaches_all_three(sim_fleet, tmp_path):
                              check=False)
         output = run.stdout + run.stderr  # pyinfra reports on stderr
         assert run.returncode == 0, output
-        for host in ("thor-1", "thor-2", "thor-3"):
+        for host in grown.hosts:
             assert f"[{host}] running" in output
     finally:
         sim.up(len(sim_fleet.hosts), inventory=sim_fleet.inventory, client=sim_fleet.client)
