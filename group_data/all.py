@@ -16,7 +16,8 @@ power_allow_reboot = False  # allow a reboot when the mode needs one (2 and 3); 
 power_reboot_timeout_s = 900  # how long to wait for a box to come back from that reboot
 
 # --- memory: the page-cache gate run before every start of the server ----------------------------
-memory_min_available_gib = 95  # MemAvailable the server needs before it starts (vLLM's free-memory check)
+memory_min_available_gib = None  # MemAvailable a start needs; None: gpu_memory_utilization x MemTotal + margin
+memory_gate_margin_gib = 7  # derived gate's headroom: 0.72 x 122 + 7 = 94.8 GiB, the seed's 95
 memory_gate_timeout_s = 300  # give up waiting for the page cache to drain after this long
 memory_gate_interval_s = 5  # seconds between drop_caches attempts
 

@@ -158,7 +158,12 @@ def problems(data, api_key, hf_token):
     gmu = data.get("service_gpu_memory_utilization")
     check(isinstance(gmu, (int, float)) and not isinstance(gmu, bool) and 0 < gmu <= 1,
           f"service_gpu_memory_utilization={gmu!r} must be a number in (0, 1]")
-    for key in ("memory_min_available_gib", "memory_gate_timeout_s", "memory_gate_interval_s",
+    if data.get("memory_min_available_gib") is not None:  # None: derived on the box from MemTotal
+        value = data["memory_min_available_gib"]
+        check(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
+              f"memory_min_available_gib={value!r} must be a non-negative number, or None to "
+              "derive it from service_gpu_memory_utilization")
+    for key in ("memory_gate_margin_gib", "memory_gate_timeout_s", "memory_gate_interval_s",
                 "service_health_timeout_s", "power_reboot_timeout_s", "preflight_min_memory_gib",
                 "preflight_min_free_disk_gib", "service_port", "rollout_batch"):
         value = data.get(key)
