@@ -11,6 +11,7 @@ import sys
 from pyinfra.context import ctx_state
 
 from thorfleet.settings import SettingsError, settings_for_inventory
+from thorfleet.ssh import install_keepalive
 
 _state = ctx_state.get()
 _init = _state.init
@@ -28,3 +29,4 @@ def _init_then_check(inventory, *args, **kwargs):
 
 
 _state.init = _init_then_check
+install_keepalive()  # idle sessions survive a long health wait behind NAT

@@ -5,6 +5,10 @@ One line of comment per key; the README's table is checked against this file by 
 
 import os
 
+# --- ssh: how the laptop reaches the boxes ------------------------------------------------------
+ssh_strict_host_key_checking = "yes"  # refuse unknown or changed host keys (pyinfra's own default accepts new ones)
+ssh_keepalive_interval_s = 30  # SSH keepalive while a restart is proven, so NAT keeps the idle session
+
 # --- preflight: refuse boxes that cannot run the model -------------------------------------------
 preflight_min_l4t_release = "38.0"  # oldest L4T release accepted, from /etc/nv_tegra_release (JetPack 7)
 preflight_min_memory_gib = 100  # least total memory (MemTotal) a box must have; a Thor has ~122 GiB

@@ -163,8 +163,8 @@ def problems(data, api_key, hf_token):
         check(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
               f"memory_min_available_gib={value!r} must be a non-negative number, or None to "
               "derive it from service_gpu_memory_utilization")
-    for key in ("memory_gate_margin_gib", "memory_gate_timeout_s", "memory_gate_interval_s",
-                "service_health_timeout_s", "power_reboot_timeout_s", "preflight_min_memory_gib",
+    for key in ("ssh_keepalive_interval_s", "memory_gate_margin_gib", "memory_gate_timeout_s",
+                "memory_gate_interval_s", "service_health_timeout_s", "power_reboot_timeout_s", "preflight_min_memory_gib",
                 "preflight_min_free_disk_gib", "service_port", "rollout_batch"):
         value = data.get(key)
         check(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
