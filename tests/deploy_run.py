@@ -1,6 +1,8 @@
 """Run thorfleet the way an operator does: the pyinfra CLI from the repo root, on an inventory."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -35,11 +37,32 @@ class Run:
         return self.json["results"].get("failed_hosts", [])
 
 
-def deploy(inventory, *args, as_json=True, timeout=1800, env=None):
-    """`pyinfra -y [--json] INVENTORY deploy.py ARGS`, from the repo root."""
+def deploy(inventory, *args, as_json=True, timeout=1800, env=None, root=ROOT):
+    """`pyinfra -y [--json] INVENTORY deploy.py ARGS`, from the repo root (or another checkout's:
+    its own thorfleet package is imported, not the installed one)."""
+    if root != ROOT:
+        env = {**(env or os.environ), "PYTHONPATH": str(root)}
     argv = [sys.executable, "-m", "pyinfra", "-y", *(["--json"] if as_json else []), *args,
             str(inventory), "deploy.py"]
     started = time.monotonic()
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env=env, stdin=subprocess.DEVNULL)
+    done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=timeout,
+                          env=env, stdin=subprocess.DEVNULL, check=False)
     return Run(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
+
+def edited_checkout(dest, edits):
+    """A copy of this checkout's tracked files at `dest` with `edits` made to it: {path: [(old,
+    new), ...]}, each `old` found exactly once. How a test shows what an edit to thorfleet breaks."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    for name, changes in edits.items():
+        text = (dest / name).read_text()
+        for old, new in changes:
+            assert text.count(old) == 1, f"{name}: {old!r} found {text.count(old)} times"
+            text = text.replace(old, new)
+        (dest / name).write_text(text)
+    return dest

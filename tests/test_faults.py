@@ -196,16 +196,18 @@ def test_a_base_the_patches_do_not_fit_fails_the_build_and_the_old_image_keeps_s
 
 
 # A new version that fails its checks: the previous one is put back and serves again.
+# A new version that fails its checks: the previous one is put back and serves again. Each is
+# reached the way an operator could (a setting), never by a switch only the simulation has.
 BAD_VERSIONS = [
-    ("marlin fallback", {"service_extra_env": {"THORFLEET_SIM_MARLIN": "1"}},
+    # vLLM picks Marlin for NVFP4 when told to (the stand-in reads the same env var vLLM does)
+    ("marlin fallback", {"service_extra_env": {"VLLM_NVFP4_GEMM_BACKEND": "marlin"}},
      ["marlin_utils_fp4", "Rolled back"]),
-    ("health not up in time", {"service_extra_env": {"THORFLEET_SIM_LOAD_SECONDS": "60"},
-                               "service_health_timeout_s": 8},
-     ["/health did not answer within 8", "Rolled back"]),
-    ("page cache never drains", {"memory_min_available_gib": 1000, "memory_gate_timeout_s": 3,
-                                 "memory_gate_interval_s": 1},
-     ["need more than 1000 GiB", "GiB available after 3s", "Rolled back"]),
+    # loading takes longer than the operator allowed (a Thor takes minutes; the sim seconds)
+    ("health not up in time", {"service_health_timeout_s": 1},
+     ["/health did not answer within 1", "Rolled back"]),
 ]
+# Memory held by another process (the gate times out naming both numbers) is a story of its own:
+# tests/test_thor_says_no.py.
 
 
 @pytest.mark.parametrize("what,data,reasons", BAD_VERSIONS, ids=[b[0] for b in BAD_VERSIONS])
