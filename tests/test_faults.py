@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.deploy_run import ROOT, deploy
+from tests.sim import fleet as sim
 from tests.sim import registry
 from tests.sim.base import ensure_base_image
 from tests.sim.base.testing import variant
@@ -73,38 +74,112 @@ def proven(sim_fleet, host):
     return box(sim_fleet, host, "cat /var/lib/thorfleet/proven-fingerprint")
 
 
-def test_ssh_cut_mid_run_leaves_no_half_written_file_and_a_rerun_converges(sim_fleet, fault_box):
+LIVE = (f"/etc/systemd/system/{SERVICE}.service", "/etc/thorfleet/vllm/vllm.yaml",
+        "/etc/thorfleet/secrets.env")
+
+
+def lose_the_session(sim_fleet, host):
+    """The laptop's connection is gone: packets dropped (a cut), and the box's sshd gives up on
+    the session (what it does once TCP or its ClientAlive probes time out): the session's
+    processes lose their channel."""
+    sim_fleet.cut(host)
+    sim_fleet.exec(host, "pkill -KILL -f 'sshd: thor'")
+
+
+def background_deploy(inventory):
+    argv = [sys.executable, "-m", "pyinfra", "-y", str(inventory), "deploy.py"]
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL)
+
+
+def test_ssh_cut_while_the_live_files_are_replaced_leaves_each_whole(sim_fleet, fault_box):
     host, inventory, _ = fault_box
-    live = f"/etc/systemd/system/{SERVICE}.service /etc/thorfleet/vllm/vllm.yaml"
-    good = box(sim_fleet, host, f"sha256sum {live}")
-    # Work for the run to be in the middle of: a shard to fetch slowly, a config to rewrite.
-    box(sim_fleet, host, f"rm {model_dir(sim_fleet)}/{SHARD.format(2)}; "
-                         "sed -i 's/max_num_seqs: 1/max_num_seqs: 4/' /etc/thorfleet/vllm/vllm.yaml")
-    faults = hub(sim_fleet)
+    # Drift the unit, the config and the secrets: the run must replace all three.
+    box(sim_fleet, host, f"echo '# drifted' >> {LIVE[0]}; "
+                         f"sed -i 's/max_num_seqs: 1/max_num_seqs: 4/' {LIVE[1]}; "
+                         f"echo 'DRIFT=1' >> {LIVE[2]}")
+    drifted = box(sim_fleet, host, f"sha256sum {' '.join(LIVE)}").splitlines()
+    # A slow link (300 ms each way) and a watcher on the box that cuts the connection the moment
+    # the first byte of a new version lands anywhere: in thorfleet's staging folder or, for a
+    # writer that is not atomic, in a live file itself (which it would leave truncated).
+    box(sim_fleet, host, "tc qdisc replace dev eth0 root netem delay 300ms")
+    watcher = (
+        f"before=$(sha256sum {' '.join(LIVE)}); "
+        "while :; do "
+        "  if [ -n \"$(ls -A /home/thor/.thorfleet-upload 2>/dev/null)\" ] || "
+        f"     [ \"$(sha256sum {' '.join(LIVE)} 2>&1)\" != \"$before\" ]; then "
+        f"    iptables -I {' '.join(sim.CUT_RULE)}; pkill -KILL -f 'sshd: thor'; "
+        "    touch /run/thorfleet-test-cut; exit 0; "
+        "  fi; sleep 0.01; "
+        "done")
+    sim_fleet.exec(host, "rm -f /run/thorfleet-test-cut")
+    subprocess.Popen(["docker", "exec", sim.box_name(sim.index_of(host)), "sh", "-c", watcher],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = background_deploy(inventory())
     try:
-        faults.add("slow", path=SHARD.format(2), rate=20000)
-        argv = [sys.executable, "-m", "pyinfra", "-y", str(inventory()), "deploy.py"]
-        run = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and sim_fleet.exec(
-                host, "ls -d /opt/thorfleet/models/*/.*.partial")[0] != 0:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and sim_fleet.exec(host, "test -e /run/thorfleet-test-cut")[0]:
             time.sleep(0.5)
-        sim_fleet.cut(host)  # mid-download: the laptop's connection hangs
-        time.sleep(5)
+        assert sim_fleet.exec(host, "test -e /run/thorfleet-test-cut")[0] == 0, "never cut"
+        time.sleep(3)
         run.kill()  # the operator gives up on the hung run
         run.wait()
-        # Whatever was live is whole: each file is the old or the new one, never a part.
-        for line in box(sim_fleet, host, f"sha256sum {live}").splitlines():
-            assert line in good or "vllm.yaml" in line, line
-        assert "max_num_seqs: " in box(sim_fleet, host, "cat /etc/thorfleet/vllm/vllm.yaml")
+        # Every live file is whole: the drifted one, or the new one (checked after the re-run).
+        at_cut = box(sim_fleet, host, f"sha256sum {' '.join(LIVE)}").splitlines()
     finally:
-        faults.clear()
+        sim_fleet.exec(host, "pkill -f thorfleet-test-cut; tc qdisc del dev eth0 root")
         sim_fleet.heal(host)
     converge(inventory())
-    assert box(sim_fleet, host, f"sha256sum {live}") == good
+    converged = box(sim_fleet, host, f"sha256sum {' '.join(LIVE)}").splitlines()
+    for line, before, after in zip(at_cut, drifted, converged):
+        assert line in (before, after), f"half-written at the cut: {line}"
     assert changed_on(converge(inventory()), host) == []
     assert serves(sim_fleet, host, timeout=5)
+
+
+def test_ssh_lost_during_the_health_wait_the_box_finishes_and_the_rerun_converges(
+        sim_fleet, fault_box):
+    host, inventory, _ = fault_box
+    change = inventory(service_extra_env={"VLLM_LOGGING_LEVEL": "INFO"})
+    started = container_started(sim_fleet, host)
+    run = background_deploy(change)
+    try:
+        # the new version has started and is loading: /health not answering yet
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (
+                container_started(sim_fleet, host) not in ("", started)
+                and sim_fleet.exec(host, "pgrep -f 'thorfleet-serve activate'")[0] == 0
+                and sim_fleet.exec(host, "curl -sf http://127.0.0.1:8002/health")[0] != 0):
+            time.sleep(0.3)
+        assert time.monotonic() < deadline, "the restart was never caught loading"
+        lose_the_session(sim_fleet, host)
+        run.kill()
+        run.wait()
+    finally:
+        sim_fleet.heal(host)
+    # The operator re-runs at once, while the box is still proving the new version on its own:
+    # the re-run waits for that, finds it proven and serving, and restarts nothing.
+    again = converge(change)
+    assert not [n for n in changed_on(again, host) if "serve the rendered version" in n], \
+        changed_on(again, host)
+    assert serves(sim_fleet, host, timeout=5)
+    assert changed_on(converge(inventory()), host)  # back to the fixture's version
+    assert changed_on(converge(inventory()), host) == []
+
+
+def test_idle_ssh_sessions_send_keepalives(sim_fleet, fault_box):
+    host, inventory, _ = fault_box
+    # sshd logs each keepalive request it receives at DEBUG1
+    box(sim_fleet, host, "echo 'LogLevel DEBUG1' > /etc/ssh/sshd_config.d/zz-test-debug.conf && "
+                         "systemctl reload ssh")
+    try:
+        since = box(sim_fleet, host, "date '+%Y-%m-%d %H:%M:%S'")
+        converge(inventory(ssh_keepalive_interval_s=1, service_extra_env={"VLLM_LOGGING_LEVEL": "INFO"}))
+        log = box(sim_fleet, host, f"journalctl -u ssh --since '{since}' --no-pager -o cat")
+        assert "keepalive@lag.net" in log, log[-2000:]
+    finally:
+        sim_fleet.exec(host, "rm -f /etc/ssh/sshd_config.d/zz-test-debug.conf && systemctl reload ssh")
+    converge(inventory())
 
 
 def test_a_host_down_at_the_start_is_named_and_the_others_converge(sim_fleet, fault_box,

@@ -4,7 +4,6 @@ another user can read, pyinfra's output at -vv, or the report. The deploy user i
 with sudo, and SSH host keys are checked.
 """
 
-import ast
 import os
 import secrets
 import subprocess
@@ -94,8 +93,9 @@ def test_the_deploy_user_is_an_ordinary_user_with_sudo(sim_fleet):
     assert sim_fleet.ssh(host, "sudo -n id -u").stdout.strip() == "0"
     data = sim.sim_group_data()
     assert data["ssh_user"] != "root"
-    example = ast.parse((sim.BOX_DIR.parents[2] / "inventory" / "example.py").read_text())
-    assert "ssh_strict_host_key_checking" in ast.unparse(example)
+    # host keys are checked by thorfleet's own default, and the tests run on it
+    assert _defaults()["ssh_strict_host_key_checking"] == "yes"
+    assert "ssh_strict_host_key_checking" not in data
 
 
 def test_an_unknown_host_key_is_refused(sim_fleet, tmp_path):
@@ -111,6 +111,11 @@ def test_an_unknown_host_key_is_refused(sim_fleet, tmp_path):
     run = deploy(inventory, timeout=120)
     assert run.returncode != 0
     assert f"[{host}] SSH" in run.stderr and "Connected" not in run.stderr, run.stderr[-2000:]
+    # a box known_hosts does not name at all is refused too (pyinfra's own default would add it)
+    stranger.write_text("")
+    run = deploy(inventory, timeout=120)
+    assert run.returncode != 0 and "Connected" not in run.stderr, run.stderr[-2000:]
+    assert stranger.read_text() == ""
 
 
 def _defaults():
