@@ -73,20 +73,28 @@ class PowerMode(FactBase):
 
 
 class ClocksLocked(FactBase):
-    """True when jetson_clocks has pinned every CPU and the GPU (MinFreq == MaxFreq in --show)."""
+    """True when jetson_clocks has pinned every CPU and the GPU: MinFreq == MaxFreq on each `cpuN`
+    line and on each GPU line of --show. On Thor the GPU lines are its devfreq devices
+    (`gpu-gpc-0`, `gpu-nvd-0`), not a line starting `GPU` as on Orin; EMC's MinFreq differs from
+    its MaxFreq even when locked, so EMC is not read (FACTS.md, "Thor realities")."""
 
     command = "jetson_clocks --show </dev/null"
     requires_command = "jetson_clocks"
 
     def process(self, output):
-        # "cpu0: Online=1 Governor=... MinFreq=X MaxFreq=Y CurrentFreq=Z" and "GPU MinFreq=X MaxFreq=Y ..."
-        pairs = [
-            re.search(r"MinFreq=(\d+)\s+MaxFreq=(\d+)", line)
-            for line in output
-            if re.match(r"(cpu\d+:|GPU\b)", line.strip())
-        ]
-        pairs = [p for p in pairs if p]
-        return bool(pairs) and all(p.group(1) == p.group(2) for p in pairs)
+        kinds = {"cpu": [], "gpu": []}
+        for line in output:
+            freqs = re.search(r"MinFreq=(\d+)\s+MaxFreq=(\d+)", line)
+            name = line.strip().split(" ", 1)[0].rstrip(":").lower()
+            if not freqs:
+                continue
+            if re.fullmatch(r"cpu\d+", name):
+                kinds["cpu"].append(freqs)
+            elif name.startswith("gpu"):  # "gpu-gpc-0", "gpu-nvd-0" (Thor) or "GPU" (Orin)
+                kinds["gpu"].append(freqs)
+        # no GPU line read is not "locked": a format we do not know must not pass as locked
+        return all(kinds.values()) and all(
+            f.group(1) == f.group(2) for found in kinds.values() for f in found)
 
 
 class RebootMarker(FactBase):
