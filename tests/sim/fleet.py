@@ -10,7 +10,9 @@ import importlib
 import importlib.util
 import json
 import secrets
+import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,9 +66,21 @@ def ensure_thor_image(client) -> str:
             client.images.get(tag)
         except docker.errors.ImageNotFound:
             log(f"building {tag}")
-            client.images.build(path=str(BOX_DIR), tag=tag, buildargs={"ROOTFS": rootfs},
-                                rm=True, forcerm=True)
+            with tempfile.TemporaryDirectory(prefix="thor-box-") as context:
+                shutil.copytree(BOX_DIR, context, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("__pycache__"))
+                build_libcuda_stub(Path(context) / "files" / "libcuda.so.1")
+                client.images.build(path=context, tag=tag, buildargs={"ROOTFS": rootfs},
+                                    rm=True, forcerm=True)
     return tag
+
+
+def build_libcuda_stub(out: Path) -> Path:
+    """The stub libcuda.so.1 the box's nvidia runtime mounts (tests/sim/box/files/libcuda_stub.c),
+    compiled here: the box's rootfs has no compiler. The same command as .ci/setup's for the host."""
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", "-o", str(out),
+                    str(BOX_DIR / "files" / "libcuda_stub.c")], check=True)
+    return out
 
 
 def ensure_network(client) -> None:
@@ -439,12 +453,11 @@ def sim_group_data() -> dict:
             if repo in revisions:
                 data[key] = revisions[repo]
     data["service_api_key_file"] = str(state / "api_key")
-    # The simulated box has 24 GB, not 128: thresholds an operator would set for such a box.
+    # Memory: none of thorfleet's memory settings are overridden. The box reports a Thor's unified
+    # memory (MemTotal 122 GiB, tests/sim/box/files/thorsim-memory), so the real defaults apply.
+    # The disk is this machine's, smaller than a Thor's NVMe.
     data.update({
-        "memory_min_available_gib": 2,
-        "preflight_min_memory_gib": 8,
         "preflight_min_free_disk_gib": 10,
-        "service_gpu_memory_utilization": 0.1,
         "service_health_timeout_s": 300,
         # This machine cannot raise the memlock hard limit (no CAP_SYS_RESOURCE): 8 MiB, not -1.
         "service_docker_ulimits": {"memlock": "8388608", "stack": "67108864"},

@@ -23,6 +23,7 @@ from pathlib import Path
 MODEL_REPO = "mistralai/Mistral-Small-4-119B-2603-NVFP4"
 DRAFT_REPO = "mistralai/Mistral-Small-4-119B-2603-eagle"
 SHARDS = 13
+MODEL_TOTAL_SIZE = 66_000_000_000  # bytes, the index's metadata.total_size (FACTS.md: ~66 GB)
 # Files the real hub keeps in Git LFS: served by redirect, with their sha256 as the etag.
 LFS_SUFFIXES = (".safetensors", "tekken.json")
 GITATTRIBUTES = (
@@ -124,15 +125,18 @@ def _blobs_present(dest_dir: Path, manifest: dict) -> bool:
 
 
 def _model_commits(tekken: bytes) -> list[tuple[str, dict[str, bytes]]]:
-    shards, weight_map, total = {}, {}, 0
+    shards, weight_map = {}, {}
     for index in range(1, SHARDS + 1):
         name = f"consolidated-{index:05d}-of-{SHARDS:05d}.safetensors"
         tensors = _shard_tensors(index, revision=1)
         shards[name] = _safetensors(tensors)
         weight_map.update({tensor: name for tensor in tensors})
-        total += sum(len(data) for _, _, data in tensors.values())
+    # The shards are tiny, but the index declares the real checkpoint's size (FACTS.md, "Weights":
+    # "~66 GB by the seed"), so the vLLM stand-in fills the box's page cache with what a Thor's would
+    # hold after reading the model (tests/sim/box/files/thorsim-memory).
     index_json = _json(
-        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        {"metadata": {"total_size": MODEL_TOTAL_SIZE},
+         "weight_map": dict(sorted(weight_map.items()))}
     )
     first = {
         ".gitattributes": GITATTRIBUTES,

@@ -14,13 +14,17 @@ from pathlib import Path
 CONF = Path("/etc/nvpmodel.conf")
 STATUS = Path("/var/lib/nvpmodel/status")
 CLOCKS = Path("/run/jetson_clocks/state.json")
-CPU_MIN_FREQ = 972000        # kHz, the DVFS floor of every mode
-GPU_MIN_FREQ = 306000000     # Hz
+CPU_MIN_FREQ = 972000        # kHz, the DVFS floor of every mode (illustrative)
+GPU_MIN_FREQ = 306000000     # Hz, gpu-gpc-0's floor (illustrative)
+NVD_MIN_FREQ = 345600000     # Hz, gpu-nvd-0's floor (illustrative)
+# EMC as a locked Thor printed it: MinFreq stays below MaxFreq even when locked (FACTS.md).
+EMC_MIN_FREQ = 665600000
+EMC_MAX_FREQ = 4266000000
 CPU_COUNT = 14               # Thor T5000: 14 Neoverse V3AE cores
 
 
 def load_modes(conf: Path = CONF) -> tuple[dict, int]:
-    """Parse nvpmodel.conf: {id: {"name", "cpu_max", "gpu_max", "tpc_mask"}}, default id."""
+    """Parse nvpmodel.conf: {id: {"name", "cpu_max", "gpu_max", "nvd_max", "tpc_mask"}}, default id."""
     modes, default, current = {}, None, None
     for line in conf.read_text().splitlines():
         line = line.strip()
@@ -33,6 +37,7 @@ def load_modes(conf: Path = CONF) -> tuple[dict, int]:
         elif current is not None and line and not line.startswith("#"):
             param, arg, value = line.split()
             key = {("CPU_ALL", "MAX_FREQ"): "cpu_max", ("GPU", "MAX_FREQ"): "gpu_max",
+                   ("GPU_NVD", "MAX_FREQ"): "nvd_max",
                    ("GPU_POWER_CONTROL", "TPC_PG_MASK"): "tpc_mask"}.get((param, arg))
             if key:
                 current[key] = int(value)
