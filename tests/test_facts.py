@@ -1,0 +1,94 @@
+"""thorfleet's facts parse what a real Thor prints (FACTS.md lines and published outputs)."""
+
+import pytest
+
+from thorfleet import facts
+
+pytestmark = pytest.mark.fast
+
+# `sudo jetson_clocks --show` on a Jetson AGX Thor (L4T r38) after `jetson_clocks`, as published
+# (wang-junjian.github.io, Jetson AGX Thor, 2025); FACTS.md "Thor realities": the GPU is the
+# devfreq devices gpu-gpc-0 / gpu-nvd-0, cpuN lines have no Online=, EMC is never pinned.
+THOR_LOCKED = """\
+SOC family:tegra264  Machine:NVIDIA Jetson AGX Thor Developer Kit
+Online CPUs: 0-13, Offline CPUs:
+cpu0:  Governor=schedutil MinFreq=2601000 MaxFreq=2601000 CurrentFreq=2601000 IdleStates: WFI=0 cc7=0
+cpu1:  Governor=schedutil MinFreq=2601000 MaxFreq=2601000 CurrentFreq=2601000 IdleStates: WFI=0 cc7=0
+cpu13: Governor=schedutil MinFreq=2601000 MaxFreq=2601000 CurrentFreq=2601000 IdleStates: WFI=0 cc7=0
+gpu-gpc-0 MinFreq=1575000000 MaxFreq=1575000000 CurrentFreq=1575000000
+gpu-nvd-0 MinFreq=1692000000 MaxFreq=1692000000 CurrentFreq=1692000000
+EMC MinFreq=665600000 MaxFreq=4266000000 CurrentFreq=4266000000 FreqOverride=1
+PVA0_VPS0: Online=0 MinFreq=0 MaxFreq=1215000000 CurrentFreq=1215000000
+FAN Dynamic Speed Control=nvfancontrol hwmon1_pwm1=73
+NV Power Mode: MAXN
+""".splitlines()
+
+
+def parse(fact, lines):
+    return fact().process(lines)
+
+
+def test_clocks_locked_on_a_thor():
+    assert parse(facts.ClocksLocked, THOR_LOCKED) is True
+
+
+def test_clocks_with_the_gpu_unlocked_are_not_locked():
+    # CPUs pinned but the GPU's devfreq floor below its maximum: a CPU-only reader says "locked"
+    lines = [line.replace("gpu-gpc-0 MinFreq=1575000000", "gpu-gpc-0 MinFreq=306000000")
+             for line in THOR_LOCKED]
+    assert parse(facts.ClocksLocked, lines) is False
+
+
+def test_clocks_with_a_cpu_unlocked_are_not_locked():
+    lines = [line.replace("cpu1:  Governor=schedutil MinFreq=2601000",
+                          "cpu1:  Governor=schedutil MinFreq=972000") for line in THOR_LOCKED]
+    assert parse(facts.ClocksLocked, lines) is False
+
+
+def test_clocks_without_any_gpu_line_are_not_called_locked():
+    assert parse(facts.ClocksLocked, [ln for ln in THOR_LOCKED if "gpu-" not in ln]) is False
+
+
+def test_clocks_on_an_orin_read_its_gpu_line():
+    orin = ["cpu0: Online=1 Governor=schedutil MinFreq=2201600 MaxFreq=2201600 CurrentFreq=2201600",
+            "GPU MinFreq=1300500000 MaxFreq=1300500000 CurrentFreq=1300500000",
+            "EMC MinFreq=204000000 MaxFreq=3199000000 CurrentFreq=3199000000 FreqOverride=1"]
+    assert parse(facts.ClocksLocked, orin) is True
+
+
+def test_power_mode_is_the_last_line_after_warnings():
+    # FACTS.md: optional `NVPM WARN ...` lines, then `NV Power Mode: <NAME>`, then the id alone
+    out = ["NVPM WARN: fan mode is not set!", "NV Power Mode: 120W", "1"]
+    assert parse(facts.PowerMode, out) == 1
+
+
+def test_l4t_release_of_jetpack_7():
+    # FACTS.md: `# R38 (release), REVISION: 2.0, GCID: ...`
+    line = ["# R38 (release), REVISION: 2.0, GCID: 41844464, BOARD: generic, EABI: aarch64, "
+            "DATE: Fri Aug 22 00:55:42 UTC 2025"]
+    assert parse(facts.L4TRelease, line) == "38.2.0"
+    assert parse(facts.L4TRelease, []) is None
+
+
+def test_memtotal_of_a_thor():
+    assert round(parse(facts.MemTotalGiB, ["127929488"]), 1) == 122.0
+
+
+def test_docker_runtimes():
+    out = ['{"io.containerd.runc.v2":{"path":"runc"},"nvidia":{"path":"nvidia-container-runtime"},'
+           '"runc":{"path":"runc"}}']
+    assert parse(facts.DockerRuntimes, out) == ["io.containerd.runc.v2", "nvidia", "runc"]
+
+
+def test_file_state():
+    out = ["9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", "600 root root"]
+    assert parse(facts.FileState, out) == {
+        "sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+        "mode": "600", "user": "root", "group": "root"}
+    assert parse(facts.FileState, []) is None
+
+
+def test_image_labels():
+    assert parse(facts.DockerImageLabels, ["absent"]) is None
+    assert parse(facts.DockerImageLabels, ['{"thorfleet.patches":"a=applied"}']) == {
+        "thorfleet.patches": "a=applied"}
