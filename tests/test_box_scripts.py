@@ -61,8 +61,8 @@ def test_a_damaged_shard_is_named(tmp_path):
     result = verify(folder)
     assert not result["complete"]
     assert result["problems"] == [
-        "consolidated-00002-of-00002.safetensors: content does not match its sha256 "
-        f"{hashlib.sha256(FILES['consolidated-00002-of-00002.safetensors']).hexdigest()[:12]}…"]
+        ("consolidated-00002-of-00002.safetensors: content does not match its sha256 "
+        f"{hashlib.sha256(FILES['consolidated-00002-of-00002.safetensors']).hexdigest()[:12]}…")]
 
 
 def test_a_shard_the_index_names_but_the_manifest_lacks_is_missing(tmp_path):

@@ -93,14 +93,14 @@ def test_whole_file_is_staged_then_renamed_into_place():
 
 
 def test_checkpoint_complete_is_a_noop_and_missing_is_fetched():
-    kwargs = dict(folder="/m/r", repo="mistralai/x", revision="a" * 40)
+    kwargs = {"folder": "/m/r", "repo": "mistralai/x", "revision": "a" * 40}
     commands, noops = run(thor.checkpoint, {facts.WeightsState: {"complete": True}}, **kwargs)
     assert commands == [] and "complete" in noops[0]
     commands, _ = run(thor.checkpoint, {facts.WeightsState: {"complete": False, "problems": []}},
                       endpoint="http://hub:8000", **kwargs)
-    assert commands == ["/opt/thorfleet/venv/bin/python /opt/thorfleet/bin/thorfleet-weights fetch "
+    assert commands == [("/opt/thorfleet/venv/bin/python /opt/thorfleet/bin/thorfleet-weights fetch "
                         f"--dir /m/r --repo mistralai/x --revision {'a' * 40} "
-                        "--endpoint http://hub:8000"]
+                        "--endpoint http://hub:8000")]
 
 
 def settings(**extra):
