@@ -1,42 +1,71 @@
-"""`vllm serve` stand-in for the simulated base image (there is no GPU here).
-
-What is real: the installed vLLM 0.19.0's own argument parser (`--config` YAML included; an
-option vLLM does not know is refused with its usage error), its Mistral tokenizer wrapper and chat
-preprocessing (so an unpatched image answers chat with the same 400 as on a Thor), its request
-and error models, its memory check and message, and its log format. The log lines carry the
-messages, files and line numbers of the vLLM sources that print them on a Thor.
-
-What is stand-in: no weights are run. Loading takes THORFLEET_SIM_LOAD_SECONDS (default 5;
-the port refuses meanwhile); answers are canned text (a tool call of the first tool when tools
-are given; `stream: true` gets the answer as server-sent events), produced at
-THORFLEET_SIM_DECODE_TOKS tokens/s (default the seed's Thor figures: 33.7 with speculative
-decoding, 17.5 without). Free/total "device" memory are MemAvailable/MemTotal of
-THORFLEET_SIM_MEMINFO (default /proc/meminfo). THORFLEET_SIM_MARLIN=1 makes the
-kernel selection log the slow Marlin fallback instead of FlashInfer-CUTLASS.
+"""`vllm serve` for the simulated base image: vLLM 0.19.0's own API server, a stand-in engine.
 
     vllm serve /model --config /config/vllm.yaml --attention-backend TRITON_MLA --language-model-only
+
+REAL (the installed vLLM 0.19.0 code, called as `vllm serve` calls it; FACTS.md "Seen working
+here: vLLM 0.19.0's own API server on CPU with a stand-in engine"):
+- argument parsing (`make_arg_parser`, `--config` YAML, usage error and exit 2 for unknown options),
+  `validate_parsed_serve_args`, `api_server.setup_server` (port bound early, refused until serving);
+- `AsyncEngineArgs.from_cli_args(args).create_engine_config()`: ModelConfig from the Mistral-format
+  folder (params.json), the tokenizer (tekken.json), SpeculativeConfig (the draft folder at
+  `speculative_config.model`), so their errors are vLLM's own;
+- `api_server.build_and_serve`: build_app, init_app_state, every router vLLM mounts, the `/v1`-only
+  API-key middleware, Prometheus `/metrics`, uvicorn, the serving classes, the chat renderer (so an
+  unpatched image answers chat 400 word for word), the Mistral tool and reasoning parsers,
+  streaming;
+- `AsyncLLM` itself (renderer, InputProcessor with its validation, OutputProcessor with vLLM's
+  IncrementalDetokenizer, output kinds, stop handling, stat loggers): only its EngineCore client is
+  replaced (`StandInCore`), the part that would run a model on the GPU;
+- the start-up memory check: `vllm.v1.worker.utils.request_memory` with its real message.
+
+IMITATED (cannot run without a CUDA GPU and 66 GB of weights), each rule citing its source:
+- The platform: vLLM is told it is on CpuPlatform so its config classes build; where vLLM asks the
+  GPU, the stand-in answers as a Thor would (compute capability 11.0, FlashInfer present).
+- The memory snapshot (vllm/utils/mem_utils.py L104-122): on cc 11.0 free = psutil's MemAvailable,
+  total = cudaMemGetInfo's total (MemTotal here), minus 2.65 GiB of CUDA context (FACTS "Thor
+  realities", llamastash PR #81). After the check the server holds gpu_memory_utilization x total
+  (a locked file under /run/thorsim/holds, for the box's memory model) and reading the model fills
+  the page cache (/run/thorsim/cache/<dev>-<ino>: index total_size + draft file sizes). Without
+  /run/thorsim (plain Docker) both are skipped.
+- Kernel choice: attention, NVFP4 GEMM and NVFP4 MoE are chosen by the rules of
+  platforms/cuda.py, quantization/utils/nvfp4_utils.py, fused_moe/oracle/nvfp4.py and
+  quantization/utils/flashinfer_utils.py for capability (11, 0) with FlashInfer present (cited per
+  rule below), from the same options and env vars (read through vllm.envs, so invalid values fail
+  as in vLLM), and logged with the messages, logger names and line numbers vLLM logs them with.
+  The real functions need CUDA kernels and torch.cuda to be importable, so they are not called.
+- Loading: the index, every shard it names and the draft's files must exist (a shard missing fails
+  with default_loader's "Following weights were not initialized" error; NOTE vLLM 0.19.0 only
+  makes that check for unquantized models (default_loader.py L389-397): a real Thor would load a
+  quantized checkpoint with a missing shard and serve garbage. The sim fails instead). Loading takes
+  THORFLEET_SIM_LOAD_SECONDS (default 5) from start; the port refuses meanwhile.
+- Decoding: token ids are chosen, not computed, one at a time at the seed's Thor rates (33.7 tok/s
+  with the EAGLE draft, 17.5 without; THORFLEET_SIM_DECODE_TOKS overrides it for tests only):
+  with tools in the prompt, the Mistral v11+ tool-call tokens `[TOOL_CALLS]name[ARGS]{json}` (so
+  tool_calls appear only if vLLM's own parser is on; at temperature > 0 the tool is sometimes
+  skipped); a prompt ending in `[THINK]` gets a trace, `[/THINK]`, then an answer; another chat
+  prompt a short answer; a raw completion prompt runs to max_tokens.
 """
 
+import asyncio
+import fcntl
 import json
 import logging
+import math
 import os
-import signal
+import random
 import sys
-import threading
 import time
 import traceback
 import uuid
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
-import vllm
-import vllm.logger  # configures vLLM's own log handler and format
-
 GIB = 1 << 30
-VLLM_DIR = Path(vllm.__file__).parent
+CUDA_CONTEXT_BYTES = int(2.65 * GIB)  # FACTS "Thor realities": vLLM reads 2.6-2.7 GiB below MemAvailable
+THOR_CAPABILITY = (11, 0)
+THORSIM = Path("/run/thorsim")
 log = logging.getLogger("vllm")
+VLLM_DIR: Path
 
 
 # ------------------------------------------------------------------ logging as vLLM does
@@ -53,6 +82,7 @@ def _line_of(relpath: str, needle: str) -> int:
 
 
 def vlog(relpath: str, needle: str, level: int, message: str, *args) -> None:
+    """Log `message` as the vLLM module `relpath` does, at the line holding `needle`."""
     name = "vllm." + relpath.removesuffix(".py").replace("/", ".")
     logger = logging.getLogger(name)
     record = logger.makeRecord(name, level, str(VLLM_DIR / relpath), _line_of(relpath, needle),
@@ -60,341 +90,464 @@ def vlog(relpath: str, needle: str, level: int, message: str, *args) -> None:
     logger.handle(record)
 
 
-def quiet_imports():
-    """Import the heavy parts of vLLM with its logger muted: on a CPU box they complain about
-    missing Triton and CUDA kernels, which a Thor would not print."""
-    log.setLevel(logging.CRITICAL)
-    try:
-        import vllm.platforms
-        from vllm.platforms.cpu import CpuPlatform
+# ------------------------------------------------------------------ memory (item 4)
 
-        # No CUDA here: tell vLLM which platform it is on, so its config classes can be built.
-        vllm.platforms._current_platform = CpuPlatform()
-        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-        from vllm.v1.worker.utils import request_memory
-        return SimpleNamespace(make_arg_parser=make_arg_parser, request_memory=request_memory,
-                               validate=validate_parsed_serve_args, Parser=FlexibleArgumentParser)
-    finally:
-        log.setLevel(logging.INFO)
+def check_memory(cache_config) -> int:
+    """vLLM 0.19.0's own check, fed what a Thor's snapshot reads."""
+    import psutil
+
+    from vllm.v1.worker.utils import request_memory
+
+    vm = psutil.virtual_memory()  # /proc/meminfo: the box's modelled memory under --runtime nvidia
+    # mem_utils.py L105-121: on (11, 0) free_memory = psutil.virtual_memory().available; the
+    # process's own CUDA context already took its share (FACTS "Thor realities").
+    snapshot = SimpleNamespace(free_memory=vm.available - CUDA_CONTEXT_BYTES,
+                               total_memory=vm.total, device_="cuda:0")
+    return request_memory(snapshot, cache_config)
 
 
-# ------------------------------------------------------------------ start-up
-
-def parse_serve_args(v, argv: list[str]):
-    parser = v.make_arg_parser(v.Parser(prog="vllm serve"))
-    args = parser.parse_args(argv)  # unknown options: usage error, exit 2, as `vllm serve`
-    v.validate(args)
-    if args.model_tag is not None:
-        args.model = args.model_tag
-    defaults = vars(parser.parse_args([]))
-    changed = {k: val for k, val in vars(args).items() if val != defaults.get(k) and k != "model_tag"}
-    return args, changed
+_held = []  # open, flock'ed files: the hold lasts as long as the process
 
 
-def meminfo() -> tuple[int, int]:
-    """(MemAvailable, MemTotal) in bytes: on Thor's unified memory these are what CUDA reports."""
-    fields = {}
-    for line in Path(os.environ.get("THORFLEET_SIM_MEMINFO", "/proc/meminfo")).read_text().splitlines():
-        key, _, value = line.partition(":")
-        fields[key] = int(value.split()[0]) * 1024
-    return fields["MemAvailable"], fields["MemTotal"]
+def hold(path_dir: Path, nbytes: int, name: str) -> None:
+    """The box's memory protocol: a file whose first line is the bytes, kept LOCK_EX while held."""
+    if not THORSIM.is_dir():
+        return  # plain Docker (host tests): no box memory model
+    path_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path_dir / name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, f"{nbytes}\n".encode())
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _held.append(fd)
 
 
-def check_memory(v, args) -> None:
-    free, total = meminfo()
-    snapshot = SimpleNamespace(free_memory=free, total_memory=total, device_="cuda:0")
-    v.request_memory(snapshot, SimpleNamespace(gpu_memory_utilization=args.gpu_memory_utilization))
+def fill_page_cache(model: Path, draft: Path | None) -> None:
+    """Reading the model puts its real size in the page cache (the sim's shards are tiny: the
+    index's metadata.total_size says how big they really are)."""
+    if not THORSIM.is_dir():
+        return
+    index = model / "consolidated.safetensors.index.json"
+    size = int(json.loads(index.read_text()).get("metadata", {}).get("total_size", 0))
+    if draft is not None:
+        size += sum(f.stat().st_size for f in draft.rglob("*") if f.is_file())
+    st = index.stat()
+    cache = THORSIM / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / f".{st.st_dev}-{st.st_ino}.{os.getpid()}"
+    tmp.write_text(f"{size}\n")
+    os.replace(tmp, cache / f"{st.st_dev}-{st.st_ino}")
 
 
-def log_kernels(args) -> None:
-    marlin = os.environ.get("THORFLEET_SIM_MARLIN") == "1"
-    attention = args.attention_backend or "FLASH_ATTN"
-    vlog("platforms/cuda.py", '"Using %s backend."', logging.INFO, "Using %s backend.",
-         f"AttentionBackendEnum.{attention}")
-    gemm = "MARLIN" if marlin else "FLASHINFER_CUTLASS"
-    moe = "MARLIN" if marlin else "FLASHINFER_CUTLASS"
-    if marlin:
-        vlog("model_executor/layers/quantization/utils/marlin_utils_fp4.py",
-             "Your GPU does not have native support for FP4", logging.WARNING,
+# ------------------------------------------------------------------ kernels (item 2)
+
+def _cc(major: int) -> bool:
+    """Platform.is_device_capability_family(major*10): same major (platforms/interface.py)."""
+    return THOR_CAPABILITY[0] == major
+
+
+# Validity per attention backend on an MLA model (head size 576 = kv_lora_rank + rope dim), from
+# each backend's supports_* (v1/attention/backend.py validate_configuration L266-307):
+# non-MLA backends: "head_size not supported", "MLA not supported"; MLA backends by capability:
+# FLASH_ATTN_MLA major 9 (mla/flashattn_mla.py L68), FLASHMLA 9/10 (mla/flashmla.py L73),
+# FLASHINFER_MLA 10 (mla/flashinfer_mla.py L65), CUTLASS_MLA 10 (mla/cutlass_mla.py L65),
+# TRITON_MLA any (mla/triton_mla.py L61), FLASHMLA_SPARSE 9/10 and sparse only.
+MLA_CAPABILITY = {"FLASH_ATTN_MLA": (9,), "FLASHMLA": (9, 10), "FLASHINFER_MLA": (10,),
+                  "CUTLASS_MLA": (10,), "TRITON_MLA": None, "FLASHMLA_SPARSE": (9, 10),
+                  "FLASHINFER_MLA_SPARSE": (10,)}
+SPARSE = {"FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE"}
+
+
+def attention_reasons(name: str) -> list[str]:
+    if name not in MLA_CAPABILITY:
+        return ["head_size not supported", "MLA not supported"]
+    reasons = []
+    if name in SPARSE:
+        reasons.append("non-sparse not supported")
+    majors = MLA_CAPABILITY[name]
+    if majors is not None and THOR_CAPABILITY[0] not in majors:
+        reasons.append("compute capability not supported")
+    return reasons
+
+
+def select_attention(vllm_config) -> str:
+    """platforms/cuda.py get_attn_backend_cls L249-338 for an MLA model on (11, 0)."""
+    selected = vllm_config.attention_config.backend  # --attention-backend, an AttentionBackendEnum
+    if selected is not None:
+        reasons = attention_reasons(selected.name)
+        if reasons:  # cuda.py L268-272
+            raise ValueError(f"Selected backend {selected} is not valid for this configuration. "
+                             f"Reason: {reasons}")
+        vlog("platforms/cuda.py", 'logger.info("Using %s backend.", selected_backend)',
+             logging.INFO, "Using %s backend.", selected)
+        return selected.name
+    # cuda.py L51-97: major 11 is not 10, so the "else" MLA order.
+    order = ["FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA", "FLASHMLA_SPARSE"]
+    valid = [name for name in order if not attention_reasons(name)]
+    vlog("platforms/cuda.py", '"Using %s attention backend out of potential backends: %s."',
+         logging.INFO, "Using %s attention backend out of potential backends: %s.", valid[0],
+         "[" + ", ".join(f"'{b}'" for b in valid) + "]")
+    return valid[0]
+
+
+def select_nvfp4_gemm() -> str:
+    """quantization/utils/nvfp4_utils.py select_nvfp4_linear_backend L39-86 on (11, 0)."""
+    import vllm.envs as envs
+    from vllm.model_executor.layers.quantization.utils.nvfp4_utils import NvFp4LinearBackend
+
+    if envs.VLLM_USE_FBGEMM:  # L46-54: fbgemm_gpu is not in the image
+        raise ImportError("Backend fbgemm requires fbgemm.f4f4bf16 operator, "
+                          "Please install with: pip install fbgemm-gpu-genai")
+    if envs.VLLM_USE_NVFP4_CT_EMULATIONS:
+        backend = NvFp4LinearBackend.EMULATION
+    elif envs.VLLM_NVFP4_GEMM_BACKEND is None:
+        # L59: has_device_capability(100) (11.0 >= 10.0) and has_flashinfer()
+        backend = NvFp4LinearBackend.FLASHINFER_CUTLASS
+    else:
+        backend = NvFp4LinearBackend(envs.VLLM_NVFP4_GEMM_BACKEND)
+    if backend == NvFp4LinearBackend.VLLM_CUTLASS:
+        # L76 / cutlass_fp4_supported: vLLM's CUTLASS FP4 GEMM kernels are built for 10.0/12.x
+        raise AssertionError(f"Cutlass is required for {backend}")
+    vlog("model_executor/layers/quantization/utils/nvfp4_utils.py", "for NVFP4 GEMM",
+         logging.INFO, f"Using {backend} for NVFP4 GEMM")
+    if backend == NvFp4LinearBackend.MARLIN:  # convert_to_nvfp4_linear_kernel_format L143-149
+        vlog("model_executor/layers/quantization/utils/nvfp4_utils.py",
+             "Your GPU does not have native support for FP4 computation but", logging.WARNING,
              "Your GPU does not have native support for FP4 computation but FP4 quantization is "
              "being used. Weight-only FP4 compression will be used leveraging the Marlin kernel. "
              "This may degrade performance for compute-heavy workloads.")
-    vlog("model_executor/layers/quantization/utils/nvfp4_utils.py", "for NVFP4 GEMM", logging.INFO,
-         "Using NvFp4LinearBackend.%s for NVFP4 GEMM", gemm)
-    backends = ["FLASHINFER_TRTLLM", "FLASHINFER_CUTEDSL", "FLASHINFER_CUTLASS", "VLLM_CUTLASS",
-                "MARLIN"]
-    vlog("model_executor/layers/fused_moe/oracle/nvfp4.py", "logger.info_once(_make_log_backend",
-         logging.INFO, "Using '%s' NvFp4 MoE backend out of potential backends: %s.", moe, backends)
+    return backend.name
 
 
-def load(args, started: float):
-    """The tokenizer is really loaded from the model dir; the weights are waited for."""
-    from vllm.tokenizers.mistral import MistralTokenizer
+def select_nvfp4_moe(vllm_config) -> str:
+    """fused_moe/oracle/nvfp4.py select_nvfp4_moe_backend L134-260 on (11, 0)."""
+    import vllm.envs as envs
 
-    model = Path(args.model)
-    if not (model / "tekken.json").is_file():
-        raise FileNotFoundError(f"No tekken.json in {model}: cannot load the Mistral tokenizer")
-    tokenizer = MistralTokenizer.from_pretrained(str(model))
-    log_kernels(args)
-    seconds = float(os.environ.get("THORFLEET_SIM_LOAD_SECONDS", "5"))
-    time.sleep(max(0.0, seconds - (time.time() - started)))
-    vlog("model_executor/model_loader/default_loader.py", '"Loading weights took', logging.INFO,
-         "Loading weights took %.2f seconds", time.time() - started)
-    return tokenizer
+    oracle = "model_executor/layers/fused_moe/oracle/nvfp4.py"
+    available = ["FLASHINFER_TRTLLM", "FLASHINFER_CUTEDSL", "FLASHINFER_CUTLASS", "VLLM_CUTLASS",
+                 "MARLIN"]
+    flashinfer = ["FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "FLASHINFER_CUTEDSL"]
+    # _supports_current_device of each kernel: TRTLLM family 100 (experts/trtllm_nvfp4_moe.py L82),
+    # CUTEDSL family 100 (experts/flashinfer_cutedsl_moe.py L62), FlashInfer CUTLASS 90/100/110/120
+    # (flashinfer_cutlass_moe.py L125), CutlassExpertsFp4 100/110/120 (cutlass_moe.py L681),
+    # Marlin >= 7.5 (fused_marlin_moe.py L565).
+    supported = {"FLASHINFER_TRTLLM": _cc(10), "FLASHINFER_CUTEDSL": _cc(10),
+                 "FLASHINFER_CUTLASS": True, "VLLM_CUTLASS": True, "MARLIN": True}
+
+    def chosen(backend: str, needle: str = "logger.info_once(_make_log_backend(backend))"):
+        if not supported[backend]:  # L187
+            raise ValueError(f"NvFp4 MoE backend '{backend}' does not support the deployment "
+                             "configuration since kernel does not support current device cuda.")
+        vlog(oracle, needle, logging.INFO,
+             "Using '%s' NvFp4 MoE backend out of potential backends: %s.", backend, available)
+        if backend == "MARLIN":  # oracle L324 -> marlin_utils_fp4.prepare_nvfp4_moe_layer_for_marlin
+            vlog("model_executor/layers/quantization/utils/marlin_utils_fp4.py",
+                 "be used leveraging the Marlin kernel. This may degrade", logging.WARNING,
+                 "Your GPU does not have native support for FP4 computation but FP4 quantization "
+                 "is being used. Weight-only FP4 compression will be used leveraging the Marlin "
+                 "kernel. This may degrade performance for compute-heavy workloads.")
+        return backend
+
+    runner = vllm_config.kernel_config.moe_backend if hasattr(vllm_config, "kernel_config") else "auto"
+    if runner and runner != "auto":  # L192-196, map_nvfp4_backend L116-131
+        mapping = {"cutlass": "VLLM_CUTLASS", "flashinfer_trtllm": "FLASHINFER_TRTLLM",
+                   "flashinfer_cutlass": "FLASHINFER_CUTLASS",
+                   "flashinfer_cutedsl": "FLASHINFER_CUTEDSL", "marlin": "MARLIN"}
+        if runner not in mapping:
+            raise ValueError(f"moe_backend='{runner}' is not supported for NvFP4 MoE. "
+                             f"Expected one of {list(mapping.keys())}.")
+        return chosen(mapping[runner])
+    if envs.is_set("VLLM_USE_FLASHINFER_MOE_FP4"):  # L198
+        if not envs.VLLM_USE_FLASHINFER_MOE_FP4:
+            for b in flashinfer:
+                available.remove(b)
+        elif envs.is_set("VLLM_FLASHINFER_MOE_BACKEND"):
+            # flashinfer_utils.py get_flashinfer_moe_backend L98-124
+            name = envs.VLLM_FLASHINFER_MOE_BACKEND
+            if name == "latency" and not _cc(10):
+                vlog("model_executor/layers/quantization/utils/flashinfer_utils.py",
+                     '"Flashinfer TRTLLM MOE backend is only supported on "', logging.INFO,
+                     "Flashinfer TRTLLM MOE backend is only supported on SM100 and later, "
+                     "using CUTLASS backend instead")
+                return chosen("FLASHINFER_CUTLASS")
+            return chosen({"throughput": "FLASHINFER_CUTLASS", "latency": "FLASHINFER_TRTLLM",
+                           "masked_gemm": "FLASHINFER_CUTEDSL"}[name])
+        else:
+            for backend in flashinfer:
+                if supported[backend]:
+                    return chosen(backend, "logger.info_once(_make_log_backend(backend), scope")
+            raise NotImplementedError("Found VLLM_USE_FLASHINFER_MOE_FP4=1, but no FlashInfer "
+                                      "NVFP4 MoE backend supports the configuration.")
+    if envs.VLLM_TEST_FORCE_FP8_MARLIN:  # L240
+        return chosen("MARLIN")
+    for backend in available:  # L246
+        if supported[backend]:
+            return chosen(backend, "logger.info_once(_make_log_backend(backend), scope")
+    raise NotImplementedError("No NvFp4 MoE backend supports the deployment configuration.")
 
 
-# ------------------------------------------------------------------ serving
+# ------------------------------------------------------------------ the model (item 3)
 
-def decode_rate(args) -> float:
-    default = 33.7 if args.speculative_config else 17.5
+def check_model_files(model: Path, draft: Path | None) -> None:
+    """model_loader/default_loader.py _prepare_weights L89-200 for load_format auto on a
+    Mistral-format folder (consolidated*.safetensors + consolidated.safetensors.index.json)."""
+    index = model / "consolidated.safetensors.index.json"
+    shards = sorted(model.glob("consolidated*.safetensors"))
+    if index.is_file():  # weight_utils.py filter_duplicate_safetensors_files L633-651
+        weight_map = json.loads(index.read_text())["weight_map"]
+        named = {str(model / f) for f in weight_map.values()}
+        shards = [s for s in shards if str(s) in named]
+    if not shards:
+        raise RuntimeError(f"Cannot find any model weights with `{model}`")  # L197
+    if index.is_file():
+        present = {s.name for s in shards}
+        missing = {t for t, f in weight_map.items() if f not in present}
+        if missing:
+            # default_loader.py L389-397's message (see the module docstring).
+            raise ValueError(f"Following weights were not initialized from checkpoint: {missing}")
+    if draft is not None and not sorted(draft.glob("*.safetensors")):
+        raise RuntimeError(f"Cannot find any model weights with `{draft}`")
+
+
+# ------------------------------------------------------------------ the engine
+
+def decode_rate(vllm_config) -> float:
+    default = 33.7 if vllm_config.speculative_config is not None else 17.5  # FACTS benchmark
     return float(os.environ.get("THORFLEET_SIM_DECODE_TOKS", default))
 
 
-CANNED = ("This is a canned answer from the thorfleet vLLM stand-in: the prompt was rendered by "
-          "the real tokenizer, no weights were run.")
-FILLER = " token"  # one tekken token per repeat, for completions that run to max_tokens
+ANSWER = ("This is the thorfleet stand-in engine answering: the prompt went through vLLM's own "
+          "renderer, no weights were run.")
+TRACE = "Thinking it over, step by step."
+FILLER = " token"
 
 
-class Server:
-    def __init__(self, args, tokenizer):
-        self.args = args
-        self.tokenizer = tokenizer
-        keys = args.api_key or os.environ.get("VLLM_API_KEY")
-        self.api_keys = [keys] if isinstance(keys, str) else list(keys or [])
-        self.model_names = list(args.served_model_name or [args.model])
-        self.metrics = {"prompt_tokens": 0, "generation_tokens": 0, "requests": 0}
-        self.lock = threading.Lock()
-
-    def authorized(self, headers) -> bool:
-        if not self.api_keys:
-            return True
-        scheme, _, token = (headers.get("Authorization") or "").partition(" ")
-        return scheme.lower() == "bearer" and token in self.api_keys
-
-    # -- bodies
-    def models(self) -> dict:
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
-             "root": self.args.model, "parent": None, "max_model_len": self.args.max_model_len}
-            for name in self.model_names]}
-
-    def metrics_text(self) -> str:
-        name = self.model_names[0]
-        lines = []
-        for key, kind in (("prompt_tokens", "counter"), ("generation_tokens", "counter"),
-                          ("requests", "counter")):
-            metric = f"vllm:{key}_total"
-            lines += [f"# TYPE {metric} {kind}", f'{metric}{{model_name="{name}"}} {self.metrics[key]}.0']
-        lines += ["# TYPE vllm:num_requests_running gauge",
-                  f'vllm:num_requests_running{{model_name="{name}"}} 0.0']
-        return "\n".join(lines) + "\n"
-
-    def count(self, prompt_tokens: int, completion_tokens: int) -> None:
-        with self.lock:
-            self.metrics["prompt_tokens"] += prompt_tokens
-            self.metrics["generation_tokens"] += completion_tokens
-            self.metrics["requests"] += 1
-
-    def chat(self, body: dict) -> dict:
-        """Render through vLLM's own chat preprocessing for a Mistral tokenizer; raises what vLLM
-        turns into a 400 when rendering fails."""
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-        from vllm.renderers.mistral import safe_apply_chat_template
-        from vllm.tokenizers import mistral as mt
-
-        request = ChatCompletionRequest.model_validate(body)
-        mt.maybe_serialize_tool_calls(request)
-        mt.truncate_tool_call_ids(request)
-        mt.validate_request_params(request)
-        tools = None
-        if request.tools is not None and not (
-                request.tool_choice == "none" and self.args.exclude_tools_when_tool_choice_none):
-            tools = [tool.model_dump() for tool in request.tools]
-        params = request.build_chat_params(None, "auto").with_defaults(
-            {**(self.args.default_chat_template_kwargs or {}), "tools": tools, "tokenize": True})
-        prompt = safe_apply_chat_template(self.tokenizer, request.messages,
-                                          **params.get_apply_chat_template_kwargs())
-        message: dict = {"role": "assistant", "content": CANNED, "tool_calls": []}
-        finish = "stop"
-        if tools and request.tool_choice != "none":
-            function = tools[0]["function"]
-            message = {"role": "assistant", "content": None, "tool_calls": [{
-                "id": uuid.uuid4().hex[:9], "type": "function",
-                "function": {"name": function["name"],
-                             "arguments": json.dumps(sample_arguments(function))}}]}
-            finish = "tool_calls"
-        elif self.tokenizer.decode(prompt[-1:]) == "[THINK]":
-            # The think block is open in the prompt: the trace lands inline, closed by [/THINK].
-            message["content"] = "Thinking it over, step by step.[/THINK]" + CANNED
-        text = message["content"] or message["tool_calls"][0]["function"]["arguments"]
-        completion_tokens = len(self.tokenizer.encode(text, add_special_tokens=False))
-        self.decode(completion_tokens)
-        self.count(len(prompt), completion_tokens)
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-            "created": int(time.time()), "model": request.model or self.model_names[0],
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
-                      "total_tokens": len(prompt) + completion_tokens},
-        }
-
-    def completion(self, body: dict) -> dict:
-        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-
-        request = CompletionRequest.model_validate(body)
-        prompt = request.prompt if isinstance(request.prompt, str) else json.dumps(request.prompt)
-        prompt_tokens = len(self.tokenizer.encode(prompt, add_special_tokens=True))
-        # The model never stops early here: every completion runs to max_tokens.
-        completion_tokens = request.max_tokens or 16
-        self.decode(completion_tokens)
-        self.count(prompt_tokens, completion_tokens)
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-            "created": int(time.time()), "model": request.model or self.model_names[0],
-            "choices": [{"index": 0, "text": FILLER * completion_tokens, "logprobs": None,
-                         "finish_reason": "length"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
-        }
-
-    def decode(self, tokens: int) -> None:
-        time.sleep(tokens / decode_rate(self.args))
-
-
-def sample_arguments(function: dict) -> dict:
+def sample_arguments(tool: dict) -> dict:
     """Arguments for a tool call: each required parameter gets a plausible value of its type."""
-    parameters = function.get("parameters") or {}
+    parameters = tool.get("parameters") or {}
     samples = {"string": "Paris", "integer": 1, "number": 1.0, "boolean": True}
-    return {name: samples.get(spec.get("type"), None)
+    return {name: samples.get(spec.get("type"))
             for name, spec in (parameters.get("properties") or {}).items()
             if name in parameters.get("required", [])}
 
 
-def error_body(error: Exception, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> dict:
-    """vLLM's ErrorResponse shape: {"error": {"message", "type", "param", "code"}}."""
-    from vllm.entrypoints.openai.engine.protocol import ErrorInfo, ErrorResponse
+class StandInCore:
+    """The EngineCore client AsyncLLM talks to (v1/engine/core_client.py's async interface):
+    token ids come out one at a time at the modelled rate, as EngineCoreOutputs."""
 
-    kind = "BadRequestError" if status == HTTPStatus.BAD_REQUEST else "InternalServerError"
-    return ErrorResponse(error=ErrorInfo(message=str(error), type=kind, code=status.value)).model_dump()
+    engine_ranks_managed = [0]
+
+    def __init__(self, vllm_config, tokenizer):
+        self.vllm_config = vllm_config
+        self.tokenizer = tokenizer
+        self.resources = SimpleNamespace(engine_dead=False)
+        self.rate = decode_rate(vllm_config)
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.tasks: dict[str, asyncio.Task] = {}
+        vocab = tokenizer.get_vocab()
+        self.special = {name: vocab.get(name) for name in (
+            "[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]", "[INST]", "[AVAILABLE_TOOLS]",
+            "[/AVAILABLE_TOOLS]")}
+        self.eos = tokenizer.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def plan(self, request) -> tuple[list[int], bool]:
+        """(token ids, ends with EOS) for this prompt, as a model would answer it."""
+        prompt = list(request.prompt_token_ids or [])
+        params = request.sampling_params
+        sp = self.special
+        if sp["[INST]"] is None or sp["[INST]"] not in prompt:
+            return [], False  # a raw completion prompt: filler to max_tokens
+        if sp["[AVAILABLE_TOOLS]"] in prompt and sp["[/AVAILABLE_TOOLS]"] in prompt:
+            start = len(prompt) - 1 - prompt[::-1].index(sp["[AVAILABLE_TOOLS]"])
+            end = prompt.index(sp["[/AVAILABLE_TOOLS]"], start)
+            tools = json.loads(self.tokenizer.decode(prompt[start + 1:end]))
+            rng = random.Random(params.seed if params.seed is not None else request.request_id)
+            # At temperature > 0 a model sometimes answers in text instead (issue 9 item 4).
+            if tools and not (params.temperature > 0 and rng.random() < 0.3):
+                tool = tools[0].get("function", tools[0])
+                return ([sp["[TOOL_CALLS]"], *self.encode(tool["name"]), sp["[ARGS]"],
+                         *self.encode(json.dumps(sample_arguments(tool)))], True)
+        if prompt[-1] == sp["[THINK]"]:
+            return [*self.encode(TRACE), sp["[/THINK]"], *self.encode(ANSWER)], True
+        return self.encode(ANSWER), True
+
+    async def run(self, request) -> None:
+        from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+        from vllm.v1.metrics.stats import SchedulerStats
+
+        ids, natural = self.plan(request)
+        if natural:
+            ids = [*ids, self.eos]
+        max_tokens = request.sampling_params.max_tokens or 16
+        filler = self.encode(FILLER)[0]
+        for step in range(max_tokens):
+            await asyncio.sleep(1 / self.rate)
+            token = ids[step] if step < len(ids) else filler
+            finish = None
+            if natural and step == len(ids) - 1:
+                finish = FinishReason.STOP
+            elif step == max_tokens - 1:
+                finish = FinishReason.LENGTH
+            self.queue.put_nowait(EngineCoreOutputs(
+                outputs=[EngineCoreOutput(request.request_id, [token], finish_reason=finish)],
+                scheduler_stats=SchedulerStats(num_running_reqs=0 if finish else 1)))
+            if finish:
+                break
+        self.tasks.pop(request.request_id, None)
+
+    # -- the async client interface AsyncLLM uses
+    async def add_request_async(self, request) -> None:
+        self.tasks[request.request_id] = asyncio.create_task(self.run(request))
+
+    async def get_output_async(self):
+        return await self.queue.get()
+
+    async def abort_requests_async(self, request_ids) -> None:
+        for rid in request_ids:
+            task = self.tasks.pop(rid, None)
+            if task:
+                task.cancel()
+
+    async def get_supported_tasks_async(self):
+        return ("generate",)
+
+    async def is_scheduler_paused_async(self) -> bool:
+        return False
+
+    async def is_sleeping_async(self) -> bool:
+        return False
+
+    def dp_engines_running(self) -> bool:
+        return False
+
+    def shutdown(self, timeout=None) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+
+    def __getattr__(self, name):
+        if name.endswith("_async"):  # resets, profiling, loras...: nothing to do without a GPU
+            async def nothing(*_, **__):
+                return None
+            return nothing
+        raise AttributeError(name)
 
 
-def make_handler(server: Server):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+def start_engine_core(vllm_config, started: float) -> None:
+    """What the EngineCore process does before it answers (v1/engine/core.py, worker init, model
+    load): memory check, kernel choice, weights. Raises what vLLM raises."""
+    cache_config = vllm_config.cache_config
+    requested = check_memory(cache_config)  # gpu_worker.py init_device -> request_memory
+    hold(THORSIM / "holds", requested, f"vllm-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    select_attention(vllm_config)
+    select_nvfp4_gemm()
+    select_nvfp4_moe(vllm_config)
+    model = Path(vllm_config.model_config.model)
+    spec = vllm_config.speculative_config
+    draft = Path(spec.model) if spec is not None and spec.model else None
+    check_model_files(model, draft)
+    fill_page_cache(model, draft)
+    seconds = float(os.environ.get("THORFLEET_SIM_LOAD_SECONDS", "5"))
+    time.sleep(max(0.0, seconds - (time.time() - started)))
+    vlog("model_executor/model_loader/default_loader.py", '"Loading weights took %.2f seconds"',
+         logging.INFO, "Loading weights took %.2f seconds", time.time() - started)
+    # Some number of KV blocks, so cache_config reads as after profiling (metrics need it).
+    cache_config.num_gpu_blocks = cache_config.num_gpu_blocks or 4096
 
-        def send(self, status: int, body, content_type: str = "application/json") -> None:
-            data = body if isinstance(body, bytes) else (
-                body.encode() if isinstance(body, str) else json.dumps(body).encode())
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
-        def stream(self, answer: dict) -> None:
-            """Server-sent events as vLLM sends them: the answer as one delta chunk, a closing
-            chunk with finish_reason and usage, then [DONE]."""
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            chat = answer["object"] == "chat.completion"
-            kind = "chat.completion.chunk" if chat else "text_completion"
-            choice = answer["choices"][0]
-            if chat:
-                first = {"index": 0, "delta": {k: v for k, v in choice["message"].items() if v}}
-                last = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}
-            else:
-                first = {"index": 0, "text": choice["text"], "finish_reason": None}
-                last = {"index": 0, "text": "", "finish_reason": choice["finish_reason"]}
-            for chunk in ({"choices": [first]}, {"choices": [last], "usage": answer["usage"]}):
-                event = {"id": answer["id"], "object": kind, "created": answer["created"],
-                         "model": answer["model"], **chunk}
-                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.close_connection = True
+def make_engine(vllm_config):
+    """AsyncLLM exactly as vLLM builds it, but with the stand-in EngineCore client."""
+    from vllm.v1.engine import async_llm
+    from vllm.v1.engine.core_client import EngineCoreClient
 
-        def guarded(self) -> bool:
-            # As vLLM's auth middleware: only /v1/* needs the key.
-            if self.path.startswith("/v1") and not server.authorized(self.headers):
-                self.send(401, {"error": "Unauthorized"})
-                return False
-            return True
+    made = {}
 
-        def do_GET(self):
-            path = self.path.split("?")[0]
-            if path == "/health":
-                self.send(200, b"")
-            elif path == "/version":
-                self.send(200, {"version": vllm.__version__})
-            elif path == "/metrics":
-                self.send(200, server.metrics_text(), "text/plain; version=0.0.4")
-            elif not self.guarded():
-                return
-            elif path == "/v1/models":
-                self.send(200, server.models())
-            else:
-                self.send(404, {"detail": "Not Found"})
+    def make_async_mp_client(vllm_config, **_):
+        made["core"] = StandInCore(vllm_config, made["tokenizer"])
+        return made["core"]
 
-        def do_POST(self):
-            path = self.path.split("?")[0]
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length)
-            if not self.guarded():
-                return
-            handlers = {"/v1/chat/completions": server.chat, "/v1/completions": server.completion}
-            if path not in handlers:
-                self.send(404, {"detail": "Not Found"})
-                return
-            try:
-                body = json.loads(raw or b"{}")
-                answer = handlers[path](body)
-                if body.get("stream"):
-                    self.stream(answer)
-                else:
-                    self.send(200, answer)
-            except (ValueError, TypeError) as error:  # pydantic's ValidationError is a ValueError
-                self.send(400, error_body(error))
-            except Exception as error:  # noqa: BLE001 - a server answers 500, it does not die
-                traceback.print_exc()
-                self.send(500, error_body(error, HTTPStatus.INTERNAL_SERVER_ERROR))
+    renderer_from_config = async_llm.renderer_from_config
 
-        def log_message(self, fmt, *args):
-            # uvicorn's access log line, as vLLM's server prints it.
-            print(f'INFO:     {self.client_address[0]}:{self.client_address[1]} - '
-                  f'"{self.requestline}" {args[1] if len(args) > 1 else ""}', flush=True)
+    def capture_renderer(config):
+        renderer = renderer_from_config(config)
+        made["tokenizer"] = renderer.tokenizer
+        return renderer
 
-    return Handler
+    async_llm.renderer_from_config = capture_renderer
+    original = EngineCoreClient.make_async_mp_client
+    EngineCoreClient.make_async_mp_client = staticmethod(make_async_mp_client)
+    try:
+        return async_llm.AsyncLLM(vllm_config, executor_class=None, log_stats=True,
+                                  log_requests=False)
+    finally:
+        EngineCoreClient.make_async_mp_client = original
+        async_llm.renderer_from_config = renderer_from_config
 
 
 # ------------------------------------------------------------------ main
 
+def _bootstrap():
+    """Import vLLM as on a CPU box, told which platform it is on."""
+    global VLLM_DIR
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # FACTS: else a speculators lookup retries ~30 s
+    import vllm
+    import vllm.platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    VLLM_DIR = Path(vllm.__file__).parent
+    vllm.platforms._current_platform = CpuPlatform()
+
+
+async def serve(args, started: float) -> int:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai import api_server
+    from vllm.usage.usage_lib import UsageContext
+
+    listen_address, sock = api_server.setup_server(args)
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    try:
+        start_engine_core(vllm_config, started)
+    except Exception:  # noqa: BLE001 - as v1/engine/core.py run_engine_core: logged, then fatal
+        logging.getLogger("vllm.v1.engine.core").error(
+            "EngineCore failed to start.\n%s", traceback.format_exc().rstrip())
+        raise RuntimeError("Engine core initialization failed. See root cause above. "
+                           "Failed core proc(s): {}") from None
+    engine = make_engine(vllm_config)
+    try:
+        shutdown_task = await api_server.build_and_serve(engine, listen_address, sock, args)
+        await shutdown_task
+    finally:
+        engine.shutdown()
+        sock.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    # PID 1 in a container ignores SIGTERM unless it handles it: stop as `docker stop` expects.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if not argv or argv[0] != "serve":
         print("usage: vllm serve [model_tag] [options]  (thorfleet stand-in: only `serve`)",
               file=sys.stderr)
         return 2
     started = time.time()
-    v = quiet_imports()
-    args, changed = parse_serve_args(v, argv[1:])
-    vlog("entrypoints/utils.py", '"non-default args: %s"', logging.INFO, "non-default args: %s", changed)
+    _bootstrap()
+    import uvloop
+
+    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    args = parser.parse_args(argv[1:])  # unknown options: usage error, exit 2, as `vllm serve`
+    if args.model_tag is not None:  # entrypoints/cli/serve.py L45-46
+        args.model = args.model_tag
+    validate_parsed_serve_args(args)
     try:
-        check_memory(v, args)
-        tokenizer = load(args, started)
-    except Exception:  # noqa: BLE001 - like vLLM's engine core: traceback, non-zero exit
-        log.error("EngineCore failed to start.\n%s", traceback.format_exc().rstrip())
+        return uvloop.run(serve(args, started))
+    except KeyboardInterrupt:  # setup_server's SIGTERM handler while starting
+        return 0
+    except Exception:  # noqa: BLE001 - `vllm serve` dies with the traceback, exit 1
+        traceback.print_exc()
         return 1
-    host, port = args.host or "0.0.0.0", args.port
-    httpd = ThreadingHTTPServer((host, port), make_handler(Server(args, tokenizer)))
-    vlog("entrypoints/openai/api_server.py", '"Starting vLLM server on %s"', logging.INFO,
-         "Starting vLLM server on %s", f"http://{host}:{port}")
-    print("INFO:     Application startup complete.", flush=True)
-    httpd.serve_forever()
-    return 0
 
 
 if __name__ == "__main__":
