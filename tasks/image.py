@@ -4,7 +4,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files
 
 from thorfleet import operations as thor
-from thorfleet.settings import BOX_IMAGE_CONTEXT, FILES
+from thorfleet.layout import BOX_IMAGE_CONTEXT, FILES
 
 
 @deploy("Image")

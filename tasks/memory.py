@@ -4,7 +4,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files
 
 from thorfleet import operations as thor
-from thorfleet.settings import BOX_BIN, FILES
+from thorfleet.layout import BOX_BIN, FILES
 
 
 @deploy("Memory")

@@ -4,7 +4,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
 from thorfleet import operations as thor
-from thorfleet.settings import CLOCKS_UNIT, FILES
+from thorfleet.layout import CLOCKS_UNIT, FILES
 
 
 @deploy("Power")

@@ -10,7 +10,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from thorfleet import operations as thor
-from thorfleet.settings import BOX_BIN, BOX_CONFIG, BOX_SECRETS_ENV, BOX_VLLM_CACHE, FILES
+from thorfleet.layout import BOX_BIN, BOX_CONFIG, BOX_SECRETS_ENV, BOX_VLLM_CACHE, FILES
 
 
 @deploy("Service")

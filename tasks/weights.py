@@ -4,7 +4,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files, pip
 
 from thorfleet import operations as thor
-from thorfleet.settings import BOX_BIN, BOX_HF_TOKEN, BOX_VENV, FILES
+from thorfleet.layout import BOX_BIN, BOX_HF_TOKEN, BOX_VENV, FILES
 
 
 @deploy("Weights")

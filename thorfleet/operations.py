@@ -14,7 +14,7 @@ from pyinfra.api.exceptions import OperationError
 
 from thorfleet import facts, rollout
 from thorfleet.report import note_error
-from thorfleet.settings import BOX_BIN, BOX_VENV
+from thorfleet.layout import BOX_BIN, BOX_VENV
 
 
 def _fail(message):
