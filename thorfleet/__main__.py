@@ -1,0 +1,144 @@
+"""thorfleet's own commands, beside `pyinfra INVENTORY deploy.py`:
+
+    python -m thorfleet pin INVENTORY [--ref main] [--image REPO:TAG] [--update] [--yes | --dry-run]
+    python -m thorfleet check INVENTORY
+
+`pin` resolves the weights' hub ref to a commit and the base image's tag to a digest, shows the diff
+of the inventory file and writes it (asks first, unless --yes). `check` runs the settings check that
+every deploy runs first, without connecting to any host. Run from the repository root, like pyinfra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXIT_PROBLEMS = 2  # bad input: the settings check's and pyinfra config's code
+EXIT_NOT_WRITTEN = 3  # pin: changes found but not written (no TTY without --yes, or answered no)
+
+
+def _err(message: str) -> None:
+    print(f"thorfleet: {message}", file=sys.stderr)
+
+
+def _via(values: list[str]) -> dict:
+    via = {}
+    for value in values or []:
+        name, sep, url = value.partition("=")
+        if not sep or not name or not url:
+            raise SystemExit(f"thorfleet: --via {value!r}: write REGISTRY=URL, e.g. "
+                             "registry.lan:5000=http://127.0.0.1:25000")
+        via[name] = url
+    return via
+
+
+def cmd_pin(args) -> int:
+    from thorfleet.pin import PinError, describe, plan, render, unified_diff, unpinned_after, write
+
+    path = Path(args.inventory)
+    try:
+        source, changes, errors = plan(path, ref=args.ref, image=args.image, update=args.update,
+                                       via=_via(args.via))
+    except PinError as error:
+        _err(str(error))
+        return EXIT_PROBLEMS
+    for error in errors:
+        _err(error)
+    if errors:
+        _err(f"nothing written to {path}: fix the above and run pin again")
+        return EXIT_PROBLEMS
+    if not changes:
+        print(f"{path}: already pinned, nothing to change (use --update to re-resolve "
+              "the refs and tags)")
+        return 0
+    new_text = render(source, changes)
+    try:
+        left = unpinned_after(path, new_text)
+    except PinError as error:
+        _err(f"the pinned inventory would not load: {error}")
+        return EXIT_PROBLEMS
+    sys.stdout.write(unified_diff(source, new_text))
+    print()
+    for change in changes:
+        print(describe(change))
+    for line in left:
+        _err(f"{line}: give its group a data dict in {path}")
+    if args.dry_run:
+        print(f"--dry-run: {path} left as it is")
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            _err(f"not written: no terminal to ask on; run again with --yes to write {path}")
+            return EXIT_NOT_WRITTEN
+        answer = input(f"Write these pins to {path}? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print(f"{path} left as it is")
+            return EXIT_NOT_WRITTEN
+    write(path, new_text)
+    print(f"{path}: {len(changes)} value(s) pinned; next: python -m thorfleet check {path}")
+    return EXIT_PROBLEMS if left else 0
+
+
+def cmd_check(args) -> int:
+    from thorfleet.pin import PinError, load_inventory
+    from thorfleet.settings import SettingsError, settings_for_inventory
+
+    try:
+        inventory = load_inventory(args.inventory)
+    except PinError as error:
+        _err(str(error))
+        return EXIT_PROBLEMS
+    hosts = len(list(inventory))
+    if hosts == 0:
+        _err(f"{args.inventory}: no hosts: list your boxes in a group "
+             "(uncomment the examples in inventory/example.py)")
+        return EXIT_PROBLEMS
+    try:
+        settings_for_inventory(inventory)
+    except SettingsError as error:
+        for problem in error.problems:
+            print(problem)
+        _err(f"{len(error.problems)} problem(s) in {args.inventory}; no host was contacted")
+        return EXIT_PROBLEMS
+    print(f"{hosts} host{'s' if hosts != 1 else ''} OK ({args.inventory})")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m thorfleet", description=__doc__.split("\n\n")[0])
+    commands = top.add_subparsers(dest="command", required=True)
+
+    pin = commands.add_parser(
+        "pin", help="pin the weights' commits and the base image's digest in the inventory",
+        description="Resolve weights_model_repo/weights_draft_repo at a hub ref to a commit and "
+        "image_base's tag to a digest, and write them into the inventory file's group data.")
+    pin.add_argument("inventory", help="the inventory file, e.g. inventory/my-fleet.py")
+    pin.add_argument("--ref", help="hub branch, tag or commit to pin the weights at (default main;"
+                     " given explicitly, already pinned revisions are re-resolved too)")
+    pin.add_argument("--image", metavar="REPO:TAG",
+                     help="base image tag to pin (default: image_base's tag, else "
+                     "ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor); re-resolves a pinned one")
+    pin.add_argument("--update", action="store_true",
+                     help="re-resolve everything already pinned (the ref's new commit, the tag's "
+                     "new digest)")
+    pin.add_argument("--via", action="append", metavar="REGISTRY=URL",
+                     help="reach a registry at another address from this machine (repeatable)")
+    mode = pin.add_mutually_exclusive_group()
+    mode.add_argument("-y", "--yes", action="store_true", help="write without asking")
+    mode.add_argument("--dry-run", action="store_true", help="show the diff, write nothing")
+    pin.set_defaults(run=cmd_pin)
+
+    check = commands.add_parser("check", help="check every host's settings, connecting to none")
+    check.add_argument("inventory")
+    check.set_defaults(run=cmd_check)
+    return top
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
