@@ -8,6 +8,7 @@ transformers 4.57.3 cannot live with.
 import contextlib
 import hashlib
 import json
+import shutil
 import tempfile
 import time
 import urllib.error
@@ -28,8 +29,19 @@ from tests.sim.base import (
 )
 
 VARIANTS = HERE / "variants"
-SERVE = ["vllm", "serve", "/model", "--config", "/config/vllm.yaml",
-         "--attention-backend", "TRITON_MLA", "--language-model-only"]
+# As files/systemd/thorfleet-vllm.service.j2 runs it, after `vllm serve /model`.
+SERVE_ARGS = ("--config", "/config/vllm.yaml", "--attention-backend", "TRITON_MLA",
+              "--language-model-only")
+# The seed's container environment (thorflet/settings.py SEED_ENV, FACTS.md "The container").
+SEED_ENV = {
+    "VLLM_USE_FLASHINFER_MOE_FP4": "1", "VLLM_FLASHINFER_MOE_BACKEND": "latency",
+    "VLLM_NVFP4_GEMM_BACKEND": "flashinfer-cutlass", "VLLM_USE_FUSED_MOE_GROUPED_TOPK": "1",
+    "VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE": "524288000",
+    "VLLM_MAX_TOKENS_PER_EXPERT_FP4_MOE": "163840", "VLLM_CPU_OMP_THREADS_BIND": "auto",
+    "USE_FASTSAFETENSOR": "true", "VLLM_ENABLE_CUDAGRAPH_GC": "0",
+    "PYTORCH_ALLOC_CONF": "expandable_segments:True", "HF_HUB_DISABLE_XET": "1",
+    "LD_PRELOAD": "/usr/lib/aarch64-linux-gnu/nvidia/libcuda.so.1",
+}
 # The seed's runtime YAML (FACTS.md), on the port the stand-in listens on inside its container.
 SEED_CONFIG = """\
 host: 0.0.0.0
@@ -66,11 +78,48 @@ def base_image(docker_client) -> str:
     return ensure_base_image(docker_client, ensure_rootfs(docker_client))
 
 
+# What the sim hub's params.json must say for vLLM 0.19.0 to read the checkpoint as Mistral Small
+# 4 is read (MLA + MoE with a shared expert + llama4 scaling -> MistralLarge3ForCausalLM, and so
+# the draft -> EagleMistralLarge3ForCausalLM: transformers_utils/configs/mistral.py L22-52,
+# config/speculative.py L346-347). Without these keys vLLM resolves MixtralForCausalLM and refuses
+# the draft ("Model architectures ['EagleMistralForCausalLM'] are not supported").
+MISTRAL_SMALL_4_KEYS = {
+    "qk_nope_head_dim": 64,
+    "v_head_dim": 128,
+    "llama_4_scaling": {"original_max_position_embeddings": 8192, "beta": 0.1},
+}
+
+
+def _as_mistral_small_4(params: dict) -> dict:
+    params = {**MISTRAL_SMALL_4_KEYS, **params}
+    moe = {"num_experts": 128, "num_experts_per_tok": 4, "expert_hidden_dim": 1536,
+           **(params.get("moe") or {})}
+    moe.setdefault("num_shared_experts", 1)
+    return {**params, "moe": moe}
+
+
 @pytest.fixture(scope="session")
 def model_dir(docker_client, base_image) -> Path:
-    """A model dir as the hub serves it, as far as the stand-in reads it: the v15 tekken.json."""
-    path = state_dir() / "test-model"
-    export_v15_tokenizer(docker_client, base_image, path / "tekken.json")
+    """The model folder as the hub serves it (tests/sim/hub/repos.py, pinned revision), with the
+    v15 test tokenizer; its draft beside it as `<model_dir>.eagle`."""
+    return hub_model(docker_client, base_image, state_dir() / "test-model")
+
+
+def hub_model(client, base_image: str, path: Path) -> Path:
+    from tests.sim.hub.repos import DRAFT_REPO, MODEL_REPO, build_repos
+
+    tekken = export_v15_tokenizer(client, base_image, state_dir() / "test-tokenizer" / "tekken.json")
+    root = state_dir() / "test-hub"
+    pins = build_repos(root, tekken)
+    manifest = json.loads((root / "manifest.json").read_text())
+    for repo, dest in ((MODEL_REPO, path), (DRAFT_REPO, path.with_name(path.name + ".eagle"))):
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        for name, entry in manifest["repos"][repo]["commits"][pins[repo]]["files"].items():
+            shutil.copyfile(root / "blobs" / entry["sha256"], dest / name)
+        params = json.loads((dest / "params.json").read_text())
+        if "qk_nope_head_dim" not in params:  # until the hub's params.json carries them
+            (dest / "params.json").write_text(json.dumps(_as_mistral_small_4(params), indent=1))
     return path
 
 
@@ -94,16 +143,19 @@ def derive(base: str, tag: str, think_prefill: bool = True, labels=()):
 
 
 def render(client, image: str) -> dict:
-    """`chatfix.py render` in a throwaway container: each case through vLLM's own
-    MistralTokenizer.apply_chat_template, with the v15 test tokenizer."""
+    """`chatfix.py render` in a throwaway container (nvidia runtime: it imports vLLM): each case
+    through vLLM's own MistralTokenizer.apply_chat_template, with the v15 test tokenizer."""
     out = client.containers.run(
         image, ["python3", "/ctx/chatfix.py", "render"], remove=True, network_mode="none",
+        runtime="nvidia",
         volumes={str(IMAGE_CONTEXT): {"bind": "/ctx", "mode": "ro"}}, stderr=False)
     return json.loads(out.decode().strip().splitlines()[-1])
 
 
-def run_python(client, image: str, code: str) -> str:
-    return client.containers.run(image, ["python3", "-c", code], remove=True,
+def run_python(client, image: str, code: str, runtime: str = "nvidia") -> str:
+    """python3 -c code in a throwaway container; the nvidia runtime by default, as importing
+    torch (and so vLLM) needs libcuda.so.1 on a Jetson."""
+    return client.containers.run(image, ["python3", "-c", code], remove=True, runtime=runtime,
                                  network_mode="none").decode()
 
 
@@ -170,25 +222,40 @@ class StandIn:
             return status, raw.decode()
 
 
+GIB = 1 << 30
+
+
+def meminfo(available_gib: float, total_gib: float = 122) -> str:
+    """A /proc/meminfo with a Thor's numbers (FACTS.md: 122 GiB MemTotal)."""
+    return (f"MemTotal:       {int(total_gib * GIB / 1024)} kB\n"
+            f"MemFree:        {int(available_gib * GIB / 1024)} kB\n"
+            f"MemAvailable:   {int(available_gib * GIB / 1024)} kB\n"
+            "Buffers:               0 kB\nCached:                0 kB\n"
+            "SwapTotal:             0 kB\nSwapFree:              0 kB\n")
+
+
 @contextlib.contextmanager
-def serving(client, image: str, model: Path, config: str = SEED_CONFIG, args=(), env=None,
-            files=None):
-    """Run `vllm serve /model --config ...` in a container of `image`; remove it afterwards.
-    `files` maps container paths to text written into a read-only mounted dir (/sim)."""
+def serving(client, image: str, model: Path, config: str = SEED_CONFIG, args=SERVE_ARGS, env=None,
+            available_gib: float = 117, draft: bool = True, thorsim: Path | None = None,
+            runtime: str = "nvidia"):
+    """Run `vllm serve /model --config /config/vllm.yaml ...` in a container of `image` as the
+    product's unit does (--runtime nvidia, /model and /eagle read-only); remove it afterwards.
+    /proc/meminfo shows a Thor with `available_gib` free (on a box the runtime mounts the box's);
+    `thorsim` is mounted as /run/thorsim (holds, cache) when given."""
     with tempfile.TemporaryDirectory(dir=state_dir(), prefix="standin-") as tmp:
         (Path(tmp) / "vllm.yaml").write_text(config)
-        sim = Path(tmp) / "sim"
-        sim.mkdir()
-        for name, text in (files or {}).items():
-            (sim / name).write_text(text)
+        (Path(tmp) / "meminfo").write_text(meminfo(available_gib))
+        volumes = {str(model): {"bind": "/model", "mode": "ro"},
+                   tmp: {"bind": "/config", "mode": "ro"},
+                   str(Path(tmp) / "meminfo"): {"bind": "/proc/meminfo", "mode": "ro"}}
+        if draft:
+            volumes[str(model.with_name(model.name + ".eagle"))] = {"bind": "/eagle", "mode": "ro"}
+        if thorsim is not None:
+            volumes[str(thorsim)] = {"bind": "/run/thorsim", "mode": "rw"}
         container = client.containers.run(
-            image, [*SERVE, *args], detach=True,
-            environment={"THORFLEET_SIM_LOAD_SECONDS": "3", "THORFLEET_SIM_DECODE_TOKS": "2000",
-                         **(env or {})},
-            volumes={str(model): {"bind": "/model", "mode": "ro"},
-                     tmp: {"bind": "/config", "mode": "ro"},
-                     str(sim): {"bind": "/sim", "mode": "ro"}},
-            ports={"8002/tcp": ("127.0.0.1", None)})
+            image, ["vllm", "serve", "/model", *args], detach=True, runtime=runtime,
+            environment={"THORFLEET_SIM_LOAD_SECONDS": "2", **(env or {})},
+            volumes=volumes, ports={"8002/tcp": ("127.0.0.1", None)})
         try:
             yield StandIn(container)
         finally:
