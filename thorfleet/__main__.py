@@ -38,8 +38,9 @@ def cmd_pin(args) -> int:
 
     path = Path(args.inventory)
     try:
+        refs = {"weights_model_revision": args.model_ref, "weights_draft_revision": args.draft_ref}
         source, changes, errors = plan(path, ref=args.ref, image=args.image, update=args.update,
-                                       via=_via(args.via))
+                                       via=_via(args.via), refs=refs)
     except PinError as error:
         _err(str(error))
         return EXIT_PROBLEMS
@@ -116,6 +117,8 @@ def parser() -> argparse.ArgumentParser:
     pin.add_argument("inventory", help="the inventory file, e.g. inventory/my-fleet.py")
     pin.add_argument("--ref", help="hub branch, tag or commit to pin the weights at (default main;"
                      " given explicitly, already pinned revisions are re-resolved too)")
+    pin.add_argument("--model-ref", metavar="REF", help="--ref for weights_model_repo only")
+    pin.add_argument("--draft-ref", metavar="REF", help="--ref for weights_draft_repo only")
     pin.add_argument("--image", metavar="REPO:TAG",
                      help="base image tag to pin (default: image_base's tag, else "
                      "ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor); re-resolves a pinned one")

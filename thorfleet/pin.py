@@ -220,8 +220,9 @@ class Edits:
                 rest = src.data[end:line_end].decode()
                 # Only our own comment (or none) is replaced; the operator's own note stays.
                 if re.fullmatch(r"\s*,?\s*", rest) or TAG_COMMENT.search(rest):
-                    comma = "," if rest.strip().startswith(",") else ""
-                    self.replace(start, line_end, f"{literal(value)}{comma}{tail}")
+                    # A trailing comma is always valid here: the rest of the line was only a
+                    # comma and a comment, so the closing brace is on a later line.
+                    self.replace(start, line_end, f"{literal(value)},{tail}")
                     return
             self.replace(start, end, literal(value))
             return
@@ -246,7 +247,8 @@ class Edits:
             last = node.values[-1]
             last_end = src.offset(last.end_lineno, last.end_col_offset)
             after = src.data[last_end:close]
-            if not after.lstrip().startswith(b","):
+            covered = any(s < last_end <= e and b"," in text for s, e, text in self.spans)
+            if not after.lstrip().startswith(b",") and not covered:
                 self.replace(last_end, last_end, ",")
             first_key = node.keys[0]
             indent = " " * first_key.col_offset
@@ -315,8 +317,9 @@ def _data_of(inventory, target: DataDict) -> dict:
 
 
 def plan(path, ref: str | None = None, image: str | None = None, update: bool = False,
-         via: dict | None = None, log=print) -> tuple[Source, list[Change], list[str]]:
-    """(source, changes, errors): resolve every unpinned (or, with ref/image/update, every) value."""
+         via: dict | None = None, refs: dict | None = None) -> tuple[Source, list[Change], list[str]]:
+    """(source, changes, errors): resolve every unpinned (or, with ref/image/update, every) value.
+    `refs` may name a ref per key (weights_model_revision: ...) over `ref`."""
     inventory = load_inventory(path)
     source = Source(path)
     hub_cache, image_cache = {}, {}
@@ -329,7 +332,8 @@ def plan(path, ref: str | None = None, image: str | None = None, update: bool = 
                 if key == "image_base":
                     change = _plan_image(source, target, current, image, update, via, image_cache)
                 else:
-                    change = _plan_revision(target, key, data, current, ref, update, hub_cache)
+                    change = _plan_revision(target, key, data, current, (refs or {}).get(key) or ref,
+                                            update, hub_cache)
             except ResolveError as error:
                 if str(error) not in errors:
                     errors.append(str(error))
@@ -404,7 +408,8 @@ def _plan_image(source, target, current, image, update, via, cache) -> Change | 
 
 def render(source: Source, changes: list[Change]) -> str:
     edits = Edits(source)
-    for change in changes:
+    # Values replaced in place first: an added key after them must see their trailing comma.
+    for change in sorted(changes, key=lambda c: c.key not in c.target.keys):
         edits.set_key(change.target, change.key, change.new, change.comment)
     return edits.apply()
 

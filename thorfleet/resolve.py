@@ -156,7 +156,7 @@ def image_digest(image: str, via: dict[str, str] | None = None) -> str:
     base = registry_url(host, via)
     url = f"{base}/v2/{path}/manifests/{urllib.parse.quote(tag)}"
     headers = {"Accept": MANIFEST_ACCEPT}
-    where = f"{host}" + (f" (via {base})" if base != f"https://{host}" else "")
+    where = host + (f" (via {base})" if via and host in via else "")
     status, reply_headers, body = _request("HEAD", url, headers, image, where)
     if status == 401:
         token = _bearer_token(reply_headers.get("WWW-Authenticate", ""), path, image, where)
