@@ -385,3 +385,101 @@ def test_edits_keep_layout_in_every_dict_shape(tmp_path):
         "    },\n"
         ")\n")
     compile(text, "inv.py", "exec")
+
+
+# --- a registry that wants the anonymous bearer-token dance, as ghcr.io does (no network) ----------
+
+
+class FakeGhcr:
+    """ghcr.io's answers, on 127.0.0.1: HEAD a manifest -> 401 with a Bearer challenge; GET the
+    realm -> an anonymous pull token; HEAD again with it -> 200 and Docker-Content-Digest."""
+
+    DIGEST = "sha256:" + "e" * 64
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        fake = self
+        self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                fake.seen.append(("GET", self.path, self.headers.get("Authorization")))
+                if self.path.startswith("/token?"):
+                    body = b'{"token": "anon-pull-token"}'
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                else:
+                    self.send_error(404)
+
+            def do_HEAD(self):
+                fake.seen.append(("HEAD", self.path, self.headers.get("Authorization")))
+                accept = self.headers.get("Accept", "")
+                if self.headers.get("Authorization") != "Bearer anon-pull-token":
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", (
+                        f'Bearer realm="http://127.0.0.1:{fake.port}/token",service="ghcr.io",'
+                        'scope="repository:nvidia-ai-iot/vllm:pull"'))
+                elif (self.path == "/v2/nvidia-ai-iot/vllm/manifests/latest-jetson-thor"
+                      and "application/vnd.oci.image.index.v1+json" in accept):
+                    self.send_response(200)
+                    self.send_header("Docker-Content-Digest", fake.DIGEST)
+                else:
+                    self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.via = f"ghcr.io=http://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def ghcr():
+    fake = FakeGhcr()
+    yield fake
+    fake.close()
+
+
+def test_the_example_as_copied_gets_the_default_base_image_pinned_through_a_bearer_token(
+        hub, ghcr, tmp_path):
+    """image_base left commented out, as the example ships it: pin resolves the seed's
+    ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor and writes the key where the comment was."""
+    path = new_inventory(tmp_path, hub)
+    run = thorfleet("pin", path, "--via", ghcr.via, "--yes", tmp_path=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert values(path)["image_base"] == f"ghcr.io/nvidia-ai-iot/vllm@{FakeGhcr.DIGEST}"
+    assert ('-        # "image_base": "ghcr.io/nvidia-ai-iot/vllm@sha256:<digest of '
+            'latest-jetson-thor you tested>",') in run.stdout
+    assert "image_base: unset -> ghcr.io/nvidia-ai-iot/vllm@sha256:" in run.stdout
+    token_requests = [s for s in ghcr.seen if s[1].startswith("/token?")]
+    assert token_requests and "scope=repository%3Anvidia-ai-iot%2Fvllm%3Apull" in token_requests[0][1]
+    assert ghcr.seen[-1] == ("HEAD", "/v2/nvidia-ai-iot/vllm/manifests/latest-jetson-thor",
+                             "Bearer anon-pull-token")
+    assert thorfleet("check", path).returncode == 0
+
+
+def test_image_names_are_read_as_docker_reads_them():
+    from thorfleet.resolve import registry_of, registry_url, split_image
+
+    assert split_image("ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor") == (
+        "ghcr.io/nvidia-ai-iot/vllm", "latest-jetson-thor", None)
+    assert split_image("registry.lan:5000/vllm") == ("registry.lan:5000/vllm", None, None)
+    assert registry_of("ghcr.io/nvidia-ai-iot/vllm") == ("ghcr.io", "nvidia-ai-iot/vllm")
+    assert registry_of("vllm/vllm-openai") == ("docker.io", "vllm/vllm-openai")
+    assert registry_of("ubuntu") == ("docker.io", "library/ubuntu")
+    assert registry_of("localhost:5000/x") == ("localhost:5000", "x")
+    assert registry_url("docker.io") == "https://registry-1.docker.io"
+    assert registry_url("127.0.0.1:25000") == "http://127.0.0.1:25000"
+    assert registry_url("registry.lan:5000") == "https://registry.lan:5000"
