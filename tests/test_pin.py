@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.sim.hub import DRAFT_REPO, MODEL_REPO, build_repos, repo_revisions
+from tests.sim.registry import REGISTRY_LOCAL_PORT
 from thorfleet.pin import Change, Source, render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -215,9 +216,9 @@ def test_a_tag_that_moved_is_left_alone_until_update_asks(hub, sim_registry, tmp
 @pytest.mark.sim
 @pytest.mark.parametrize("image, via, expected", [
     (f"{REGISTRY_IN_SIM}/{TEST_REPO}:no-such-tag", True,
-     f"{REGISTRY_IN_SIM}/{TEST_REPO}:no-such-tag: the registry {REGISTRY_IN_SIM} (via "
-     "http://127.0.0.1:25000) has no tag 'no-such-tag' in thorfleet-pin-test/vllm (404): "
-     "check image_base's repository and tag"),
+     (f"{REGISTRY_IN_SIM}/{TEST_REPO}:no-such-tag: the registry {REGISTRY_IN_SIM} (via "
+      f"http://127.0.0.1:{REGISTRY_LOCAL_PORT}) has no tag 'no-such-tag' in thorfleet-pin-test/vllm (404): "
+      "check image_base's repository and tag")),
     (f"{REGISTRY_IN_SIM}/{TEST_REPO}:{TAG}", False,
      f"{REGISTRY_IN_SIM}/{TEST_REPO}:{TAG}: cannot reach the registry {REGISTRY_IN_SIM} ("),
 ])

@@ -324,7 +324,7 @@ def plan(path, ref: str | None = None, image: str | None = None, update: bool = 
     source = Source(path)
     hub_cache, image_cache = {}, {}
     changes, errors = [], []
-    for key, (what, _) in PIN_KEYS.items():
+    for key in PIN_KEYS:
         for target in _targets(source, key):
             data = _data_of(inventory, target)
             current = data.get(key)

@@ -19,12 +19,12 @@ DEFAULT_IMAGE = "ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor"  # FACTS.md: the
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "https://registry-1.docker.io"
 # An index first: a multi-arch tag is pinned by its index digest, which `docker pull` accepts.
-MANIFEST_ACCEPT = ", ".join([
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-])
+MANIFEST_ACCEPT = (
+    "application/vnd.oci.image.index.v1+json, "
+    "application/vnd.docker.distribution.manifest.list.v2+json, "
+    "application/vnd.oci.image.manifest.v1+json, "
+    "application/vnd.docker.distribution.manifest.v2+json"
+)
 TIMEOUT_S = 20
 
 
@@ -37,8 +37,7 @@ class ResolveError(Exception):
 
 def hub_commit(repo: str, ref: str, endpoint: str | None, token: str | None) -> str:
     """The 40-hex commit `ref` of the model repo `repo` points at, through huggingface_hub's API."""
-    from huggingface_hub import HfApi
-    from huggingface_hub import constants
+    from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
