@@ -10,7 +10,7 @@ import sys
 
 from pyinfra.context import ctx_state
 
-from thorfleet.settings import SettingsError, settings_for_inventory
+from thorfleet.settings import SettingsError, settings_for_run
 from thorfleet.ssh import install_keepalive
 
 _state = ctx_state.get()
@@ -20,7 +20,7 @@ _init = _state.init
 def _init_then_check(inventory, *args, **kwargs):
     _init(inventory, *args, **kwargs)
     try:
-        settings_for_inventory(inventory)
+        settings_for_run(_state)  # checked once per run, held by the run's state
     except SettingsError as error:
         print("thorfleet: bad group data, refusing to run (no host was contacted):", file=sys.stderr)
         for problem in error.problems:

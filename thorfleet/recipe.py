@@ -1,0 +1,30 @@
+"""The seed's serving recipe: the profiles a host can serve and the container's environment.
+
+Facts of the model on a Thor (FACTS.md), not settings: group data picks a profile by name
+(service_profile) and adds to the environment (service_extra_env), it does not restate them.
+"""
+
+# Serving profiles of the seed recipe: EAGLE-3 limits the context to 64K, without it 256K fits.
+PROFILES = {
+    "default": {"eagle": True, "max_model_len": 65536},
+    "no-eagle": {"eagle": False, "max_model_len": 262144},
+}
+
+# The seed's container environment (FACTS.md "The container"); service_extra_env is merged over it.
+SEED_ENV = {
+    "VLLM_USE_FLASHINFER_MOE_FP4": "1",
+    "VLLM_FLASHINFER_MOE_BACKEND": "latency",
+    "VLLM_NVFP4_GEMM_BACKEND": "flashinfer-cutlass",
+    "VLLM_USE_FUSED_MOE_GROUPED_TOPK": "1",
+    "VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE": "524288000",
+    "VLLM_MAX_TOKENS_PER_EXPERT_FP4_MOE": "163840",
+    "VLLM_CPU_OMP_THREADS_BIND": "auto",
+    "USE_FASTSAFETENSOR": "true",
+    "VLLM_ENABLE_CUDAGRAPH_GC": "0",
+    "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+    "HF_HUB_DISABLE_XET": "1",
+    "LD_PRELOAD": "/usr/lib/aarch64-linux-gnu/nvidia/libcuda.so.1",
+}
+
+# Never in service_extra_env: they would land in the unit file and in `systemctl show`.
+SECRET_ENV = ("VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
