@@ -2,7 +2,11 @@
 
 import re
 
+import pytest
+
 from tests.readme_table import ROOT, readme_with_table
+
+pytestmark = pytest.mark.fast
 
 
 def test_readme_table_matches_group_data():

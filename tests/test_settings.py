@@ -1,17 +1,37 @@
-"""Bad group data is refused with one clear message per problem, before any host is touched."""
+"""Bad group data is refused with one clear message per problem, before any host is touched.
 
+Fast: no Docker, no SSH. The schema (thorfleet/schema.py) against group_data/all.py, every rule
+refusing a bad value with its message, a typo'd key told the real one, a good inventory passing.
+"""
+
+import ast
 import runpy
 from pathlib import Path
 
 import pytest
+from pyinfra.api import Inventory
 
-from thorfleet.settings import SettingsError, settings_for
+from thorfleet import render
+from thorfleet.layout import BOX_MODELS
+from thorfleet.schema import FIELDS, PREFIXES, REQUIRED
+from thorfleet.settings import SettingsError, settings_for, settings_for_inventory, settings_for_run
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULTS = {k: v for k, v in runpy.run_path(str(ROOT / "group_data" / "all.py")).items()
-            if not k.startswith("_") and k != "os"}
+ALL_PY = ROOT / "group_data" / "all.py"
+
+pytestmark = pytest.mark.fast
+
+
+def all_py_defaults(monkeypatch=None):
+    """group_data/all.py as pyinfra reads it (imported names are not data)."""
+    values = runpy.run_path(str(ALL_PY))
+    return {k: v for k, v in values.items() if not k.startswith("_") and k != "os"}
+
+
+DEFAULTS = all_py_defaults()
 GOOD = {
     **DEFAULTS,
+    "weights_hf_endpoint": None,
     "weights_model_revision": "4" * 40,
     "weights_draft_revision": "0" * 40,
     "image_base": "registry.example/vllm@sha256:" + "a" * 64,
@@ -25,38 +45,225 @@ def api_key_file(tmp_path):
     return str(path)
 
 
+def refused(change, api_key_file):
+    with pytest.raises(SettingsError) as error:
+        settings_for({**GOOD, "service_api_key_file": api_key_file, **change})
+    return error.value.problems
+
+
+# --- the schema and group_data/all.py say the same ---------------------------------------------
+
+def all_py_comments():
+    """{key: comment} of every `key = value  # comment` line of group_data/all.py."""
+    lines = ALL_PY.read_text().splitlines()
+    found = {}
+    for node in ast.parse(ALL_PY.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            line = lines[node.lineno - 1]
+            found[node.targets[0].id] = line.split("  # ", 1)[1] if "  # " in line else None
+    return found
+
+
+def test_every_key_of_all_py_is_declared_in_the_schema_and_back():
+    assert set(all_py_comments()) == set(FIELDS), "group_data/all.py and thorfleet/schema.py differ"
+
+
+def test_all_py_defaults_are_the_schema_defaults(monkeypatch):
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    defaults = all_py_defaults()
+    for key, field in FIELDS.items():
+        assert defaults[key] == field.default, key
+        assert type(defaults[key]) is type(field.default), key  # 7 stays 7, not 7.0
+
+
+def test_all_py_comments_are_the_schema_meanings():
+    for key, comment in all_py_comments().items():
+        assert comment == FIELDS[key].description, key
+
+
+def test_every_setting_has_a_prefix_and_a_fix():
+    for key, field in FIELDS.items():
+        assert key.startswith((*PREFIXES, "ssh_")), key
+        assert field.json_schema_extra["must"], key
+
+
+def test_the_default_weights_dir_is_the_layouts():
+    assert FIELDS["weights_dir"].default == BOX_MODELS
+
+
+def test_only_the_pins_have_no_usable_default():
+    assert set(REQUIRED) == {"weights_model_revision", "weights_draft_revision", "image_base"}
+    problems = refused({k: FIELDS[k].default for k in REQUIRED}, None)
+    assert len([p for p in problems if "not pinned" in p]) == 3, problems
+
+
+# --- good data ------------------------------------------------------------------------------------
+
 def test_good_data_renders(api_key_file):
     s = settings_for({**GOOD, "service_api_key_file": api_key_file})
     assert s.listen_host == "0.0.0.0"
     assert "sk-test-key" not in s.unit_text + s.config_text  # the key only reaches secrets.env
     assert s.secrets_env_text == "VLLM_API_KEY=sk-test-key\n"
+    assert "sk-test-key" not in repr(s)
+    assert s.service_port == 8002 and s.memory_gate_margin_gib == 7
+    assert "--margin-gib 7 " in s.unit_text  # a number renders as written
 
+
+def test_only_declared_settings_read_as_attributes(api_key_file):
+    s = settings_for({**GOOD, "service_api_key_file": api_key_file, "ssh_user": "ops"})
+    with pytest.raises(AttributeError):
+        s.ssh_user  # noqa: B018  (pyinfra's own data is not a thorfleet setting)
+
+
+def test_derived_values_are_computed_once(api_key_file, monkeypatch):
+    s = settings_for({**GOOD, "service_api_key_file": api_key_file})
+    assert s.fingerprint is s.fingerprint and s.unit_text is s.unit_text
+    monkeypatch.setattr(render, "image_files_hash", lambda: pytest.fail("files read again"))
+    assert s.image_tag == s.image_tag
+    tag, s2 = s.image_tag, settings_for({**GOOD, "service_api_key_file": api_key_file})
+    monkeypatch.undo()
+    assert s2.image_tag == tag
+
+
+GOOD_VALUES = [
+    {"service_port": 65535}, {"service_gpu_memory_utilization": 1},
+    {"memory_min_available_gib": 95}, {"memory_min_available_gib": 0},
+    {"ssh_keepalive_interval_s": 0}, {"ssh_strict_host_key_checking": "accept-new"},
+    {"preflight_min_l4t_release": "38.2"}, {"preflight_min_l4t_release": 38.0},
+    {"power_mode": 0}, {"power_mode": 3}, {"memory_gate_interval_s": 1.5},
+    {"weights_dir": "/data/models"}, {"weights_hf_endpoint": "http://hub.internal:8080"},
+    {"weights_hub_pip_spec": "huggingface-hub>=1.18,<3"},
+    {"image_base": "thorfleet-registry:5000/nvidia-ai-iot/vllm:latest-jetson-thor@sha256:" + "b" * 64},
+    {"image_name": "registry.local:5000/team/mistral-small4"},
+    {"service_name": "vllm_2.mistral"}, {"service_profile": "no-eagle"},
+    {"service_host": "::1"}, {"service_host": "thor-1.lan"}, {"service_allow_no_api_key": "anywhere"},
+    {"service_docker_gpus": "1"}, {"service_docker_gpus": "device=0,1"},
+    {"service_docker_ulimits": {"memlock": -1, "nofile": "65536:65536"}},
+    {"service_extra_env": {"VLLM_LOGGING_LEVEL": "DEBUG", "NCCL_P2P_LEVEL": 3, "A_B": "x:y=z,w/v"}},
+    {"rollout_batch": 3}, {"rollout_canary_group": "canary"}, {"ssh_user": "anything: not ours"},
+]
+
+
+@pytest.mark.parametrize("change", GOOD_VALUES, ids=[str(c) for c in GOOD_VALUES])
+def test_good_values_pass(change, api_key_file):
+    settings_for({**GOOD, "service_api_key_file": api_key_file, **change})
+
+
+# --- every rule refuses a bad value, saying key, value and fix ----------------------------------
 
 BAD_INPUTS = [
-    ({"service_profile": "fast"}, "service_profile='fast' is unknown"),
+    ({"ssh_strict_host_key_checking": "strict"},
+     "ssh_strict_host_key_checking='strict' is not one of pyinfra's values: use 'yes'"),
+    ({"ssh_keepalive_interval_s": -1}, "ssh_keepalive_interval_s=-1 must be a non-negative number"),
+    ({"preflight_min_l4t_release": "R38"}, "preflight_min_l4t_release='R38' is not a version like 38.0"),
+    ({"preflight_min_memory_gib": "100G"}, "preflight_min_memory_gib='100G' must be a non-negative"),
+    ({"preflight_min_free_disk_gib": -1}, "preflight_min_free_disk_gib=-1 must be a non-negative"),
+    ({"power_mode": 7}, "power_mode=7 is not a T5000 mode (0, 1, 2, 3)"),
+    ({"power_mode": True}, "power_mode=True is not a T5000 mode"),
+    ({"power_mode": "1"}, "power_mode='1' is not a T5000 mode"),
+    ({"power_allow_reboot": "yes"}, "power_allow_reboot='yes' must be True or False"),
+    ({"power_reboot_timeout_s": 0}, "power_reboot_timeout_s=0 must be a positive number of seconds"),
+    ({"memory_min_available_gib": "95"}, "memory_min_available_gib='95' must be a non-negative"),
+    ({"memory_min_available_gib": -1}, ("memory_min_available_gib=-1 must be a non-negative number, "
+                                        "or None to derive it from service_gpu_memory_utilization")),
+    ({"memory_gate_margin_gib": -1}, "memory_gate_margin_gib=-1 must be a non-negative number"),
+    ({"memory_gate_timeout_s": None}, "memory_gate_timeout_s=None must be a positive whole number"),
+    ({"memory_gate_timeout_s": -5}, "memory_gate_timeout_s=-5 must be a positive whole number"),
+    ({"memory_gate_timeout_s": 0}, "memory_gate_timeout_s=0 must be a positive whole number"),
+    ({"memory_gate_timeout_s": 2.5}, "memory_gate_timeout_s=2.5 must be a positive whole number"),
+    ({"memory_gate_interval_s": 0}, "memory_gate_interval_s=0 must be a number of seconds, at least 1"),
+    ({"weights_dir": "models"}, "weights_dir='models' must be an absolute path on the box"),
+    ({"weights_dir": "/data/my models"}, "weights_dir='/data/my models' must be an absolute path"),
+    ({"weights_dir": "/data/../etc"}, "weights_dir='/data/../etc' must be an absolute path"),
+    ({"weights_dir": "/data/m:rw"}, "weights_dir='/data/m:rw' must be an absolute path"),
+    ({"weights_model_repo": "Mistral-Small-4"},
+     "weights_model_repo='Mistral-Small-4' is not a Hugging Face repo id like owner/name"),
+    ({"weights_draft_repo": None}, "weights_draft_repo=None is not a Hugging Face repo id"),
+    ({"weights_model_revision": "main"}, "weights_model_revision='main' is not pinned"),
+    ({"weights_model_revision": "A" * 40}, "is not pinned: set the 40-hex commit hash"),
+    ({"weights_draft_revision": None}, "weights_draft_revision=None is not pinned"),
+    ({"weights_hf_endpoint": "hub.internal"},
+     "weights_hf_endpoint='hub.internal' must be an http(s) URL"),
+    ({"weights_hf_token_file": ""}, "weights_hf_token_file='' must be a file path on the laptop"),
+    ({"weights_hub_pip_spec": "requests==2"},
+     "weights_hub_pip_spec='requests==2' is not a pip requirement for huggingface_hub"),
+    ({"weights_hub_pip_spec": "huggingface_hub=2.4"}, "is not a pip requirement for huggingface_hub"),
+    ({"image_base": "ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor"}, "is not pinned by digest"),
+    ({"image_base": "vllm@sha256:abc"}, "image_base='vllm@sha256:abc' is not pinned by digest"),
+    ({"image_base": "Bad Name@sha256:" + "a" * 64}, "is not pinned by digest"),
+    ({"image_name": "Thorfleet/Mistral"}, "image_name='Thorfleet/Mistral' is not a Docker repository"),
+    ({"image_name": "thorfleet/mistral:v1"}, "without a tag"),
+    ({"image_think_prefill": 1}, "image_think_prefill=1 must be True or False"),
+    ({"service_name": "thor vllm"}, "service_name='thor vllm' is not a name both systemd and Docker"),
+    ({"service_name": "-vllm"}, "service_name='-vllm' is not a name both systemd and Docker accept"),
+    ({"service_name": "vllm@1"}, "is not a name both systemd and Docker accept"),
+    ({"service_profile": "fast"}, "service_profile='fast' is unknown: use one of ['default', "),
+    ({"service_host": "0.0.0.0\nport: 1"}, "must be an IP address or host name"),
+    ({"service_port": 0}, "service_port=0 must be at least 1"),
+    ({"service_port": 70000}, "service_port=70000 must be at least 1 and at most 65535"),
+    ({"service_port": "8002"}, "service_port='8002' must be at least 1 and at most 65535"),
     ({"service_gpu_memory_utilization": 0}, "must be a number in (0, 1]"),
     ({"service_gpu_memory_utilization": 1.2}, "must be a number in (0, 1]"),
-    ({"service_gpu_memory_utilization": "0.7"}, "must be a number in (0, 1]"),
-    ({"memory_min_available_gib": "95"}, "memory_min_available_gib='95' must be a non-negative"),
-    ({"memory_min_available_gib": -1}, "memory_min_available_gib=-1 must be a non-negative"),
-    ({"memory_gate_timeout_s": None}, "memory_gate_timeout_s=None must be a non-negative"),
-    ({"service_health_timeout_s": -5}, "service_health_timeout_s=-5 must be a non-negative"),
-    ({"weights_model_revision": "main"}, "weights_model_revision='main' is not pinned"),
-    ({"weights_draft_revision": None}, "weights_draft_revision=None is not pinned"),
-    ({"image_base": "ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor"}, "is not pinned by digest"),
-    ({"power_mode": 7}, "power_mode=7 is not a T5000 mode"),
+    ({"service_gpu_memory_utilization": "0.7"},
+     "service_gpu_memory_utilization='0.7' must be a number in (0, 1]"),
+    ({"service_allow_no_api_key": "yes"}, "service_allow_no_api_key='yes' must be True, False or"),
+    ({"service_health_timeout_s": -5}, "service_health_timeout_s=-5 must be a positive number"),
+    ({"service_health_timeout_s": "20m"}, "service_health_timeout_s='20m' must be a positive number"),
+    ({"service_docker_gpus": "everything"}, "service_docker_gpus='everything' is not a docker --gpus"),
+    ({"service_docker_ulimits": {"memlok": "-1"}},
+     "service_docker_ulimits has 'memlok', not a ulimit docker knows: did you mean memlock?"),
+    ({"service_docker_ulimits": {"stack": "big"}},
+     "service_docker_ulimits['stack']='big' must be a number, -1 for unlimited, or SOFT:HARD"),
+    ({"service_docker_ulimits": ["memlock=-1"]}, "must be a dict of ulimit name: value"),
+    ({"service_extra_env": {"VLLM_API_KEY": "x"}}, "service_extra_env must not carry secrets"),
+    ({"service_extra_env": {"HF_TOKEN": "x"}}, "service_extra_env must not carry secrets (HF_TOKEN)"),
+    ({"service_extra_env": {"1BAD": "x"}},
+     "service_extra_env has '1BAD', not an environment variable name"),
+    ({"service_extra_env": {"BAD-NAME": "x"}}, "not an environment variable name"),
+    ({"service_extra_env": {"A": "x\nExecStartPre=/bin/sh"}},
+     "service_extra_env['A']='x\\nExecStartPre=/bin/sh' is not safe in a unit line"),
+    ({"service_extra_env": {"A": "$HOME"}}, "is not safe in a unit line"),
+    ({"service_extra_env": {"A": "100%"}}, "is not safe in a unit line"),
+    ({"service_extra_env": {"A": 'say "hi"'}}, "is not safe in a unit line"),
+    ({"service_extra_env": {"A": "two words"}}, "is not safe in a unit line"),
+    ({"service_extra_env": {"A": None}}, "service_extra_env['A']=None must be a string or a number"),
+    ({"service_extra_env": "A=1"}, "service_extra_env='A=1' must be a dict of NAME: value"),
     ({"rollout_batch": 0}, "rollout_batch=0 must be at least 1"),
-    ({"service_port": 0}, "service_port=0 must be at least 1"),
-    ({"preflight_min_l4t_release": "R38"}, "is not a version like 38.0"),
-    ({"service_extra_env": {"VLLM_API_KEY": "x"}}, "must not carry secrets"),
+    ({"rollout_batch": 1.5}, "rollout_batch=1.5 must be at least 1 (a whole number of hosts)"),
+    ({"rollout_canary_group": "canary thors"}, "must be the name of a group of the inventory"),
+    ({"rollout_report_path": ""}, "rollout_report_path='' must be a file path on the laptop"),
 ]
 
 
 @pytest.mark.parametrize("change, message", BAD_INPUTS, ids=[str(c) for c, _ in BAD_INPUTS])
 def test_bad_input_is_refused_with_a_clear_message(change, message, api_key_file):
-    with pytest.raises(SettingsError) as error:
-        settings_for({**GOOD, "service_api_key_file": api_key_file, **change})
-    assert any(message in p for p in error.value.problems), error.value.problems
+    problems = refused(change, api_key_file)
+    assert any(message in p for p in problems), problems
+    assert len(problems) == 1, problems  # one line for one mistake
+    assert all("\n" not in p.replace("\\n", "") for p in problems)
+
+
+def test_every_declared_setting_has_a_bad_value_above():
+    tried = {key for change, _ in BAD_INPUTS for key in change}
+    assert tried == set(FIELDS) - {"service_api_key_file"}, set(FIELDS) - tried
+
+
+def test_a_typo_in_a_thorfleet_key_is_told_the_real_one(api_key_file):
+    problems = refused({"service_prot": 8002}, api_key_file)
+    assert problems == ["service_prot=8002 is not a thorfleet setting: did you mean service_port?"]
+    problems = refused({"memory_gate_timout_s": 60, "rollout_canary": "c"}, api_key_file)
+    assert "memory_gate_timout_s=60 is not a thorfleet setting: did you mean " \
+           "memory_gate_timeout_s?" in problems
+    assert "rollout_canary='c' is not a thorfleet setting: did you mean rollout_canary_group?" \
+        in problems
+    problems = refused({"service_colour": "blue"}, api_key_file)
+    assert problems == [("service_colour='blue' is not a thorfleet setting: see group_data/all.py "
+                         "for every setting")]
+
+
+def test_keys_without_a_thorfleet_prefix_are_left_to_pyinfra(api_key_file):
+    settings_for({**GOOD, "service_api_key_file": api_key_file, "ssh_user": "ops",
+                  "ssh_port": 2222, "my_own_note": "x"})
 
 
 def test_no_api_key_needs_an_explicit_setting(monkeypatch):
@@ -67,15 +274,76 @@ def test_no_api_key_needs_an_explicit_setting(monkeypatch):
     assert s.listen_host == "127.0.0.1"  # without a key, only localhost unless told otherwise
     with pytest.raises(SettingsError, match="would expose the server"):
         settings_for({**GOOD, "service_allow_no_api_key": True, "service_host": "0.0.0.0"})
+    s = settings_for({**GOOD, "service_allow_no_api_key": "anywhere", "service_host": "0.0.0.0"})
+    assert s.listen_host == "0.0.0.0"
 
 
 def test_every_problem_is_named_at_once(api_key_file):
-    with pytest.raises(SettingsError) as error:
-        settings_for({**GOOD, "service_api_key_file": api_key_file, "service_profile": "x",
-                      "power_mode": 9, "weights_model_revision": "main"})
-    assert len(error.value.problems) == 3
+    problems = refused({"service_profile": "x", "power_mode": 9, "weights_model_revision": "main",
+                        "service_prot": 1}, api_key_file)
+    assert len(problems) == 4, problems
 
 
 def test_a_missing_secrets_file_is_named(tmp_path):
     with pytest.raises(SettingsError, match="cannot read a secrets file"):
         settings_for({**GOOD, "service_api_key_file": str(tmp_path / "nope")})
+
+
+# --- a whole inventory ----------------------------------------------------------------------------
+
+def inventory(api_key_file, hosts=("thor-1", "thor-2"), **group_data):
+    return Inventory((list(hosts), {**GOOD, "service_api_key_file": api_key_file}),
+                     canary=(["thor-1"], group_data))
+
+
+def test_a_good_inventory_passes(api_key_file):
+    settings = settings_for_inventory(inventory(api_key_file, rollout_canary_group="canary"))
+    assert sorted(settings) == ["thor-1", "thor-2"]
+    assert settings["thor-1"].fingerprint == settings["thor-2"].fingerprint
+
+
+def test_problems_name_the_host(api_key_file):
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inventory(api_key_file, service_prot=8003))
+    assert error.value.problems == [
+        "thor-1: service_prot=8003 is not a thorfleet setting: did you mean service_port?"]
+
+
+def test_the_canary_group_must_exist(api_key_file):
+    inv = Inventory((["thor-1", "thor-2"], {**GOOD, "service_api_key_file": api_key_file,
+                                             "rollout_canary_group": "canaries"}),
+                    canary=(["thor-1"], {}))
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inv)
+    assert error.value.problems == [
+        f"{h}: rollout_canary_group='canaries' is not a group of this inventory: use one of "
+        "['canary'] or None" for h in ("thor-1", "thor-2")]
+
+
+def test_two_services_on_one_port_of_one_box(api_key_file):
+    hosts = [("thor-1", {"ssh_hostname": "10.0.0.5"}), ("thor-1b", {"ssh_hostname": "10.0.0.5"})]
+    with pytest.raises(SettingsError, match="two services cannot share one port"):
+        settings_for_inventory(inventory(api_key_file, hosts=hosts))
+
+
+def test_the_image_files_are_read_once_per_inventory(api_key_file, monkeypatch):
+    reads = []
+    real = render.image_files_hash
+    monkeypatch.setattr("thorfleet.settings.image_files_hash", lambda: reads.append(1) or real())
+    settings = settings_for_inventory(inventory(api_key_file, hosts=[f"thor-{i}" for i in range(5)]))
+    assert len({s.image_tag for s in settings.values()}) == 1 and len(reads) == 1
+
+
+def test_the_run_holds_its_checked_settings(api_key_file):
+    class Run:  # stands in for pyinfra's State: it holds the inventory
+        pass
+
+    run = Run()
+    run.inventory = inventory(api_key_file)
+    assert settings_for_run(run) is settings_for_run(run)
+    bad = Run()
+    bad.inventory = inventory(api_key_file, power_mode=5)
+    with pytest.raises(SettingsError, match="thor-1: power_mode=5"):
+        settings_for_run(bad)
+    with pytest.raises(SettingsError, match="thor-1: power_mode=5"):
+        settings_for_run(bad)
