@@ -13,8 +13,8 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, opera
 from pyinfra.api.exceptions import OperationError
 
 from thorfleet import facts, rollout
-from thorfleet.report import note_error
 from thorfleet.layout import BOX_BIN, BOX_VENV
+from thorfleet.report import note_error
 
 
 def _fail(message):
