@@ -30,7 +30,7 @@ SEED_ENV_LINES = [
 # (story, the edit, what the failed deploy must say)
 EDITS = [
     ("drop the seed's kernel env vars",
-     {"thorfleet/settings.py": [(line, "") for line in SEED_ENV_LINES]},
+     {"thorfleet/recipe.py": [(line, "") for line in SEED_ENV_LINES]},
      ["marlin_utils_fp4", "Rolled back"]),
     ("drop the memory gate from the unit",
      {UNIT: [("ExecStartPre=/opt/thorfleet/bin/memory-gate", "# no gate:")]},
