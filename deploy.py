@@ -7,16 +7,18 @@ Every step reads the box first and changes only what differs: a re-run on a conv
 nothing, a drifted box is put right.
 """
 
-from pyinfra import config, host, inventory, state
+from pyinfra import config, host, state
 
 from tasks import image, memory, power, preflight, service, verification, weights
 from thorfleet import report
-from thorfleet.settings import settings_for_inventory
+from thorfleet.settings import settings_for_run
 
 config.SUDO = True  # everything on the box is root's; the deploy user needs passwordless sudo
 
-# Every host's group data is checked (and the secrets read) before any operation is planned.
-s = settings_for_inventory(inventory)[host.name]
+# Every host's group data is checked (and the secrets read) once per run, before any operation
+# is planned (config.py has done it already under the CLI; here for the Python API).
+pyinfra_state = state._get_module()  # this run's State: it holds the settings and the run state
+s = settings_for_run(pyinfra_state)[host.name]
 
 preflight.run(s)
 power.run(s)
@@ -27,5 +29,5 @@ service.run(s)
 verification.run(s)
 
 # A table on the terminal and JSON in rollout_report_path, written once every host has finished.
-report.install(state._get_module(), s.rollout_report_path)
+report.install(pyinfra_state, s.rollout_report_path)
 report.observed(name="Record the host's state for the report", s=s)

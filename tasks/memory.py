@@ -4,7 +4,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files
 
 from thorfleet import operations as thor
-from thorfleet.layout import BOX_BIN, FILES
+from thorfleet.layout import BOX_BIN, BOX_MEMORY_GATE, FILES
 
 
 @deploy("Memory")
@@ -13,6 +13,6 @@ def run(s):
     thor.whole_file(
         name="Install the memory gate (drop caches until MemAvailable is enough)",
         src=str(FILES / "bin" / "memory-gate"),
-        path=f"{BOX_BIN}/memory-gate",
+        path=BOX_MEMORY_GATE,
         mode="755",
     )

@@ -4,7 +4,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
 from thorfleet import operations as thor
-from thorfleet.layout import CLOCKS_UNIT, FILES
+from thorfleet.layout import BOX_UNIT_DIR, CLOCKS_UNIT, FILES
 
 
 @deploy("Power")
@@ -19,7 +19,7 @@ def run(s):
     unit = thor.whole_file(
         name="Install the unit that locks clocks at every boot",
         src=str(FILES / "systemd" / CLOCKS_UNIT),
-        path=f"/etc/systemd/system/{CLOCKS_UNIT}",
+        path=f"{BOX_UNIT_DIR}/{CLOCKS_UNIT}",
         mode="644",
     )
     systemd.daemon_reload(name="Reload systemd after the clocks unit changed", _if=unit.did_change)

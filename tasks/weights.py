@@ -4,7 +4,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files, pip
 
 from thorfleet import operations as thor
-from thorfleet.layout import BOX_BIN, BOX_HF_TOKEN, BOX_VENV, FILES
+from thorfleet.layout import BOX_ETC, BOX_HF_TOKEN, BOX_VENV, BOX_WEIGHTS, FILES
 
 
 @deploy("Weights")
@@ -19,10 +19,10 @@ def run(s):
     thor.whole_file(
         name="Install the weights fetcher and verifier",
         src=str(FILES / "bin" / "thorfleet-weights"),
-        path=f"{BOX_BIN}/thorfleet-weights",
+        path=BOX_WEIGHTS,
         mode="755",
     )
-    files.directory(name="Create /etc/thorfleet", path="/etc/thorfleet", mode="755")
+    files.directory(name=f"Create {BOX_ETC}", path=BOX_ETC, mode="755")
     if s.hf_token:
         thor.secret_file(name="Install the Hugging Face token (root-only)", path=BOX_HF_TOKEN,
                          content=s.hf_token + "\n")

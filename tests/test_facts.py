@@ -2,7 +2,7 @@
 
 import pytest
 
-from thorfleet import facts
+from thorfleet import facts, layout
 
 pytestmark = pytest.mark.fast
 
@@ -64,8 +64,8 @@ def test_power_mode_is_the_last_line_after_warnings():
 
 def test_l4t_release_of_jetpack_7():
     # FACTS.md: `# R38 (release), REVISION: 2.0, GCID: ...`
-    line = ["# R38 (release), REVISION: 2.0, GCID: 41844464, BOARD: generic, EABI: aarch64, "
-            "DATE: Fri Aug 22 00:55:42 UTC 2025"]
+    line = [("# R38 (release), REVISION: 2.0, GCID: 41844464, BOARD: generic, EABI: aarch64, "
+            "DATE: Fri Aug 22 00:55:42 UTC 2025")]
     assert parse(facts.L4TRelease, line) == "38.2.0"
     assert parse(facts.L4TRelease, []) is None
 
@@ -75,8 +75,8 @@ def test_memtotal_of_a_thor():
 
 
 def test_docker_runtimes():
-    out = ['{"io.containerd.runc.v2":{"path":"runc"},"nvidia":{"path":"nvidia-container-runtime"},'
-           '"runc":{"path":"runc"}}']
+    out = [('{"io.containerd.runc.v2":{"path":"runc"},"nvidia":{"path":"nvidia-container-runtime"},'
+           '"runc":{"path":"runc"}}')]
     assert parse(facts.DockerRuntimes, out) == ["io.containerd.runc.v2", "nvidia", "runc"]
 
 
@@ -92,3 +92,33 @@ def test_image_labels():
     assert parse(facts.DockerImageLabels, ["absent"]) is None
     assert parse(facts.DockerImageLabels, ['{"thorfleet.patches":"a=applied"}']) == {
         "thorfleet.patches": "a=applied"}
+
+
+# --- the commands: every value quoted, the box's paths from layout.py ----------------------------
+
+def test_fact_commands_quote_what_they_are_given():
+    hostile = "/srv/a b;rm -rf ~"
+    assert facts.FileState().command(hostile).count("'/srv/a b;rm -rf ~'") == 3
+    assert facts.FreeDiskGiB().command(hostile).startswith("p='/srv/a b;rm -rf ~'; ")
+    assert "inspect --format '{{json .Config.Labels}}' 'r/x:$(id)' " in \
+        facts.DockerImageLabels().command("r/x:$(id)")
+    weights = facts.WeightsState().command(hostile, "a" * 40)
+    assert f"verify --dir '/srv/a b;rm -rf ~' --revision {'a' * 40}" in weights
+    served = facts.ServerState().command("x;y", 8002, chat=True)
+    assert "state --service 'x;y' --port 8002 --chat" in served
+
+
+def test_fact_commands_take_the_box_paths_from_the_layout():
+    weights = facts.WeightsState().command("/m", "a" * 40)
+    assert f"[ -x {layout.BOX_VENV_PYTHON} ] && [ -f {layout.BOX_WEIGHTS} ]" in weights
+    served = facts.ServerState().command("thorfleet-vllm", 8002)
+    # the tool reads its paths from the layout file: without it there is nothing to ask yet
+    assert served.startswith(f"if [ -f {layout.BOX_SERVE} ] && [ -f {layout.BOX_LAYOUT_ENV} ]; ")
+    assert facts.RebootMarker.command == f"test -e {layout.BOX_REBOOT_MARKER} && echo yes || echo no"
+
+
+def test_weights_and_server_state_read_the_tools_last_line():
+    assert parse(facts.WeightsState, ["thorfleet-weights: noise",
+                                      '{"complete": true, "problems": []}']) == {
+        "complete": True, "problems": []}
+    assert parse(facts.ServerState, ["{}"]) == {}

@@ -8,17 +8,21 @@ import pytest
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand
 from pyinfra.context import ctx_host
 
-from thorfleet import facts
+from thorfleet import facts, layout
 from thorfleet import operations as thor
+from thorfleet.runstate import run_state
 
 pytestmark = pytest.mark.fast
 
 
 class FakeHost:
-    """Answers get_fact from a table {FactClass: value or callable(**kwargs)}; records noops."""
+    """Answers get_fact from a table {FactClass: value or callable(**kwargs)}; records noops, the
+    lines it logs and the shell commands a FunctionCommand runs (answered by `shell`)."""
 
-    def __init__(self, known):
+    def __init__(self, known, state=None, shell=None):
         self.known, self.noops, self.name, self.data = known, [], "thor-1", {}
+        self.state = state or SimpleNamespace()  # pyinfra's State: holds the run state
+        self.logged, self.ran, self.shell = [], [], shell
 
     def get_fact(self, fact, **kwargs):
         value = self.known[fact]
@@ -28,13 +32,47 @@ class FakeHost:
     def noop(self, message):
         self.noops.append(message)
 
+    def log_styled(self, message, **kwargs):
+        self.logged.append((message, kwargs.get("fg")))
+
+    def run_shell_command(self, command, **kwargs):
+        self.ran.append(command)
+        return self.shell(command)
+
+
+def plan(op, known, state=None, shell=None, **kwargs):
+    """(commands, fake host) of one operation against the given facts."""
+    fake = FakeHost(known, state, shell)
+    with ctx_host.use(fake):
+        commands = list(op._inner(**kwargs))
+    return commands, fake
+
 
 def run(op, known, **kwargs):
     """(commands as text, noops) of one operation against the given facts."""
-    fake = FakeHost(known)
-    with ctx_host.use(fake):
-        commands = list(op._inner(**kwargs))
+    commands, fake = plan(op, known, **kwargs)
     return [text(c) for c in commands], fake.noops
+
+
+def execute(command, fake):
+    """What a FunctionCommand returns when pyinfra runs it on the fake host."""
+    return command.function(fake.state, fake, *command.args, **command.kwargs)
+
+
+def test_every_operation_runs_twice_to_the_same_noop():
+    # pyinfra's own check: against facts that say "already right", the second run yields nothing
+    known = {facts.PowerMode: 1, facts.ClocksLocked: True,
+             facts.WeightsState: {"complete": True},
+             facts.DockerImageLabels: {"thorfleet.patches": "p"},
+             facts.ServerState: {"active": "active", "proven_fingerprint": "f" * 64,
+                                 "healthy": True}}
+    for op, kwargs in ((thor.power_mode, {"mode": 1}), (thor.clocks_locked, {}),
+                       (thor.checkpoint, {"folder": "/m", "repo": "o/r", "revision": "a" * 40}),
+                       (thor.derived_image, {"s": settings(), "context": "/c"}),
+                       (thor.serving, {"s": settings()})):
+        for _ in range(2):
+            commands, noops = run(op, known, **kwargs)
+            assert commands == [] and len(noops) == 1, op
 
 
 def text(command):
@@ -60,9 +98,38 @@ def test_power_mode_never_leaves_the_reboot_prompt_waiting_on_stdin():
     assert commands[1] == "call needs_reboot"
 
 
+def test_a_mode_that_needs_a_reboot_fails_the_host_with_the_fix_in_the_report():
+    modes = iter([0, 0])  # before, and still after nvpmodel read EOF at its prompt
+    commands, fake = plan(thor.power_mode, {facts.PowerMode: lambda: next(modes)}, mode=2)
+    assert execute(commands[1], fake) is False
+    [error] = run_state(fake.state).errors["thor-1"]
+    assert "power mode 2 needs a reboot and power_allow_reboot is False" in error
+    assert fake.logged == [(f"thorfleet: {error}", "red")]  # logged as recorded, in red
+
+
+def test_a_box_without_nvpmodel_fails_the_host_recorded_not_raised():
+    commands, fake = plan(thor.power_mode, {facts.PowerMode: None}, mode=1)
+    assert [text(c) for c in commands] == ["call fail"]
+    assert execute(commands[0], fake) is False
+    assert run_state(fake.state).errors == {
+        "thor-1": ["nvpmodel not found: this box is not a Jetson with JetPack"]}
+
+
 def test_clocks():
     assert run(thor.clocks_locked, {facts.ClocksLocked: True}) == ([], ["clocks are already locked"])
     assert run(thor.clocks_locked, {facts.ClocksLocked: False})[0] == ["jetson_clocks"]
+    assert run(thor.clocks_locked, {facts.ClocksLocked: None})[0] == ["call fail"]
+
+
+def test_preflight_problems_fail_the_host_once_with_every_problem():
+    known = {facts.L4TRelease: "36.4.0", facts.MemTotalGiB: 61.4, facts.FreeDiskGiB: 500.0,
+             facts.SudoWorks: True, facts.DockerRuntimes: ["runc"]}
+    s = SimpleNamespace(preflight_min_l4t_release="38.0", preflight_min_memory_gib=110,
+                        preflight_min_free_disk_gib=150, weights_dir=layout.BOX_MODELS)
+    commands, fake = plan(thor.thor_ready, known, s=s)
+    assert execute(commands[0], fake) is False
+    [error] = run_state(fake.state).errors["thor-1"]
+    assert error.startswith("preflight failed:") and error.count("\n  - ") == 3
 
 
 SHA_OF_HELLO = "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
@@ -82,6 +149,16 @@ def test_whole_file_with_only_its_mode_drifted_is_chmodded_not_rewritten():
     assert commands == ["chown root:root /etc/x && chmod 600 /etc/x"]
 
 
+def test_whole_file_quotes_its_path():
+    state = {"sha256": SHA_OF_HELLO, "mode": "666", "user": "root", "group": "root"}
+    commands, _ = run(thor.whole_file, {facts.FileState: state}, path="/etc/a b;x",
+                      src=StringIO("hello\n"))
+    assert commands == ["chown root:root '/etc/a b;x' && chmod 644 '/etc/a b;x'"]
+    commands, _ = run(thor.whole_file, {facts.FileState: None}, path="/etc/a b",
+                      src=StringIO("hello\n"))
+    assert "'/etc/a b.thorfleet-tmp' '/etc/a b';" in commands[2]
+
+
 def test_whole_file_is_staged_then_renamed_into_place():
     commands, _ = run(thor.whole_file, {facts.FileState: None}, path="/etc/x",
                       src=StringIO("hello\n"))
@@ -98,7 +175,7 @@ def test_checkpoint_complete_is_a_noop_and_missing_is_fetched():
     assert commands == [] and "complete" in noops[0]
     commands, _ = run(thor.checkpoint, {facts.WeightsState: {"complete": False, "problems": []}},
                       endpoint="http://hub:8000", **kwargs)
-    assert commands == [("/opt/thorfleet/venv/bin/python /opt/thorfleet/bin/thorfleet-weights fetch "
+    assert commands == [(f"{layout.BOX_VENV_PYTHON} {layout.BOX_WEIGHTS} fetch "
                         f"--dir /m/r --repo mistralai/x --revision {'a' * 40} "
                         "--endpoint http://hub:8000")]
 
@@ -117,7 +194,9 @@ def test_derived_image_present_is_a_noop_absent_is_built():
     commands, _ = run(thor.derived_image, {facts.DockerImageLabels: lambda ref: None},
                       s=settings(), context="/ctx")
     assert commands[0].startswith("docker pull r/vllm@sha256:")
-    assert commands[1].startswith("sh /ctx/build-image.sh --base r/vllm@sha256:")
+    assert commands[1] == (f"sh /ctx/build-image.sh --base r/vllm@sha256:{'c' * 64} "
+                           "--tag thorfleet/mistral-small4:abc --think-prefill 1 "
+                           f"--label thorfleet.inputs={'abc' * 10}")
 
 
 def test_serving_a_proven_healthy_version_is_a_noop():
@@ -126,7 +205,50 @@ def test_serving_a_proven_healthy_version_is_a_noop():
     assert commands == [] and "is serving fingerprint" in noops[0]
 
 
+SERVE = f"python3 {layout.BOX_SERVE}"
+
+
 def test_serving_a_changed_version_activates_it():
     state = {"active": "active", "proven_fingerprint": "e" * 64, "healthy": True}
-    commands, _ = run(thor.serving, {facts.ServerState: state}, s=settings())
-    assert commands == ["call run"]
+    commands, fake = plan(thor.serving, {facts.ServerState: state}, s=settings(),
+                          shell=lambda command: (True, None))
+    assert [text(c) for c in commands] == ["call run"]
+    assert execute(commands[0], fake) is True
+    assert fake.ran == [(f"{SERVE} activate --service thorfleet-vllm --port 8002 --timeout 1200 "
+                         f"--fingerprint {'f' * 64}")]
+
+
+def test_serving_a_proven_version_still_loading_is_proven_not_restarted():
+    state = {"active": "active", "proven_fingerprint": "f" * 64, "healthy": False}
+    commands, fake = plan(thor.serving, {facts.ServerState: state}, s=settings(),
+                          shell=lambda command: (True, None))
+    execute(commands[0], fake)
+    assert fake.ran == [f"{SERVE} prove --service thorfleet-vllm --port 8002 --timeout 1200"]
+
+
+def test_a_failed_restart_fails_the_host_and_stops_the_later_batches():
+    output = SimpleNamespace(stdout_lines=["FAILED: start-up log shows marlin_utils_fp4",
+                                           "Rolled back: the last good version (eeee) serves again."],
+                             stderr_lines=[])
+    state = {"active": "active", "proven_fingerprint": "e" * 64, "healthy": True}
+    commands, fake = plan(thor.serving, {facts.ServerState: state}, s=settings(),
+                          shell=lambda command: (False, output))
+    assert execute(commands[0], fake) is False
+    run = run_state(fake.state)
+    assert run.failed_restarts == {"thor-1"}
+    assert run.errors["thor-1"] == [" ".join(output.stdout_lines)]
+    assert all(colour == "red" for _, colour in fake.logged)
+    # a host of the next batch holds on to what it serves: recorded, not failed, not restarted
+    later, held = plan(thor.serving, {facts.ServerState: state}, state=fake.state, s=settings(),
+                       wait_for=["thor-1"])
+    held.name = "thor-2"
+    assert [text(c) for c in later] == [
+        "call note", f"{SERVE} hold --service thorfleet-vllm --port 8002 --timeout 1200"]
+    assert execute(later[0], held) is True
+    assert run.errors["thor-2"] == ["not restarted: the rollout stopped after thor-1 failed"]
+
+
+def test_each_run_has_its_own_run_state():
+    one, other = SimpleNamespace(), SimpleNamespace()
+    run_state(one).failed_restarts.add("thor-1")
+    assert run_state(one) is run_state(one) and run_state(other).failed_restarts == set()

@@ -1,13 +1,21 @@
-"""What thorfleet reads from a Thor before deciding what to change. Each fact is one command."""
+"""What thorfleet reads from a Thor before deciding what to change. Each fact is one command;
+every value put into it is quoted (shlex.quote), the box's paths come from layout.py."""
 
 from __future__ import annotations
 
 import json
 import re
+from shlex import quote as q
 
 from pyinfra.api import FactBase
 
-REMOTE_BIN = "/opt/thorfleet/bin"
+from thorfleet.layout import (
+    BOX_LAYOUT_ENV,
+    BOX_REBOOT_MARKER,
+    BOX_SERVE,
+    BOX_VENV_PYTHON,
+    BOX_WEIGHTS,
+)
 
 
 class L4TRelease(FactBase):
@@ -35,7 +43,7 @@ class FreeDiskGiB(FactBase):
 
     def command(self, path):
         return (
-            f"p={path}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
+            f"p={q(path)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
             "df -Pk \"$p\" | awk 'NR==2 {print $4}'"
         )
 
@@ -98,9 +106,10 @@ class ClocksLocked(FactBase):
 
 
 class RebootMarker(FactBase):
-    """True while /run/thorfleet-before-reboot exists: /run is emptied by every boot."""
+    """True while the reboot marker (layout.BOX_REBOOT_MARKER, in /run) exists: every boot
+    empties /run."""
 
-    command = "test -e /run/thorfleet-before-reboot && echo yes || echo no"
+    command = f"test -e {q(BOX_REBOOT_MARKER)} && echo yes || echo no"
 
     def process(self, output):
         return output[-1] == "yes"
@@ -111,8 +120,8 @@ class FileState(FactBase):
 
     def command(self, path):
         return (
-            f"if [ -f {path} ]; then sha256sum {path} | cut -d' ' -f1; "
-            f"stat -c '%a %U %G' {path}; fi"
+            f"if [ -f {q(path)} ]; then sha256sum {q(path)} | cut -d' ' -f1; "
+            f"stat -c '%a %U %G' {q(path)}; fi"
         )
 
     def process(self, output):
@@ -127,7 +136,7 @@ class DockerImageLabels(FactBase):
 
     def command(self, ref):
         return (
-            f"docker image inspect --format '{{{{json .Config.Labels}}}}' {ref} 2>/dev/null "
+            f"docker image inspect --format '{{{{json .Config.Labels}}}}' {q(ref)} 2>/dev/null "
             "|| echo absent"
         )
 
@@ -140,10 +149,10 @@ class WeightsState(FactBase):
     """Offline check of one pinned checkpoint folder: {"complete": bool, "problems": [...]}."""
 
     def command(self, folder, revision):
-        tool = f"{REMOTE_BIN}/thorfleet-weights"
+        python, tool = q(BOX_VENV_PYTHON), q(BOX_WEIGHTS)
         return (
-            f"if [ -x /opt/thorfleet/venv/bin/python ] && [ -f {tool} ]; then "
-            f"/opt/thorfleet/venv/bin/python {tool} verify --dir {folder} --revision {revision}; "
+            f"if [ -x {python} ] && [ -f {tool} ]; then "
+            f"{python} {tool} verify --dir {q(folder)} --revision {q(revision)}; "
             "else echo '{\"complete\": false, \"problems\": [\"thorfleet tools not installed\"]}'; fi"
         )
 
@@ -153,13 +162,15 @@ class WeightsState(FactBase):
 
 class ServerState(FactBase):
     """What the server runs now: {"active", "enabled", "proven_fingerprint", "healthy"}, and with
-    `chat` whether a short chat request answers ("chat_ok")."""
+    `chat` whether a short chat request answers ("chat_ok"). {} until thorfleet-serve and the
+    layout file it reads its paths from are both installed."""
 
     def command(self, service, port, chat=False):
-        tool = f"{REMOTE_BIN}/thorfleet-serve"
+        tool = q(BOX_SERVE)
         extra = " --chat" if chat else ""
         return (
-            f"if [ -f {tool} ]; then python3 {tool} state --service {service} --port {port}{extra}; "
+            f"if [ -f {tool} ] && [ -f {q(BOX_LAYOUT_ENV)} ]; then "
+            f"python3 {tool} state --service {q(service)} --port {q(str(port))}{extra}; "
             "else echo '{}'; fi"
         )
 

@@ -13,8 +13,12 @@ GROUP_DATA_DEFAULTS = ROOT / "group_data" / "all.py"
 
 # --- the box ------------------------------------------------------------------------------------
 BOX_HOME = "/opt/thorfleet"
-BOX_BIN = f"{BOX_HOME}/bin"  # memory-gate, thorfleet-serve, thorfleet-weights
+BOX_BIN = f"{BOX_HOME}/bin"
+BOX_MEMORY_GATE = f"{BOX_BIN}/memory-gate"  # the unit's ExecStartPre
+BOX_SERVE = f"{BOX_BIN}/thorfleet-serve"  # start, prove, roll back (system python3)
+BOX_WEIGHTS = f"{BOX_BIN}/thorfleet-weights"  # fetch, verify (the venv's python)
 BOX_VENV = f"{BOX_HOME}/venv"  # huggingface_hub for thorfleet-weights
+BOX_VENV_PYTHON = f"{BOX_VENV}/bin/python"
 BOX_IMAGE_CONTEXT = f"{BOX_HOME}/image"  # one build context per image inputs hash
 BOX_MODELS = f"{BOX_HOME}/models"  # the default weights_dir
 BOX_ETC = "/etc/thorfleet"
@@ -22,7 +26,32 @@ BOX_CONFIG_DIR = f"{BOX_ETC}/vllm"  # mounted into the container as /config
 BOX_CONFIG = f"{BOX_CONFIG_DIR}/vllm.yaml"
 BOX_SECRETS_ENV = f"{BOX_ETC}/secrets.env"  # VLLM_API_KEY, root-only
 BOX_HF_TOKEN = f"{BOX_ETC}/hf_token"
+BOX_LAYOUT_ENV = f"{BOX_ETC}/layout.env"  # where thorfleet-serve reads the paths below from
 BOX_VLLM_CACHE = "/var/cache/thorfleet/vllm"  # vLLM's compile cache, kept across restarts
-BOX_STATE = "/var/lib/thorfleet"  # proven fingerprint, last-good copies
+BOX_STATE = "/var/lib/thorfleet"  # proven fingerprint, last-good copies, serve.lock
 BOX_UNIT_DIR = "/etc/systemd/system"
+BOX_REBOOT_MARKER = "/run/thorfleet-before-reboot"  # /run is emptied by every boot
+BOX_UPLOAD_STAGING = ".thorfleet-upload"  # in the SSH user's home: uploads wait here, 0700
 CLOCKS_UNIT = "thorfleet-clocks.service"
+
+
+def box_unit(service):
+    """The systemd unit file of `service` on the box."""
+    return f"{BOX_UNIT_DIR}/{service}.service"
+
+
+def layout_env_text():
+    """The box's /etc/thorfleet/layout.env: thorfleet-serve's paths, one KEY=value a line.
+
+    The box scripts spell none of the paths above; thorfleet-serve reads these (its only built-in
+    path is BOX_LAYOUT_ENV, the place it looks; a test holds the two to each other), and
+    thorfleet-weights and memory-gate take theirs as arguments.
+    """
+    paths = {
+        "STATE_DIR": BOX_STATE,
+        "CONFIG": BOX_CONFIG,
+        "SECRETS_ENV": BOX_SECRETS_ENV,
+        "UNIT_DIR": BOX_UNIT_DIR,
+    }
+    return ("# Managed by thorfleet (thorfleet/layout.py): where thorfleet-serve finds its files.\n"
+            + "".join(f"{key}={value}\n" for key, value in paths.items()))

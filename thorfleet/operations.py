@@ -1,4 +1,9 @@
-"""thorfleet's own operations: each reads a fact and yields only what closes the gap, or noops."""
+"""thorfleet's own operations: each reads a fact and yields only what closes the gap, or noops.
+
+A host fails one way: `_fail(message)` (a command) or `run_state(state).fail(host, message)`
+(inside one), which logs the message in red under the host's name, records it for the report and
+fails the host. Every value put into a command is quoted (shlex.quote).
+"""
 
 from __future__ import annotations
 
@@ -8,24 +13,34 @@ import time
 from io import BytesIO, StringIO
 
 from packaging.version import Version
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
-from pyinfra.api.exceptions import OperationError
 
-from thorfleet import facts, rollout
-from thorfleet.layout import BOX_BIN, BOX_VENV
-from thorfleet.report import note_error
+from thorfleet import facts
+from thorfleet.layout import (
+    BOX_REBOOT_MARKER,
+    BOX_SERVE,
+    BOX_UPLOAD_STAGING,
+    BOX_VENV_PYTHON,
+    BOX_WEIGHTS,
+)
+from thorfleet.runstate import run_state
+
+q = shlex.quote
+
+
+def _command(*args):
+    """One shell command from its words, each quoted."""
+    return " ".join(q(str(a)) for a in args)
 
 
 def _fail(message):
-    """A FunctionCommand that fails the host with `message` (no traceback, host named)."""
+    """A command that fails the host with `message`: logged, recorded for the report, failed."""
 
-    def report(state, host):
-        note_error(host.name, message)
-        host.log_styled(f"thorfleet: {message}", fg="red", log_func=logger.error)
-        return False
+    def fail(state, host):
+        return run_state(state).fail(host, message)
 
-    return FunctionCommand(report, (), {})
+    return FunctionCommand(fail, (), {})
 
 
 @operation()
@@ -82,36 +97,32 @@ def power_mode(mode, allow_reboot=False, reboot_timeout=900):
     """
     current = host.get_fact(facts.PowerMode)
     if current is None:
-        raise OperationError("nvpmodel not found: this box is not a Jetson with JetPack")
+        yield _fail("nvpmodel not found: this box is not a Jetson with JetPack")
+        return
     if current == mode:
         host.noop(f"power mode is already {mode}")
         return
     # stdin closed: a mode that needs a reboot prints its prompt, reads EOF and changes nothing.
-    yield StringCommand(f"nvpmodel -m {int(mode)} </dev/null || true")
+    yield StringCommand(f"nvpmodel -m {q(str(int(mode)))} </dev/null || true")
 
     def needs_reboot(state, host):
         if host.get_fact(facts.PowerMode) == mode:
             return True
         if not allow_reboot:
-            note_error(host.name, f"power mode {mode} needs a reboot; power_allow_reboot is False")
-            host.log_styled(
-                f"thorfleet: power mode {mode} needs a reboot on {host.name} and "
-                "power_allow_reboot is False: set power_allow_reboot = True to let thorfleet "
-                f"reboot it, or run `sudo nvpmodel -m {mode}` and answer YES yourself",
-                fg="red", log_func=logger.error)
-            return False
-        return _reboot_for_mode(host, mode, reboot_timeout)
+            return run_state(state).fail(
+                host, f"power mode {mode} needs a reboot and power_allow_reboot is False: set "
+                "power_allow_reboot = True to let thorfleet reboot it, or run "
+                f"`sudo nvpmodel -m {mode}` and answer YES yourself")
+        return _reboot_for_mode(state, host, mode, reboot_timeout)
 
     yield FunctionCommand(needs_reboot, (), {})
 
 
-def _reboot_for_mode(host, mode, timeout):
+def _reboot_for_mode(state, host, mode, timeout):
     """Answer nvpmodel's prompt with YES (the operator allowed it) and wait for the box."""
-    host.run_shell_command("touch /run/thorfleet-before-reboot", _sudo=True)
-    host.run_shell_command(
-        f"sh -c '(sleep 2; echo YES | nvpmodel -m {int(mode)}) </dev/null >/dev/null 2>&1 &'",
-        _sudo=True,
-    )
+    host.run_shell_command(_command("touch", BOX_REBOOT_MARKER), _sudo=True)
+    answer = f"(sleep 2; echo YES | nvpmodel -m {q(str(int(mode)))}) </dev/null >/dev/null 2>&1 &"
+    host.run_shell_command(_command("sh", "-c", answer), _sudo=True)
     time.sleep(5)
     deadline = time.monotonic() + timeout
     host.disconnect()
@@ -122,14 +133,12 @@ def _reboot_for_mode(host, mode, timeout):
         if host.connected and not host.get_fact(facts.RebootMarker):
             if host.get_fact(facts.PowerMode) == mode:
                 return True
-            host.log_styled(f"thorfleet: {host.name} rebooted but power mode is not {mode}",
-                            fg="red", log_func=logger.error)
-            return False
+            return run_state(state).fail(host, f"rebooted but power mode is not {mode}")
         if host.connected:
             host.disconnect()
-    host.log_styled(f"thorfleet: {host.name} did not come back within {timeout}s "
-                    "(power_reboot_timeout_s)", fg="red", log_func=logger.error)
-    return False
+    return run_state(state).fail(
+        host, f"did not come back within {timeout}s of the reboot for power mode {mode} "
+        "(power_reboot_timeout_s)")
 
 
 @operation()
@@ -142,7 +151,8 @@ def clocks_locked():
     """
     locked = host.get_fact(facts.ClocksLocked)
     if locked is None:
-        raise OperationError("jetson_clocks not found: this box is not a Jetson with JetPack")
+        yield _fail("jetson_clocks not found: this box is not a Jetson with JetPack")
+        return
     if locked:
         host.noop("clocks are already locked")
         return
@@ -169,7 +179,7 @@ def whole_file(path, src, mode="644"):
 
     .. code:: python
 
-        whole_file(name="Install the API key", path="/etc/thorfleet/secrets.env",
+        whole_file(name="Install the API key", path=layout.BOX_SECRETS_ENV,
                    src=StringIO("VLLM_API_KEY=...\\n"), mode="600")
     """
     content = _text_of(src)
@@ -179,15 +189,16 @@ def whole_file(path, src, mode="644"):
         host.noop(f"{path} is already in place")
         return
     if current and current["sha256"] == wanted:
-        yield f"chown root:root {path} && chmod {mode} {path}"
+        yield f"{_command('chown', 'root:root', path)} && {_command('chmod', mode, path)}"
         return
-    staged = f".thorfleet-upload/{wanted[:16]}"
+    staged = f"{BOX_UPLOAD_STAGING}/{wanted[:16]}"
     tmp = f"{path}.thorfleet-tmp"
-    yield StringCommand("install -d -m 700 .thorfleet-upload", _sudo=False)
+    yield StringCommand(_command("install", "-d", "-m", "700", BOX_UPLOAD_STAGING), _sudo=False)
     yield FileUploadCommand(BytesIO(content), staged, _sudo=False)
-    yield StringCommand(f"sudo install -m {mode} -o root -g root {staged} {tmp} && "
-                        f"sudo mv -f {tmp} {path}; status=$?; rm -f {staged}; exit $status",
-                        _sudo=False)
+    install = _command("sudo", "install", "-m", mode, "-o", "root", "-g", "root", staged, tmp)
+    rename = _command("sudo", "mv", "-f", tmp, path)
+    yield StringCommand(f"{install} && {rename}; status=$?; {_command('rm', '-f', staged)}; "
+                        "exit $status", _sudo=False)
 
 
 def secret_file(path, content, **kwargs):
@@ -204,20 +215,20 @@ def checkpoint(folder, repo, revision, endpoint=None, token_file=None):
 
     .. code:: python
 
-        checkpoint(name="Fetch the draft", folder="/opt/thorfleet/models/eagle/<rev>",
+        checkpoint(name="Fetch the draft", folder=f"{s.weights_dir}/eagle/<rev>",
                    repo="mistralai/Mistral-Small-4-119B-2603-eagle", revision="<rev>")
     """
     state = host.get_fact(facts.WeightsState, folder=folder, revision=revision, _sudo=True)
     if state["complete"]:
         host.noop(f"{repo}@{revision[:12]} is complete in {folder}")
         return
-    args = [f"{BOX_VENV}/bin/python", f"{BOX_BIN}/thorfleet-weights", "fetch", "--dir", folder,
-            "--repo", repo, "--revision", revision]
+    args = [BOX_VENV_PYTHON, BOX_WEIGHTS, "fetch", "--dir", folder, "--repo", repo,
+            "--revision", revision]
     if endpoint:
         args += ["--endpoint", endpoint]
     if token_file:
         args += ["--token-file", token_file]
-    yield " ".join(shlex.quote(a) for a in args)
+    yield _command(*args)
 
 
 @operation()
@@ -229,17 +240,18 @@ def derived_image(s, context):
 
     .. code:: python
 
-        derived_image(name="Build the derived image", s=settings, context="/opt/thorfleet/image/<h>")
+        derived_image(name="Build the derived image", s=settings,
+                      context=f"{layout.BOX_IMAGE_CONTEXT}/<hash>")
     """
     labels = host.get_fact(facts.DockerImageLabels, ref=s.image_tag)
     if labels is not None:
         host.noop(f"{s.image_tag} is already built ({labels.get('thorfleet.patches', '?')})")
         return
     if host.get_fact(facts.DockerImageLabels, ref=s.image_base) is None:
-        yield f"docker pull {shlex.quote(s.image_base)}"
-    yield (f"sh {context}/build-image.sh --base {shlex.quote(s.image_base)} "
-           f"--tag {shlex.quote(s.image_tag)} --think-prefill {int(bool(s.image_think_prefill))} "
-           f"--label thorfleet.inputs={s.image_inputs_hash}")
+        yield _command("docker", "pull", s.image_base)
+    yield _command("sh", f"{context}/build-image.sh", "--base", s.image_base, "--tag", s.image_tag,
+                   "--think-prefill", int(bool(s.image_think_prefill)),
+                   "--label", f"thorfleet.inputs={s.image_inputs_hash}")
 
 
 @operation()
@@ -257,34 +269,49 @@ def serving(s, wait_for=()):
     """
     state = host.get_fact(facts.ServerState, service=s.service_name, port=s.service_port,
                           _sudo=True)
-    common = (f"python3 {BOX_BIN}/thorfleet-serve {{}} --service {s.service_name} "
-              f"--port {s.service_port} --timeout {s.service_health_timeout_s}")
+
+    def serve(command, *extra):
+        return _command("python3", BOX_SERVE, command, "--service", s.service_name,
+                        "--port", s.service_port, "--timeout", s.service_health_timeout_s, *extra)
+
     if state.get("proven_fingerprint") == s.fingerprint and state.get("active") == "active":
         if state.get("healthy"):
             host.noop(f"{s.service_name} is serving fingerprint {s.fingerprint[:12]}")
         else:
-            yield _checked(common.format("prove"))
+            yield _checked(serve("prove"))
         return
-    stopped_by = sorted(rollout.failed.intersection(wait_for))
+    stopped_by = sorted(run_state(host.state).failed_restarts.intersection(wait_for))
     if stopped_by:
-        note_error(host.name, f"not restarted: the rollout stopped after {', '.join(stopped_by)} failed")
         # The new unit and config are already on disk: put the serving version's back, so a crash
-        # or reboot before the next run does not start what was never proven.
-        yield common.format("hold")
+        # or reboot before the next run does not start what was never proven. The host is held,
+        # not failed: recorded for the report, the run goes on.
+        yield _held(f"not restarted: the rollout stopped after {', '.join(stopped_by)} failed")
+        yield serve("hold")
         return
-    yield _checked(common.format("activate") + f" --fingerprint {s.fingerprint}")
+    yield _checked(serve("activate", "--fingerprint", s.fingerprint))
+
+
+def _held(message):
+    """A command that records why the host was left as it was, for the report (never fails)."""
+
+    def note(state, host):
+        run_state(state).note_error(host.name, message)
+        return True
+
+    return FunctionCommand(note, (), {})
 
 
 def _checked(command):
-    """Run a thorfleet-serve command; on failure print its reason and stop later batches."""
+    """Run a thorfleet-serve command; on failure fail the host with its reason and stop the
+    rollout's later batches."""
 
     def run(state, host):
         ok, output = host.run_shell_command(command, _sudo=True)
         if not ok:
-            rollout.failed.add(host.name)
-            note_error(host.name, " ".join(output.stdout_lines[-3:]))
-            for line in output.stdout_lines + output.stderr_lines:
-                host.log_styled(f"thorfleet: {line}", fg="red", log_func=logger.error)
+            run_state(state).failed_restarts.add(host.name)
+            said = output.stdout_lines or output.stderr_lines  # its reason, or a traceback
+            return run_state(state).fail(host, " ".join(said[-3:]),
+                                         details=output.stdout_lines + output.stderr_lines)
         return ok
 
     return FunctionCommand(run, (), {})

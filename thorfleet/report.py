@@ -4,6 +4,8 @@ Every host gets every field (None when it could not be read). Hosts that finishe
 what they look like in the run's last operation (`observed`). Hosts that dropped out on the way but
 are still connected are read the same way once that last operation has run; a host that could not
 be reached at all gets only its error. The report is written when pyinfra exits.
+
+It reads the run's shared state (runstate.py): the operations record into it, and never import this.
 """
 
 from __future__ import annotations
@@ -20,19 +22,12 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback, StateStage
 
 from thorfleet import facts
-from thorfleet.settings import settings_for_inventory
+from thorfleet.runstate import run_state
+from thorfleet.settings import settings_for_run
 
 # Every row has exactly these keys, in this order.
 FIELDS = ("l4t_release", "power_mode", "clocks_locked", "weights", "image", "patches", "service",
           "serving_fingerprint", "health", "chat", "changed", "error")
-
-observed_by_host: dict[str, dict] = {}
-errors_by_host: dict[str, list[str]] = {}
-_installed: list = []
-
-
-def note_error(host_name, message):
-    errors_by_host.setdefault(host_name, []).append(message)
 
 
 def observe(target, s):
@@ -47,7 +42,7 @@ def observe(target, s):
     labels = target.get_fact(facts.DockerImageLabels, ref=s.image_tag, _sudo=True) or {}
     server = target.get_fact(facts.ServerState, service=s.service_name, port=s.service_port,
                              chat=True, _sudo=True)
-    observed_by_host[target.name] = {
+    run_state(target.state).observed[target.name] = {
         "l4t_release": target.get_fact(facts.L4TRelease),
         "power_mode": target.get_fact(facts.PowerMode, _sudo=True),
         "clocks_locked": target.get_fact(facts.ClocksLocked, _sudo=True),
@@ -79,11 +74,12 @@ class _ReadDroppedHosts(BaseStateCallback):
     def operation_end(state, op_hash):
         if op_hash != state.get_op_order()[-1]:
             return
+        observed = run_state(state).observed
         for h in state.failed_hosts:
-            if h.name in observed_by_host or not h.connected:
+            if h.name in observed or not h.connected:
                 continue
             try:
-                observe(h, settings_for_inventory(state.inventory)[h.name])
+                observe(h, settings_for_run(state)[h.name])
             # a box that broke mid-run: report what we have
             except (PyinfraError, OSError, KeyError, TypeError, ValueError) as error:
                 logger.warning(f"thorfleet: could not read {h.name} for the report: {error}")
@@ -91,8 +87,9 @@ class _ReadDroppedHosts(BaseStateCallback):
 
 def install(state, path):
     """Write the report when pyinfra exits (once per run, however many hosts)."""
-    if not _installed:
-        _installed.append(path)
+    run = run_state(state)
+    if run.report_path is None:
+        run.report_path = path
         state.add_callback_handler(_ReadDroppedHosts())
         atexit.register(_write, state, path)
 
@@ -109,7 +106,7 @@ def _unreachable(h):
 
 
 def _host_rows(state):
-    rows = {}
+    run, rows = run_state(state), {}
     for h in state.inventory:
         changed, failed = [], []
         for op_hash in state.get_op_order():
@@ -123,12 +120,12 @@ def _host_rows(state):
                 failed.append(f"{name}: " + " / ".join(line.strip() for line in tail))
             elif meta.did_change():
                 changed.append(name)
-        errors = errors_by_host.get(h.name, []) + failed
+        errors = run.errors.get(h.name, []) + failed
         if h in state.failed_hosts and not errors:
-            errors = [_unreachable(h) if not h.connected and h.name not in observed_by_host
+            errors = [_unreachable(h) if not h.connected and h.name not in run.observed
                       else "failed before any operation (see pyinfra's output above)"]
         row = {field: None for field in FIELDS}
-        row.update(observed_by_host.get(h.name, {}))
+        row.update(run.observed.get(h.name, {}))
         row.update(changed=changed, error="; ".join(errors) or None)
         rows[h.name] = row
     return rows

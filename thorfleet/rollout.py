@@ -1,14 +1,13 @@
-"""Rolling restarts: which hosts restart together, and whether the rollout has been stopped.
+"""Rolling restarts: which hosts restart together.
 
 The slow steps run on every host at once (pyinfra's default). Only the restart rolls: the canary
 group first, then the rest in inventory order, `rollout_batch` hosts at a time. Each batch is its own
-operation, so pyinfra finishes (and proves) one batch on every host before the next starts.
+operation, so pyinfra finishes (and proves) one batch on every host before the next starts. A batch
+whose restart failed stops the later ones: the run state's `failed_restarts` (runstate.py), read by
+operations.serving.
 """
 
 from __future__ import annotations
-
-# Hosts whose restart failed its checks in this run: later batches are not restarted.
-failed: set[str] = set()
 
 
 def batches(inventory, size, canary_group=None):

@@ -1,0 +1,48 @@
+"""The run's shared state: what the hosts' operations record and the end-of-run report reads.
+
+    run = run_state(state)   # one RunState per pyinfra run, kept on pyinfra's State
+    run.fail(host, "why")    # the one way a host fails: logged in red, recorded, False
+
+One object per run (like the run's checked settings, settings.settings_for_run), not module globals:
+two runs in one process (the Python API, the tests) never see each other's failures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyinfra import logger
+
+
+@dataclass
+class RunState:
+    # Hosts whose restart failed its checks in this run: the hosts of later batches are not
+    # restarted (rollout.py makes the batches, operations.serving reads this).
+    failed_restarts: set[str] = field(default_factory=set)
+    # Why each host failed, in the words the operator reads in the report.
+    errors: dict[str, list[str]] = field(default_factory=dict)
+    # What each host looked like at the end of the run (report.observe).
+    observed: dict[str, dict] = field(default_factory=dict)
+    # Where the report is written once the run ends (None until report.install).
+    report_path: str | None = None
+
+    def note_error(self, host_name, message):
+        """Record why `host_name` failed, for the report (without failing it)."""
+        self.errors.setdefault(host_name, []).append(message)
+
+    def fail(self, host, message, details=()):
+        """Fail `host`: log `message` (and any `details` lines) in red under its name, record the
+        message in the report. Returns False, what a FunctionCommand returns to fail the host."""
+        self.note_error(host.name, message)
+        for line in (message, *details):
+            host.log_styled(f"thorfleet: {line}", fg="red", log_func=logger.error)
+        return False
+
+
+def run_state(state) -> RunState:
+    """The RunState of this pyinfra run (`state`: pyinfra's State), created on first use."""
+    held = getattr(state, "thorfleet_run", None)
+    if held is None:
+        held = RunState()
+        state.thorfleet_run = held
+    return held
