@@ -211,7 +211,12 @@ def test_tool_calls_only_through_vllms_parser(docker_client, derived, model_dir)
         status, body = server.request("POST", "/v1/chat/completions",
                                       body={**CHAT, "reasoning_effort": "high"})
         assert status == 200, body
-        assert "[/THINK]" in body["choices"][0]["message"]["content"]  # trace lands inline
+        # The prompt ends in [THINK] (prefilled by the patch), so the output has [/THINK] without
+        # [THINK]: 0.19.0's MistralReasoningParser (mistral_reasoning_parser.py L144-153) drops
+        # the [/THINK] and returns trace + answer as content, with no reasoning field.
+        message = body["choices"][0]["message"]
+        assert message["content"].startswith("Thinking it over") and "[/THINK]" not in message[
+            "content"], message
         # temperature > 0: sometimes the model answers in text instead.
         answers = {bool(server.request("POST", "/v1/chat/completions", body={
             **CHAT, "tools": [TOOL], "temperature": 1.0, "seed": seed})[1]["choices"][0]

@@ -73,11 +73,16 @@ VLLM_DIR: Path
 def _line_of(relpath: str, needle: str) -> int:
     """Line of `needle` in the installed vLLM source, so log lines point where vLLM's would."""
     try:
-        for number, line in enumerate((VLLM_DIR / relpath).read_text().splitlines(), 1):
-            if needle in line:
-                return number
+        lines = (VLLM_DIR / relpath).read_text().splitlines()
     except OSError:
-        pass
+        return 0
+    for number, line in enumerate(lines, 1):
+        if needle in line:
+            # A call spread over lines logs the line where it starts: `logger.xxx(`.
+            for back in range(number, max(0, number - 6), -1):
+                if "logger." in lines[back - 1]:
+                    return back
+            return number
     return 0
 
 
