@@ -1,14 +1,21 @@
-"""The box-side weights verifier on a temporary folder: huggingface_hub's local-dir metadata in,
-a verdict out, no network (FACTS.md, "Weights": commit + etag per file, sha256 for LFS files)."""
+"""The box-side weights tool on temporary folders.
+
+verify: huggingface_hub's local-dir metadata in, a verdict out, no network (FACTS.md, "Weights":
+commit + etag per file, sha256 for LFS files). fetch: the real huggingface_hub against the sim's
+stand-in hub (tests/sim/hub/server.py, stdlib only) run as a local process, no Docker: what lands
+in the folder the server mounts, what stays in staging, what is fetched again.
+"""
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from tests.deploy_run import ROOT
+from tests.sim.hub import DRAFT_REPO, MODEL_REPO, HubFaults, build_repos
 
 pytestmark = pytest.mark.fast
 
@@ -85,3 +92,100 @@ def test_an_unfinished_download_is_not_complete(tmp_path):
 
 def test_a_folder_never_downloaded(tmp_path):
     assert verify(tmp_path / "nope")["problems"] == ["not downloaded"]
+
+
+# --- fetch, against the stand-in hub ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """The sim's stand-in hub on 127.0.0.1 (a free port): (endpoint, {repo: pinned revision})."""
+    root = tmp_path_factory.mktemp("hub")
+    pins = build_repos(root)
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "sim" / "hub" / "server.py"), "--root", str(root),
+         "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, text=True)
+    port = server.stdout.readline().rsplit(":", 1)[1].strip()  # "... serving ROOT on HOST:PORT"
+    endpoint = f"http://127.0.0.1:{port}"
+    yield endpoint, pins
+    server.terminate()
+    server.wait(timeout=10)
+
+
+def fetch(hub, folder, repo=DRAFT_REPO, revision=None):
+    endpoint, pins = hub
+    env = {**os.environ, "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    env.pop("HF_TOKEN", None)
+    return subprocess.run([sys.executable, str(TOOL), "fetch", "--dir", str(folder), "--repo", repo,
+                           "--revision", revision or pins[repo], "--endpoint", endpoint],
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
+
+
+def fetched(hub):
+    """Paths of the repo files the hub sent a body for since the last call (API calls aside)."""
+    faults = HubFaults(hub[0])
+    sent = [r["path"] for r in faults.requests()
+            if r["method"] == "GET" and r.get("bytes") and not r["path"].startswith("/api/")]
+    faults.forget_requests()
+    return sent
+
+
+def test_fetch_puts_a_verified_folder_in_place_whole(hub, tmp_path):
+    folder = tmp_path / "eagle" / hub[1][DRAFT_REPO]
+    done = fetch(hub, folder)
+    assert done.returncode == 0, done.stderr
+    assert verify(folder, hub[1][DRAFT_REPO]) == {"complete": True, "problems": []}
+    assert not (folder.parent / f".{folder.name}.partial").exists()  # staging renamed into place
+    assert "complete and verified" in done.stderr
+    fetched(hub)
+    assert fetch(hub, folder).returncode == 0 and fetched(hub) == []  # complete: nothing fetched
+
+
+def test_fetch_of_a_damaged_folder_fetches_only_the_damaged_file(hub, tmp_path):
+    revision = hub[1][MODEL_REPO]
+    folder = tmp_path / "model" / revision
+    assert fetch(hub, folder, MODEL_REPO).returncode == 0
+    shard = folder / "consolidated-00004-of-00013.safetensors"
+    kept = folder / "consolidated-00005-of-00013.safetensors"
+    inode = kept.stat().st_ino
+    shard.write_bytes(b"\0" * shard.stat().st_size)  # same size, other bytes
+    fetched(hub)
+    done = fetch(hub, folder, MODEL_REPO)
+    assert done.returncode == 0, done.stderr
+    assert [p.rsplit("/", 1)[-1] for p in fetched(hub)] == [shard.name]
+    assert kept.stat().st_ino == inode  # the good files were never replaced
+    assert verify(folder, revision)["complete"]
+
+
+def test_a_failed_download_leaves_the_folder_alone_and_keeps_what_finished(hub, tmp_path):
+    # (a connection cut mid-file is resumed by huggingface_hub itself, after 1 s pauses: the
+    # fleet's fault stories cover it; a refusal fails the download at once)
+    revision = hub[1][MODEL_REPO]
+    folder = tmp_path / "model" / revision
+    staging = folder.parent / f".{folder.name}.partial"
+    faults = HubFaults(hub[0])
+    with faults.injected("404", path="consolidated-00013-of-00013.safetensors", repo=MODEL_REPO):
+        done = fetch(hub, folder, MODEL_REPO)
+    assert done.returncode == 1 and "hub answered 404" in done.stderr
+    assert not folder.exists()  # the server's folder never saw a byte
+    finished = {p.name for p in staging.glob("consolidated-*.safetensors")}
+    assert finished  # ... but what finished waits in staging
+    fetched(hub)
+    assert fetch(hub, folder, MODEL_REPO).returncode == 0
+    refetched = {p.rsplit("/", 1)[-1] for p in fetched(hub)}
+    assert "consolidated-00013-of-00013.safetensors" in refetched
+    assert not refetched & finished
+    assert verify(folder, revision)["complete"] and not staging.exists()
+
+
+def test_bytes_that_do_not_match_their_sha256_never_reach_the_folder(hub, tmp_path):
+    folder = tmp_path / "eagle" / hub[1][DRAFT_REPO]
+    with HubFaults(hub[0]).injected("bad-sha", path="consolidated.safetensors", repo=DRAFT_REPO):
+        done = fetch(hub, folder)
+    assert done.returncode == 1, done.stderr
+    assert not folder.exists()
+
+
+def test_an_unknown_revision_is_named_with_its_fix(hub, tmp_path):
+    done = fetch(hub, tmp_path / "x", DRAFT_REPO, "9" * 40)
+    assert done.returncode == 1
+    assert "hub answered 404" in done.stderr and "weights_*_revision" in done.stderr

@@ -2,7 +2,11 @@
 
 import subprocess
 
+import pytest
+
 from tests.deploy_run import ROOT
+
+pytestmark = pytest.mark.fast
 
 GATE = ROOT / "files" / "bin" / "memory-gate"
 KIB_PER_GIB = 1 << 20

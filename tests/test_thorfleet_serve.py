@@ -1,0 +1,221 @@
+"""thorfleet-serve on temporary folders: its proven fingerprint, last-good copies, roll-back and hold.
+
+The box around it is stood in: `systemctl`, `journalctl` and `docker` on PATH are one small script
+(below) keeping the unit's state in a folder, and the server is a local http.server answering as
+vLLM does. Which version "runs" is the config file the fake systemctl found when it (re)started the
+unit: a config saying `marlin` logs the slow-kernel fallback, one saying `crash` fails to start.
+"""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.deploy_run import ROOT
+from thorfleet import layout
+
+pytestmark = pytest.mark.fast
+
+TOOL = ROOT / "files" / "bin" / "thorfleet-serve"
+SERVICE = "thorfleet-vllm"
+KEY = "sk-box-key"
+
+FAKE_BOX = r"""#!/bin/sh
+# systemctl, journalctl and docker as thorfleet-serve uses them; the unit's state in $FAKE_BOX.
+box=$FAKE_BOX
+tool=$(basename "$0")
+echo "$tool $*" >> "$box/calls"
+case "$tool" in
+systemctl)
+    case "$1" in
+    restart)
+        if grep -q crash "$FAKE_CONFIG"; then
+            echo failed > "$box/active"; rm -f "$box/running"
+            echo "Traceback: engine core died" > "$box/journal"
+        else
+            echo active > "$box/active"; cp "$FAKE_CONFIG" "$box/running"
+            if grep -q marlin "$FAKE_CONFIG"; then k=marlin_utils_fp4; else k=FLASHINFER_CUTLASS; fi
+            printf 'Using TRITON_MLA backend\nNVFP4 GEMM: %s\n' "$k" > "$box/journal"
+        fi ;;
+    stop) echo inactive > "$box/active"; rm -f "$box/running" ;;
+    is-active) s=$(cat "$box/active" 2>/dev/null || echo inactive); echo "$s"; [ "$s" = active ] ;;
+    is-enabled) echo enabled ;;
+    show) case "$*" in *NRestarts*) echo 0 ;; *) echo "Mon 2026-01-05 10:00:00 UTC" ;; esac ;;
+    esac ;;
+journalctl) cat "$box/journal" 2>/dev/null || true ;;
+docker) echo 1 ;;  # the image's thorfleet.think-prefill label
+esac
+"""
+
+
+class VLLM(BaseHTTPRequestHandler):
+    """Answers as vLLM does while the fake unit runs a version; refuses a wrong API key."""
+
+    box = None
+
+    def log_message(self, *args):
+        pass
+
+    def answer(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        running = (self.box / "running").exists()
+        self.answer(200 if running else 503, {})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.headers.get("Authorization") != f"Bearer {KEY}":
+            return self.answer(401, {"error": "Unauthorized"})
+        if not (self.box / "running").exists():
+            return self.answer(503, {})
+        if self.path == "/v1/chat/completions/render":
+            return self.answer(200, {"token_ids": [1, 2, 3]})
+        if self.path == "/detokenize":
+            return self.answer(200, {"prompt": '[MODEL_SETTINGS]{"reasoning_effort": "high"}'
+                                               "[INST]Hello[/INST][THINK]"})
+        if body.get("tools"):
+            call = {"function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+            return self.answer(200, {"choices": [{"message": {"tool_calls": [call]}}]})
+        return self.answer(200, {"choices": [{"message": {"content": "Hello!"}, "text": "x"}]})
+
+
+@pytest.fixture
+def box(tmp_path):
+    """A box in a temporary folder: the layout file, live unit/config/secrets, the fakes, a port."""
+    root = tmp_path / "box"
+    paths = {"STATE_DIR": root / "var/lib/thorfleet", "CONFIG": root / "etc/vllm/vllm.yaml",
+             "SECRETS_ENV": root / "etc/secrets.env", "UNIT_DIR": root / "etc/systemd/system"}
+    for path in (paths["CONFIG"].parent, paths["UNIT_DIR"]):
+        path.mkdir(parents=True)
+    paths["SECRETS_ENV"].write_text(f"VLLM_API_KEY={KEY}\n")
+    (paths["UNIT_DIR"] / f"{SERVICE}.service").write_text("[Service]\nExecStart=v1\n")
+    layout_file = root / "layout.env"
+    layout_file.write_text("# test box\n" + "".join(f"{k}={v}\n" for k, v in paths.items()))
+    fakes = tmp_path / "fakes"
+    fakes.mkdir()
+    (fakes / "fakebox").write_text(FAKE_BOX)
+    (fakes / "fakebox").chmod(0o755)
+    for tool in ("systemctl", "journalctl", "docker"):
+        (fakes / tool).symlink_to(fakes / "fakebox")
+    handler = type("Handler", (VLLM,), {"box": fakes})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    env = {**os.environ, "PATH": f"{fakes}{os.pathsep}{os.environ['PATH']}",
+           "FAKE_BOX": str(fakes), "FAKE_CONFIG": str(paths["CONFIG"])}
+
+    class Box:
+        config, unit = paths["CONFIG"], paths["UNIT_DIR"] / f"{SERVICE}.service"
+        state_dir, fake = paths["STATE_DIR"], fakes
+        proven = paths["STATE_DIR"] / "proven-fingerprint"
+        last_good = paths["STATE_DIR"] / "last-good"
+
+        def serve(self, command, *args, layout_file=layout_file):
+            argv = [sys.executable, str(TOOL), command, "--service", SERVICE,
+                    "--port", str(server.server_port), "--layout", str(layout_file), *args]
+            return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60,
+                                  check=False)
+
+        def activate(self, config, fingerprint):
+            self.config.write_text(config)
+            return self.serve("activate", "--timeout", "30", "--fingerprint", fingerprint)
+
+        def calls(self):
+            path = fakes / "calls"
+            return path.read_text().splitlines() if path.exists() else []
+
+    yield Box()
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_version_that_proves_itself_becomes_the_last_good_one(box):
+    done = box.activate("version: 1\n", "1" * 64)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout) == {"serving": True, "fingerprint": "1" * 64}
+    assert box.proven.read_text() == "1" * 64
+    assert (box.last_good / "config").read_text() == "version: 1\n"
+    assert (box.last_good / "unit").read_text() == box.unit.read_text()
+    assert (box.last_good / "secrets").read_text() == f"VLLM_API_KEY={KEY}\n"
+    assert (box.last_good / "timeout").read_text() == "30.0"
+    assert "systemctl restart thorfleet-vllm" in box.calls()
+    state = json.loads(box.serve("state", "--chat").stdout)
+    assert state == {"active": "active", "enabled": "enabled", "proven_fingerprint": "1" * 64,
+                     "healthy": True, "chat_ok": True}
+
+
+def test_a_version_on_the_slow_kernels_is_rolled_back_to_the_last_good_one(box):
+    assert box.activate("version: 1\n", "1" * 64).returncode == 0
+    done = box.activate("version: 2 marlin\n", "2" * 64)
+    assert done.returncode == 1
+    assert "FAILED: start-up log shows marlin_utils_fp4" in done.stdout
+    assert f"Rolled back: the last good version ({'1' * 12}) serves again." in done.stdout
+    assert box.config.read_text() == "version: 1\n"  # the live files are the last good ones again
+    assert (box.fake / "running").read_text() == "version: 1\n"
+    assert box.proven.read_text() == "1" * 64
+
+
+def test_a_first_version_that_fails_is_stopped_with_nothing_to_roll_back_to(box):
+    done = box.activate("version: 1 crash\n", "1" * 64)
+    assert done.returncode == 1
+    assert "thorfleet-vllm exited while loading" in done.stdout
+    assert "No earlier good version on this host: thorfleet-vllm stopped." in done.stdout
+    assert "systemctl stop thorfleet-vllm" in box.calls()
+    assert not box.proven.exists() and not box.last_good.exists()
+
+
+def test_hold_puts_the_proven_files_back_over_untested_ones(box):
+    assert box.activate("version: 1\n", "1" * 64).returncode == 0
+    box.config.write_text("version: 2\n")  # the deploy wrote the next version; not restarted
+    done = box.serve("hold")
+    assert done.returncode == 0 and "kept the last good version (111111111111)" in done.stdout
+    assert box.config.read_text() == "version: 1\n"
+    assert box.calls()[-1] == "systemctl daemon-reload"
+
+
+def test_hold_with_nothing_proven_leaves_the_new_files(box):
+    box.config.write_text("version: 2\n")
+    done = box.serve("hold")
+    assert done.returncode == 0 and "nothing proven to hold on to" in done.stdout
+    assert box.config.read_text() == "version: 2\n"
+
+
+def test_state_of_a_box_never_served(box):
+    state = json.loads(box.serve("state").stdout)
+    assert state == {"active": "inactive", "enabled": "enabled", "proven_fingerprint": None,
+                     "healthy": False}
+
+
+def test_without_its_layout_file_it_says_so(box, tmp_path):
+    done = box.serve("state", layout_file=tmp_path / "missing.env")
+    assert done.returncode != 0 and "missing.env" in done.stderr and "run the deploy" in done.stderr
+    (tmp_path / "partial.env").write_text("STATE_DIR=/x\n")
+    done = box.serve("state", layout_file=tmp_path / "partial.env")
+    assert done.returncode != 0 and "lacks CONFIG, SECRETS_ENV, UNIT_DIR" in done.stderr
+
+
+def _constants(path):
+    tree = ast.parse(path.read_text())
+    return {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, (ast.Constant, ast.Tuple))}
+
+
+def test_the_layout_the_deploy_writes_is_the_one_the_tool_reads():
+    tool = _constants(TOOL)
+    assert tool["LAYOUT"] == layout.BOX_LAYOUT_ENV
+    written = dict(line.split("=", 1) for line in layout.layout_env_text().splitlines()
+                   if not line.startswith("#"))
+    assert tuple(written) == tool["LAYOUT_KEYS"]
+    assert written == {"STATE_DIR": layout.BOX_STATE, "CONFIG": layout.BOX_CONFIG,
+                       "SECRETS_ENV": layout.BOX_SECRETS_ENV, "UNIT_DIR": layout.BOX_UNIT_DIR}
