@@ -1,0 +1,80 @@
+"""The house rules a newcomer can rely on, read from the source (ast): thorfleet's modules import
+downwards with no cycle, the operations never import the report, and only layout.py spells the
+box's paths."""
+
+import ast
+import re
+
+import pytest
+
+from tests.deploy_run import ROOT
+
+pytestmark = pytest.mark.fast
+
+PACKAGE = ROOT / "thorfleet"
+# Modules that hold facts of the world, not logic: they import nothing of thorfleet's.
+LEAVES = {"layout", "recipe", "runstate", "rollout", "ssh"}
+# What the box-facing side (facts, operations) may import: never settings, schema or the report.
+BOX_SIDE = {"facts": {"layout"}, "operations": {"facts", "layout", "runstate"}}
+
+
+def imports():
+    """{module: {thorfleet modules it imports, anywhere in its body}} for thorfleet/*.py."""
+    graph = {}
+    for path in sorted(PACKAGE.glob("*.py")):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module == "thorfleet":
+                    found.update(alias.name for alias in node.names)
+                elif node.module.startswith("thorfleet."):
+                    found.add(node.module.split(".")[1])
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                raise AssertionError(f"{path.name}: use absolute imports (from thorfleet...)")
+            elif isinstance(node, ast.Import):
+                found.update(a.name.split(".")[1] for a in node.names
+                             if a.name.startswith("thorfleet."))
+        graph[path.stem] = found - {path.stem}
+    return graph
+
+
+def test_every_import_points_down_with_no_cycle():
+    graph = imports()
+    order, placed = [], set()
+    while len(placed) < len(graph):  # a layer at a time: modules whose imports are all placed
+        layer = sorted(m for m, uses in graph.items() if m not in placed and uses <= placed)
+        assert layer, f"import cycle among {sorted(set(graph) - placed)}: " + "; ".join(
+            f"{m} -> {sorted(graph[m] - placed)}" for m in sorted(set(graph) - placed))
+        order.append(layer)
+        placed.update(layer)
+    assert all(uses <= set(graph) for uses in graph.values())  # no import of a missing module
+
+
+def test_the_leaves_import_nothing_of_thorfleet():
+    graph = imports()
+    assert {m: graph[m] for m in LEAVES} == {m: set() for m in LEAVES}
+
+
+def test_the_box_side_does_not_import_settings_or_the_report():
+    graph = imports()
+    for module, allowed in BOX_SIDE.items():
+        assert graph[module] <= allowed, f"{module} imports {sorted(graph[module] - allowed)}"
+
+
+BOX_PATH = re.compile(r"/(opt|etc|var/lib|var/cache)/thorfleet\b|/run/thorfleet")
+
+
+def test_only_layout_spells_the_boxs_paths():
+    sources = [*PACKAGE.glob("*.py"), *(ROOT / "tasks").glob("*.py"), ROOT / "deploy.py",
+               ROOT / "config.py"]
+    spelled = {}
+    for path in sources:
+        found = sorted({match.group(0) for match in BOX_PATH.finditer(path.read_text())})
+        if found and path.name != "layout.py":
+            spelled[str(path.relative_to(ROOT))] = found
+    assert spelled == {}
+
+
+def test_the_templates_take_the_boxs_paths_from_the_layout():
+    for template in (ROOT / "files").rglob("*.j2"):
+        assert not BOX_PATH.search(template.read_text()), template
