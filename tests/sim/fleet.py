@@ -440,7 +440,7 @@ def sim_group_data() -> dict:
         "ssh_user": "thor",
         "ssh_key": str(state / "id_ed25519"),
         "ssh_known_hosts_file": str(state / "known_hosts"),
-        "ssh_strict_host_key_checking": "yes",
+        # host keys are checked by thorfleet's own default (group_data/all.py), not set here
     }
     if fleet.get("image_base"):
         data["image_base"] = fleet["image_base"]
