@@ -43,7 +43,8 @@ def render(client, image: str) -> dict:
 
 
 def candidate_tags(client, tag: str) -> list[str]:
-    """The temporary tags build-image.sh gives its builds of `tag` (thorfleet-candidate:<cksum>-*)."""
+    """The temporary tags build-image.sh gives its builds of `tag`:
+    thorfleet-candidate:<cksum of tag>-<pid>."""
     crc = subprocess.run(["cksum"], input=tag, capture_output=True, text=True,
                          check=True).stdout.split()[0]
     return [t for image in client.images.list("thorfleet-candidate") for t in image.tags
@@ -116,8 +117,6 @@ def test_plan_and_build_import_nothing_that_needs_a_gpu(docker_client, base_imag
     assert "IMPORTED []" in out, out
 
 
-@pytest.mark.skip(reason="needs the base stand-in whose torch fails to import without the nvidia "
-                         "runtime's libcuda.so.1 (tests/sim/base, another engineer's change)")
 def test_a_plain_run_of_the_base_cannot_import_torch(docker_client, base_image):
     """The base is Jetson-like: a build step that imported torch would have failed. The derived
     image's own build passing (above) therefore proves it never imported it."""
@@ -226,3 +225,72 @@ def test_a_base_that_no_longer_fits_fails_the_build(docker_client, images, base_
     assert "left as it was" in output
     assert docker_client.images.get(tag).id == before
     assert candidate_tags(docker_client, tag) == []
+
+
+# ------------------------------------------------------------------ the shape rules, on text alone
+# chatfix.py's rules read code, never versions: shown here on the shapes each rule must tell
+# apart (this machine's Python runs them; they import nothing of vLLM or transformers).
+
+def chatfix():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("chatfix", IMAGE_CONTEXT / "chatfix.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+VLLM_0_19_0 = '''
+class MistralTokenizer:
+    def apply_chat_template(self, messages, tools=None, **kwargs):
+        version_kwargs = {}
+        if self.version >= 15:
+            version_kwargs["reasoning_effort"] = kwargs.get("reasoning_effort")
+'''
+VLLM_UPSTREAM = '''
+class MistralTokenizer:
+    def apply_chat_template(self, messages, tools=None, **kwargs):
+        version_kwargs = {}
+        if self.version >= 15 and (effort := kwargs.get("reasoning_effort")) is not None:
+            version_kwargs["reasoning_effort"] = effort
+'''
+AUTH_0_19_0 = '''
+class AuthenticationMiddleware:
+    def __call__(self, scope, receive, send):
+        if url_path.startswith("/v1") and not self.verify_token(headers):
+            response = JSONResponse(content={"error": "Unauthorized"}, status_code=401)
+            return response(scope, receive, send)
+        return self.app(scope, receive, send)
+'''
+AUTH_DENY_BY_DEFAULT = '''
+class AuthenticationMiddleware:
+    def __call__(self, scope, receive, send):
+        if url_path not in self.public_paths and not self.verify_token(headers):
+            response = JSONResponse(content={"error": "Unauthorized"}, status_code=401)
+            return response(scope, receive, send)
+        return self.app(scope, receive, send)
+'''
+TRANSFORMERS_4 = '''
+class MistralCommonTokenizer:
+    def apply_chat_template(self, conversation, tools=None, return_dict=False, **kwargs):
+        pass
+'''
+TRANSFORMERS_5 = '''
+class MistralCommonBackend:
+    def apply_chat_template(self, conversation, tools=None, *, reasoning_effort=None, **kwargs):
+        pass
+'''
+
+
+def test_shape_rules_tell_the_bug_from_the_fix():
+    fix = chatfix()
+    assert fix.vllm_already_skips_unset_effort(VLLM_0_19_0) is None
+    assert "only when the request sets it" in fix.vllm_already_skips_unset_effort(VLLM_UPSTREAM)
+    assert fix.base_guards_every_route(AUTH_0_19_0) is None
+    assert "no path prefix" in fix.base_guards_every_route(AUTH_DENY_BY_DEFAULT)
+    assert fix.transformers_already_takes_effort(TRANSFORMERS_4) is None
+    assert "MistralCommonBackend.apply_chat_template already takes" in (
+        fix.transformers_already_takes_effort(TRANSFORMERS_5))
+    with pytest.raises(fix.PlanError, match="expected a method apply_chat_template in class "
+                                            "MistralTokenizer; found none"):
+        fix.vllm_already_skips_unset_effort("class Other:\n    pass\n")

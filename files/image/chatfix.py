@@ -155,7 +155,8 @@ def fit(patch: Patch, text: str) -> str | None:
     for n, (old, new) in enumerate(hunks, 1):
         found = find_block(lines, old)
         if len(found) != 1:
-            where = "nowhere" if not found else f"{len(found)} times (lines {[i + 1 for i in found]})"
+            lines_at = [i + 1 for i in found]
+            where = "nowhere" if not found else f"{len(found)} times (lines {lines_at})"
             expected = "\n".join(f"         | {line}" for line in old)
             raise PlanError(
                 f"{patch.name}: {relpath} ({package} {version_of(package)}) no longer "
@@ -220,8 +221,8 @@ def guarded_by(function: ast.AST, wanted) -> list[tuple[ast.AST, list[ast.expr]]
 
 
 def mentions(expr: ast.expr, word: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == word or isinstance(n, ast.Constant) and n.value == word
-               for n in ast.walk(expr))
+    return any(isinstance(n, ast.Name) and n.id == word
+               or isinstance(n, ast.Constant) and n.value == word for n in ast.walk(expr))
 
 
 def vllm_already_skips_unset_effort(text: str) -> str | None:
@@ -278,7 +279,8 @@ def always_needed(text: str) -> str | None:
 
 
 VLLM_FIX = Patch("vllm-reasoning-effort", "vllm-reasoning-effort.diff",
-                 "vLLM passes reasoning_effort=None to transformers", vllm_already_skips_unset_effort)
+                 "vLLM passes reasoning_effort=None to transformers",
+                 vllm_already_skips_unset_effort)
 TRANSFORMERS_FIX = Patch("transformers-reasoning-effort", "transformers-reasoning-effort.diff",
                          "transformers' MistralCommonTokenizer refuses reasoning_effort",
                          transformers_already_takes_effort)
@@ -322,7 +324,8 @@ def plan(think_prefill: bool) -> list[tuple[Patch, str, str]]:
     Text only: safe in a plain `docker run` or `docker build` on a Jetson."""
     check_mistral_common()
     found = {p: version_of(p) for p in ("vllm", "transformers", "mistral_common")}
-    say("found " + ", ".join(f"{p} {v}" for p, v in found.items()) + f" (python {sys.version.split()[0]})")
+    say("found " + ", ".join(f"{p} {v}" for p, v in found.items())
+        + f" (python {sys.version.split()[0]})")
     steps = []
     for patch in TABLE:
         if patch is THINK_PREFILL and not think_prefill:
