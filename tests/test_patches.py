@@ -282,6 +282,7 @@ class MistralCommonBackend:
 '''
 
 
+@pytest.mark.fast
 def test_shape_rules_tell_the_bug_from_the_fix():
     fix = chatfix()
     assert fix.vllm_already_skips_unset_effort(VLLM_0_19_0) is None
