@@ -83,21 +83,6 @@ def base_image(docker_client) -> str:
 # the draft -> EagleMistralLarge3ForCausalLM: transformers_utils/configs/mistral.py L22-52,
 # config/speculative.py L346-347). Without these keys vLLM resolves MixtralForCausalLM and refuses
 # the draft ("Model architectures ['EagleMistralForCausalLM'] are not supported").
-MISTRAL_SMALL_4_KEYS = {
-    "qk_nope_head_dim": 64,
-    "v_head_dim": 128,
-    "llama_4_scaling": {"original_max_position_embeddings": 8192, "beta": 0.1},
-}
-
-
-def _as_mistral_small_4(params: dict) -> dict:
-    params = {**MISTRAL_SMALL_4_KEYS, **params}
-    moe = {"num_experts": 128, "num_experts_per_tok": 4, "expert_hidden_dim": 1536,
-           **(params.get("moe") or {})}
-    moe.setdefault("num_shared_experts", 1)
-    return {**params, "moe": moe}
-
-
 @pytest.fixture(scope="session")
 def model_dir(docker_client, base_image) -> Path:
     """The model folder as the hub serves it (tests/sim/hub/repos.py, pinned revision), with the
@@ -117,9 +102,6 @@ def hub_model(client, base_image: str, path: Path) -> Path:
         dest.mkdir(parents=True)
         for name, entry in manifest["repos"][repo]["commits"][pins[repo]]["files"].items():
             shutil.copyfile(root / "blobs" / entry["sha256"], dest / name)
-        params = json.loads((dest / "params.json").read_text())
-        if "qk_nope_head_dim" not in params:  # until the hub's params.json carries them
-            (dest / "params.json").write_text(json.dumps(_as_mistral_small_4(params), indent=1))
     return path
 
 

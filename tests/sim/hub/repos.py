@@ -44,12 +44,19 @@ MODEL_PARAMS = {
     "kv_lora_rank": 512,
     "q_lora_rank": 1536,
     "qk_rope_head_dim": 64,
+    # DeepSeek-V2-style MLA with a shared expert and Llama-4 scaling: vLLM 0.19.0 reads such a
+    # params.json as MistralLarge3ForCausalLM (transformers_utils/configs/mistral.py); without
+    # these keys it reads Mixtral and refuses the draft as EagleMistralForCausalLM.
+    "qk_nope_head_dim": 64,
+    "v_head_dim": 128,
+    "llama_4_scaling": {"original_max_position_embeddings": 8192, "beta": 0.1},
     "rope_theta": 1000000.0,
     "norm_eps": 1e-05,
     "vocab_size": 131072,
     "max_position_embeddings": 262144,
     "tied_embeddings": False,
-    "moe": {"num_experts": 128, "num_experts_per_tok": 4, "expert_hidden_dim": 1536},
+    "moe": {"num_experts": 128, "num_experts_per_tok": 4, "expert_hidden_dim": 1536,
+            "num_shared_experts": 1},
     "quantization": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"},
     "thorfleet_sim": "stand-in checkpoint: tiny tensors, real file layout",
 }
@@ -61,6 +68,11 @@ DRAFT_PARAMS = {
     "kv_lora_rank": 512,
     "q_lora_rank": 1536,
     "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 64,
+    "v_head_dim": 128,
+    "llama_4_scaling": {"original_max_position_embeddings": 8192, "beta": 0.1},
+    "moe": {"num_experts": 128, "num_experts_per_tok": 4, "expert_hidden_dim": 1536,
+            "num_shared_experts": 1},
     "norm_eps": 1e-05,
     "vocab_size": 131072,
     "eagle": {"method": "eagle", "target": MODEL_REPO},
