@@ -39,8 +39,14 @@ systemctl)
             echo "Traceback: engine core died" > "$box/journal"
         else
             echo active > "$box/active"; cp "$FAKE_CONFIG" "$box/running"
-            if grep -q marlin "$FAKE_CONFIG"; then k=marlin_utils_fp4; else k=FLASHINFER_CUTLASS; fi
-            printf 'Using TRITON_MLA backend\nNVFP4 GEMM: %s\n' "$k" > "$box/journal"
+            # the lines vLLM 0.19.0 logs for its kernel choice (cuda.py, nvfp4_utils.py, oracle)
+            if grep -q marlin "$FAKE_CONFIG"; then k=MARLIN; else k=FLASHINFER_CUTLASS; fi
+            printf '%s\n' "Using AttentionBackendEnum.TRITON_MLA backend." \
+                "Using NvFp4LinearBackend.FLASHINFER_CUTLASS for NVFP4 GEMM" \
+                "Using '$k' NvFp4 MoE backend out of potential backends: [...]." > "$box/journal"
+            if [ $k = MARLIN ]; then
+                echo "[marlin_utils_fp4.py:298] Your GPU does not have native support for FP4" >> "$box/journal"
+            fi
         fi ;;
     stop) echo inactive > "$box/active"; rm -f "$box/running" ;;
     is-active) s=$(cat "$box/active" 2>/dev/null || echo inactive); echo "$s"; [ "$s" = active ] ;;
@@ -158,7 +164,7 @@ def test_a_version_on_the_slow_kernels_is_rolled_back_to_the_last_good_one(box):
     assert box.activate("version: 1\n", "1" * 64).returncode == 0
     done = box.activate("version: 2 marlin\n", "2" * 64)
     assert done.returncode == 1
-    assert "FAILED: start-up log shows marlin_utils_fp4" in done.stdout
+    assert "FAILED: start-up log shows the slow Marlin FP4 fallback (marlin_utils_fp4)" in done.stdout
     assert f"Rolled back: the last good version ({'1' * 12}) serves again." in done.stdout
     assert box.config.read_text() == "version: 1\n"  # the live files are the last good ones again
     assert (box.fake / "running").read_text() == "version: 1\n"
