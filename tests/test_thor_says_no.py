@@ -29,11 +29,13 @@ SEED_ENV_LINES = [
 ]
 # (story, the edit, what the failed deploy must say)
 EDITS = [
-    ("drop the seed's kernel env vars",
-     {"thorfleet/recipe.py": [(line, "") for line in SEED_ENV_LINES]},
-     ["marlin_utils_fp4", "Rolled back"]),
+    # the seed's FlashInfer GEMM swapped for Marlin: vLLM logs the fallback (nvfp4_utils.py L66)
+    ("the seed's kernel env edited to Marlin",
+     {"thorfleet/recipe.py": [('"VLLM_NVFP4_GEMM_BACKEND": "flashinfer-cutlass"',
+                               '"VLLM_NVFP4_GEMM_BACKEND": "marlin"')]},
+     ["slow Marlin FP4 fallback", "NvFp4LinearBackend.MARLIN", "Rolled back"]),
     ("drop the memory gate from the unit",
-     {UNIT: [("ExecStartPre=/opt/thorfleet/bin/memory-gate", "# no gate:")]},
+     {UNIT: [("ExecStartPre={{ layout.BOX_MEMORY_GATE }}", "# no gate:")]},
      ["Free memory on device", "less than desired GPU memory utilization", "Rolled back"]),
     ("drop the /eagle mount",
      {UNIT: [("    -v {{ s.draft_dir }}:/eagle:ro \\\n", "")]},
@@ -41,9 +43,19 @@ EDITS = [
     ("drop the tool-call parser options",
      {CONFIG: [("enable_auto_tool_choice: true\n", ""), ("tool_call_parser: mistral\n", "")]},
      ["tool call request answered", "Rolled back"]),
-    ("drop --attention-backend",
-     {UNIT: [(" --attention-backend TRITON_MLA", "")]},
-     ["TRITON_MLA", "Rolled back"]),
+    # a non-MLA attention backend: the seed's troubleshooting row, vLLM's own error (cuda.py L268)
+    ("--attention-backend FLASHINFER",
+     {UNIT: [("--attention-backend TRITON_MLA", "--attention-backend FLASHINFER")]},
+     ["MLA not supported", "Rolled back"]),
+]
+# Edits a real Thor running vLLM 0.19.0 accepts, so the simulated one must accept them too: on
+# compute capability 11.0 with FlashInfer, vLLM picks FLASHINFER_CUTLASS for the NVFP4 GEMM
+# (nvfp4_utils.py select_nvfp4_linear_backend L58-60) and the MoE (oracle/nvfp4.py L246, the
+# FlashInfer CUTLASS kernel lists 11.0) by itself, and TRITON_MLA is the only MLA attention backend
+# for major 11 (platforms/cuda.py L91-97). The seed's settings are kept, but not needed there.
+ACCEPTED = [
+    ("drop the seed's kernel env vars", {"thorfleet/recipe.py": [(line, "") for line in SEED_ENV_LINES]}),
+    ("drop --attention-backend", {UNIT: [(" --attention-backend TRITON_MLA", "")]}),
 ]
 HOG = "thorsim-second-server"
 
@@ -74,6 +86,18 @@ def test_an_edit_a_thor_rejects_fails_the_deploy_saying_why(sim_fleet, says_no_b
     # the last good version serves again, and thorfleet as it is finds nothing to change
     assert box(sim_fleet, host, "cat /var/lib/thorfleet/proven-fingerprint") == proven
     assert serves(sim_fleet, host, timeout=30)
+    assert changed_on(deploy(inventory), host) == []
+
+
+@pytest.mark.parametrize("story,edits", ACCEPTED, ids=[a[0] for a in ACCEPTED])
+def test_an_edit_a_thor_accepts_still_serves_on_the_seeds_kernels(sim_fleet, says_no_box, tmp_path,
+                                                                  story, edits):
+    host, inventory = says_no_box
+    run = deploy(inventory, root=edited_checkout(tmp_path, edits))
+    assert run.returncode == 0, (story, run.stderr[-3000:])
+    assert "Batch 1/1: serve the rendered version" in " ".join(changed_on(run, host))
+    # and back to thorfleet as it is
+    assert deploy(inventory).returncode == 0
     assert changed_on(deploy(inventory), host) == []
 
 
