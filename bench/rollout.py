@@ -22,9 +22,9 @@ from pathlib import Path
 
 import docker
 
-from bench.prober import Prober, restart_window
-from tests.deploy_run import deploy
 from tests.sim import fleet
+from tests.sim.operator import deploy
+from tests.sim.prober import Prober, restart_window
 
 
 def parse_range(text):

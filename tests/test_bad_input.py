@@ -9,8 +9,7 @@ import os
 
 import pytest
 
-from tests.deploy_run import deploy
-from tests.test_drift import SERVICE, container_started
+from tests.helpers import SERVICE, container_started, deploy
 
 pytestmark = pytest.mark.fleet
 

@@ -187,7 +187,7 @@ def test_memory_held_and_page_cache_filled_on_a_box(docker_client, base_image, m
         server.wait_healthy()
         holds = list((thorsim / "holds").iterdir())
         assert len(holds) == 1
-        assert int(holds[0].read_text().splitlines()[0]) == -(-int(122 * (1 << 30)) * 72 // 100)
+        assert int(holds[0].read_text().splitlines()[0]) == -(-(122 * (1 << 30)) * 72 // 100)
         _, out = server.container.exec_run(["python3", "-c", (
             "import fcntl, sys; f = open(sys.argv[1]); "
             "fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)"), f"/run/thorsim/holds/{holds[0].name}"])

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.deploy_run import ROOT
+from tests.helpers import ROOT
 from tests.sim.hub import DRAFT_REPO, MODEL_REPO, HubFaults, build_repos
 
 pytestmark = pytest.mark.fast

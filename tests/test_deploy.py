@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.deploy_run import deploy
+from tests.helpers import deploy
 
 pytestmark = pytest.mark.fleet
 
@@ -17,7 +17,7 @@ def ask(sim_fleet, host, path="/v1/chat/completions", body=CHAT, key=True):
     from the secrets file (read by the shell, so it never lands in a process's arguments)."""
     header = ('. /etc/thorfleet/secrets.env; printf "Authorization: Bearer %s" "$VLLM_API_KEY" '
               '> /run/thorfleet-test-header; ' if key else ": > /run/thorfleet-test-header; ")
-    code, out = sim_fleet.exec(host, (
+    _code, out = sim_fleet.exec(host, (
         f"sh -c '{header}curl -s -o /dev/null -w %{{http_code}} -H @/run/thorfleet-test-header "
         f"-H \"Content-Type: application/json\" {'-d @-' if body else ''} "
         f"http://127.0.0.1:8002{path}' <<'EOF'\n{body}\nEOF"))

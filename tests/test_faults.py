@@ -14,24 +14,25 @@ import time
 
 import pytest
 
-from tests.deploy_run import ROOT, deploy
-from tests.sim import fleet as sim
-from tests.sim import registry
-from tests.sim.base import ensure_base_image
-from tests.sim.base.testing import variant
-from tests.sim.rootfs import ensure_rootfs
-from tests.test_drift import (
+from tests.helpers import (
+    ROOT,
     SERVICE,
     SHARD,
     box,
     changed_on,
     container_started,
+    deploy,
     downloads,
     hub,
     image_ref,
     model_dir,
     serves,
 )
+from tests.sim import fleet as sim
+from tests.sim import registry
+from tests.sim.base import ensure_base_image
+from tests.sim.base.testing import variant
+from tests.sim.rootfs import ensure_rootfs
 
 pytestmark = pytest.mark.fleet
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.deploy_run import ROOT
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.fast
 

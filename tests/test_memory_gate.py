@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from tests.deploy_run import ROOT
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.fast
 

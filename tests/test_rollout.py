@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from bench.prober import Prober
-from tests.deploy_run import deploy
+from tests.helpers import deploy
+from tests.sim.prober import Prober
 from thorfleet.report import FIELDS
 
 pytestmark = pytest.mark.fleet

@@ -10,10 +10,9 @@ import subprocess
 
 import pytest
 
-from tests.deploy_run import deploy
+from tests.helpers import SERVICE, SHARD, box, deploy, downloads, hub, model_dir
 from tests.sim import fleet as sim
 from tests.sim.hub import set_token
-from tests.test_drift import SERVICE, SHARD, box, downloads, hub, model_dir
 from thorfleet.settings import settings_for
 
 pytestmark = pytest.mark.fleet

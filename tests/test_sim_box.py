@@ -313,8 +313,8 @@ def clean_memory(sim_fleet, box):
 
 
 def start_holder(sim_fleet, box, name: str, size: int) -> str:
-    code, out = sim_fleet.exec(box, ["sh", "-c", f"setsid python3 /tmp/thorsim-hold.py {name} {size}"
-                                                 " >/dev/null 2>&1 & echo $!"])
+    code, out = sim_fleet.exec(box, ["sh", "-c", (f"setsid python3 /tmp/thorsim-hold.py {name} {size}"
+                                                 " >/dev/null 2>&1 & echo $!")])
     assert code == 0, out
     return out.strip()
 
@@ -419,7 +419,7 @@ def test_memory_pressure_evicts_page_cache_oldest_first(sim_fleet, box, clean_me
     hold = 80 * GIB  # baseline + 80 + 70 GiB > 122 GiB: 30.5 GiB of cache must go
     start_holder(sim_fleet, box, "pressure", hold)
     assert wait_available(sim_fleet, box, lambda v: v == 0) == 0
-    code, out = sim_fleet.exec(box, "ls /run/thorsim/cache; cat /run/thorsim/cache/new; "
+    _code, out = sim_fleet.exec(box, "ls /run/thorsim/cache; cat /run/thorsim/cache/new; "
                                     "ls /run/thorsim/holds")
     names = out.split()
     assert "old" not in names and names[0] == "new" and "pressure" in names

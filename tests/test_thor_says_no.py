@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-from tests.deploy_run import deploy, edited_checkout
-from tests.test_drift import SERVICE, box, changed_on, serves
+from tests.helpers import SERVICE, box, changed_on, deploy, edited_checkout, serves
 
 pytestmark = pytest.mark.fleet
 

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.deploy_run import ROOT
+from tests.helpers import ROOT
 from thorfleet import layout
 
 pytestmark = pytest.mark.fast

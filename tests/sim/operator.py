@@ -1,4 +1,5 @@
-"""Run thorfleet the way an operator does: the pyinfra CLI from the repo root, on an inventory."""
+"""Run thorfleet the way an operator does: the pyinfra CLI from the repo root, on an inventory.
+Part of the sim's public API: the tests (through tests.helpers) and bench/ use it."""
 
 import json
 import os
@@ -9,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: tests/sim/operator.py
 
 
 @dataclass

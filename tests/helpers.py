@@ -1,0 +1,66 @@
+"""Helpers the operator's stories share: run thorfleet as an operator does (re-exported from the
+sim's public `tests.sim.operator`), read a box, and read pyinfra's --json results."""
+
+import time
+
+from tests.sim import fleet as sim
+from tests.sim.hub import HubFaults
+from tests.sim.operator import ROOT, Run, deploy, edited_checkout  # noqa: F401 - re-exported
+
+SERVICE = "thorfleet-vllm"
+SHARD = "consolidated-{:05d}-of-00013.safetensors"
+
+
+def changed_on(run, host):
+    """Names of the operations that changed something on `host` (pyinfra's "success")."""
+    return [op["name"] for op in run.json["results"]["operations"] if host in op["success"]]
+
+
+def failed_on(run, host):
+    return [op["name"] for op in run.json["results"]["operations"] if host in op["error"]]
+
+
+def box(sim_fleet, host, command):
+    code, out = sim_fleet.exec(host, command)
+    assert code == 0, out
+    return out.strip()
+
+
+def container_started(sim_fleet, host):
+    """When the server's container started (changes with every restart), or "" when none runs."""
+    return sim_fleet.exec(host, f"docker inspect -f '{{{{.State.StartedAt}}}}' {SERVICE}")[1].strip()
+
+
+def image_ref(sim_fleet, host):
+    """The image the unit runs, and its id."""
+    unit = box(sim_fleet, host, f"cat /etc/systemd/system/{SERVICE}.service")
+    tag = next(line.split()[0] for line in unit.splitlines() if "thorfleet/mistral-small4:" in line)
+    return tag, sim_fleet.exec(host, f"docker image inspect -f '{{{{.Id}}}}' {tag}")[1].strip()
+
+
+def model_dir(sim_fleet):
+    revision = sim.sim_group_data()["weights_model_revision"]
+    return f"/opt/thorfleet/models/{sim.MODEL_REPO.split('/')[-1]}/{revision}"
+
+
+def hub(sim_fleet):
+    return HubFaults(sim_fleet.hub["endpoint_local"])
+
+
+def downloads(faults):
+    """Files the hub sent since forget_requests() (GETs with a body; metadata API calls excluded)."""
+    return sorted({r["path"].rsplit("/", 1)[-1] for r in faults.requests()
+                   if r["method"] == "GET" and ("/resolve/" in r["path"] or "/_sim/lfs/" in r["path"])
+                   and r["bytes"]})
+
+
+def serves(sim_fleet, host, timeout=120):
+    """True once the server answers /health on the box (it may still be loading)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _, out = sim_fleet.exec(host, "curl -s -o /dev/null -w '%{http_code}' "
+                                         "http://127.0.0.1:8002/health")
+        if out.strip() == "200":
+            return True
+        time.sleep(2)
+    return False
