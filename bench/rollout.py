@@ -38,7 +38,7 @@ def recreate(client, hosts, up_to):
     for host in hosts:
         index = fleet.index_of(host)
         if index in existing:
-            fleet._remove_box(existing[index], index)
+            fleet.remove_box(existing[index], index)
     return fleet.up(up_to, inventory=Path(tempfile.gettempdir()) / "thorfleet-bench-all.py",
                     client=client)
 

@@ -155,7 +155,7 @@ def _start_box(client, image: str, index: int) -> None:
     ], check=True, stdout=subprocess.DEVNULL)
 
 
-def _remove_box(container, index: int) -> None:
+def remove_box(container, index: int) -> None:
     container.remove(force=True)
     # The inner dockerd's files belong to root and may be busy for a moment after the stop.
     subprocess.run(["rm", "-rf", str(box_data_dir(index).parent)], check=False)
@@ -365,7 +365,7 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None) -> Fleet:
             if index > hosts or container.image.id != current_id:
                 why = "beyond --hosts" if index > hosts else "image changed"
                 log(f"removing {host_name(index)} ({why})")
-                _remove_box(container, index)
+                remove_box(container, index)
                 existing.pop(index)
         for index in range(1, hosts + 1):
             if index not in existing:
@@ -394,7 +394,7 @@ def down(client=None) -> None:
     with locked("fleet"):
         for index, container in sorted(boxes(client).items()):
             log(f"removing {host_name(index)}")
-            _remove_box(container, index)
+            remove_box(container, index)
         hub = importlib.util.find_spec("tests.sim.hub") and importlib.import_module("tests.sim.hub")
         if hub and hasattr(hub, "stop"):
             hub.stop(client)
