@@ -17,6 +17,7 @@ BOX_BIN = f"{BOX_HOME}/bin"
 BOX_MEMORY_GATE = f"{BOX_BIN}/memory-gate"  # the unit's ExecStartPre
 BOX_SERVE = f"{BOX_BIN}/thorfleet-serve"  # start, prove, roll back (system python3)
 BOX_WEIGHTS = f"{BOX_BIN}/thorfleet-weights"  # fetch, verify (the venv's python)
+BOX_BENCH = f"{BOX_BIN}/thorfleet-bench"  # the seed's decode benchmark (system python3)
 BOX_VENV = f"{BOX_HOME}/venv"  # huggingface_hub for thorfleet-weights
 BOX_VENV_PYTHON = f"{BOX_VENV}/bin/python"
 BOX_IMAGE_CONTEXT = f"{BOX_HOME}/image"  # one build context per image inputs hash

@@ -8,7 +8,9 @@ fails the host. Every value put into a command is quoted (shlex.quote).
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
+import statistics
 import time
 from io import BytesIO, StringIO
 
@@ -18,6 +20,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, opera
 
 from thorfleet import facts
 from thorfleet.layout import (
+    BOX_BENCH,
     BOX_REBOOT_MARKER,
     BOX_SERVE,
     BOX_UPLOAD_STAGING,
@@ -315,3 +318,80 @@ def _checked(command):
         return ok
 
     return FunctionCommand(run, (), {})
+
+
+@operation()
+def benchmark(port):
+    """Measure the host's decode rate the seed's way (thorfleet-bench: /v1/completions, 512 tokens,
+    a warm-up then 3 runs) and record tok/s, time to first token and EAGLE's acceptance for the
+    fleet gate and the report. A benchmark that cannot run fails the host.
+
+    .. code:: python
+
+        benchmark(name="Benchmark the decode rate", port=8002)
+    """
+
+    def measure(state, host):
+        ok, output = host.run_shell_command(_command("python3", BOX_BENCH, "--port", port),
+                                            _sudo=True)
+        said = output.stdout_lines + output.stderr_lines
+        try:
+            result = json.loads(output.stdout_lines[-1])
+        except (IndexError, ValueError):
+            result = {"error": " / ".join(line.strip() for line in said[-3:]) or "no output"}
+        result["as_of"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        run_state(state).benchmarks[host.name] = result
+        if not ok or result.get("error"):
+            return run_state(state).fail(host, f"benchmark failed: {result.get('error')}",
+                                         details=said[-6:])
+        acceptance = result.get("eagle_acceptance")
+        host.log_styled(f"thorfleet: {result['tok_s']:.1f} tok/s, first token after "
+                        f"{result['ttft_s']:.2f}s, EAGLE acceptance "
+                        f"{'-' if acceptance is None else f'{acceptance:.2f}'}")
+        return True
+
+    yield FunctionCommand(measure, (), {})
+
+
+def bench_verdict(rate, rates, min_fraction, floor):
+    """(fleet median, [why `rate` fails the gate]) for one host's tok/s among the fleet's `rates`:
+    below `floor` tok/s, or below `min_fraction` of the median."""
+    median = statistics.median(rates)
+    problems = []
+    if rate < floor:
+        problems.append(f"{rate:.1f} tok/s is below the floor of {floor} tok/s "
+                        "(rollout_bench_min_toks)")
+    if rate < min_fraction * median:
+        problems.append(f"{rate:.1f} tok/s is {rate / median:.2f}x the fleet median "
+                        f"{median:.1f} tok/s, below {min_fraction} (rollout_bench_min_fraction)")
+    return median, problems
+
+
+@operation()
+def benchmark_gate(min_fraction, floor):
+    """Fail a benchmarked host that is slower than the fleet: below `floor` tok/s or below
+    `min_fraction` of the median of every host benchmarked in this run. Runs after every host's
+    benchmark operation (pyinfra runs an operation on all hosts before the next one).
+
+    .. code:: python
+
+        benchmark_gate(name="Fleet benchmark gate", min_fraction=0.8, floor=27)
+    """
+
+    def gate(state, host):
+        results = run_state(state).benchmarks
+        mine = results.get(host.name) or {}
+        rates = [r["tok_s"] for r in results.values() if r.get("tok_s") is not None]
+        if mine.get("tok_s") is None or not rates:
+            return True
+        median, problems = bench_verdict(mine["tok_s"], rates, min_fraction, floor)
+        mine.update(fleet_median_tok_s=round(median, 2),
+                    vs_median=round(mine["tok_s"] / median, 3) if median else None,
+                    gate_problems=problems, passed=not problems)
+        if problems:
+            return run_state(state).fail(
+                host, "too slow: " + "; ".join(problems) + " (EAGLE not engaged? the seed: "
+                "~33.7 tok/s with EAGLE, ~17.5 without)")
+        return True
+
+    yield FunctionCommand(gate, (), {})

@@ -23,6 +23,8 @@ class RunState:
     errors: dict[str, list[str]] = field(default_factory=dict)
     # What each host looked like at the end of the run (report.observe).
     observed: dict[str, dict] = field(default_factory=dict)
+    # Each benchmarked host's figures (operations.benchmark), then the fleet gate's verdict on them.
+    benchmarks: dict[str, dict] = field(default_factory=dict)
     # Where the report is written once the run ends (None until report.install).
     report_path: str | None = None
 

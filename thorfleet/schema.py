@@ -291,6 +291,15 @@ class Schema(BaseModel):
     rollout_canary_group: Annotated[StrictStr, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = setting(
         None, "inventory group restarted (and proven) before everyone else",
         "must be the name of a group of the inventory, or None")
+    rollout_benchmark: Literal["first-install", "always", "never"] = setting(
+        "first-install", "benchmark after the proof: on a first install, always or never",
+        "must be 'first-install', 'always' or 'never'")
+    rollout_bench_min_fraction: Annotated[Number, Field(ge=0, le=1)] = setting(
+        0.8, "a host below this share of the fleet's median tok/s fails the run",
+        "must be a number in [0, 1] (0: no median check)")
+    rollout_bench_min_toks: NonNegative = setting(
+        27, "a host below this many tok/s fails the run (seed: 33.7 EAGLE, 17.5 base)",
+        "must be a non-negative number of tokens per second (0: no floor)")
     rollout_report_path: Annotated[StrictStr, Field(min_length=1)] = setting(
         "thorfleet-report.json", "laptop path of the JSON report of the last run",
         "must be a file path on the laptop")
