@@ -1,0 +1,217 @@
+"""The benchmark's arithmetic (files/bin/thorfleet-bench against a local http.server standing in for
+vLLM) and the fleet gate (operations.bench_verdict, operations.benchmark_gate)."""
+
+import importlib.machinery
+import importlib.util
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+from pyinfra.api import FunctionCommand
+from pyinfra.context import ctx_host
+
+from tasks.verification import wants_benchmark
+from thorfleet import layout
+from thorfleet import operations as thor
+from thorfleet.runstate import run_state
+
+pytestmark = pytest.mark.fast
+
+KEY = "sk-bench-test"
+
+
+def load_bench():
+    path = layout.FILES / "bin" / "thorfleet-bench"
+    loader = importlib.machinery.SourceFileLoader("thorfleet_bench", str(path))
+    spec = importlib.util.spec_from_loader("thorfleet_bench", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+bench = load_bench()
+
+
+class FakeVllm:
+    """/v1/completions streamed as vLLM does (a chunk per token at `rate` after `ttft` seconds, a
+    usage chunk, [DONE]); /metrics with spec-decode counters that grow by `accepted`/`drafted`
+    per request (omitted with spec=False). Requests without the API key answer 401."""
+
+    def __init__(self, tokens=20, rate=200.0, ttft=0.05, spec=True, accepted=30, drafted=48):
+        self.tokens, self.rate, self.ttft, self.spec = tokens, rate, ttft, spec
+        self.accepted, self.drafted, self.requests, self.bodies = accepted, drafted, 0, []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if self.path != "/metrics":
+                    self.send_error(404)
+                    return
+                lines = ["# HELP vllm:num_requests_running Number of requests.",
+                         'vllm:num_requests_running{engine="0",model_name="/model"} 0.0']
+                if fake.spec:
+                    n = fake.requests
+                    lines += [
+                        "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
+                        f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {n * fake.accepted}.0',
+                        f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {n * fake.drafted}.0',
+                        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="0"}} {n}.0',
+                        "vllm:spec_decode_num_accepted_tokens_created{engine=\"0\"} 1.7e9",
+                    ]
+                body = ("\n".join(lines) + "\n").encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.headers.get("Authorization") != f"Bearer {KEY}":
+                    self.send_error(401)
+                    return
+                fake.bodies.append(body)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                time.sleep(fake.ttft)
+                for i in range(body["max_tokens"] if fake.tokens is None else fake.tokens):
+                    if i:
+                        time.sleep(1 / fake.rate)
+                    chunk = {"choices": [{"index": 0, "text": " tok", "finish_reason": None}]}
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                fake.requests += 1
+                usage = {"choices": [], "usage": {"completion_tokens": fake.tokens}}
+                self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+
+    def __enter__(self):
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def layout_file(tmp_path):
+    secrets = tmp_path / "secrets.env"
+    secrets.write_text(f"VLLM_API_KEY={KEY}\n")
+    path = tmp_path / "layout.env"
+    path.write_text(f"# test layout\nSTATE_DIR={tmp_path}\nSECRETS_ENV={secrets}\n")
+    return path
+
+
+def test_the_bench_looks_for_the_layout_where_the_deploy_writes_it():
+    assert bench.LAYOUT == layout.BOX_LAYOUT_ENV
+
+
+def test_rate_counts_the_whole_request_and_ttft_the_first_token(layout_file, capsys):
+    with FakeVllm(tokens=20, rate=200.0, ttft=0.05) as fake:
+        assert bench.main(["--port", str(fake.port), "--layout", str(layout_file),
+                           "--max-tokens", "20"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert fake.requests == 4  # one warm-up, three runs
+    assert all(b["temperature"] == 0 and b["stream"] and b["max_tokens"] == 20
+               and "red-black tree" in b["prompt"] for b in fake.bodies)
+    assert [r["tokens"] for r in result["runs"]] == [20, 20, 20]
+    for run in result["runs"]:
+        assert run["tok_s"] == pytest.approx(run["tokens"] / run["seconds"], rel=0.01)
+    # 20 tokens in 0.05 s + 19/200 s = 0.145 s: ~138 tok/s, not the 200 of the decode alone
+    assert 90 < result["tok_s"] < 145
+    assert 0.045 < result["ttft_s"] < 0.1
+    # 3 runs x 30 accepted over 3 x 48 drafted, the warm-up's left out
+    assert result["eagle_acceptance"] == pytest.approx(0.625)
+    assert result["spec_decode_metrics"] is True
+
+
+def test_no_spec_decode_counters_means_no_acceptance(layout_file, capsys):
+    with FakeVllm(tokens=3, ttft=0, spec=False) as fake:
+        assert bench.main(["--port", str(fake.port), "--layout", str(layout_file)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["eagle_acceptance"] is None and result["spec_decode_metrics"] is False
+
+
+def test_counters_that_never_move_mean_no_acceptance(layout_file, capsys):
+    with FakeVllm(tokens=3, ttft=0, accepted=0, drafted=0) as fake:
+        assert bench.main(["--port", str(fake.port), "--layout", str(layout_file)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["eagle_acceptance"] is None and result["spec_decode_metrics"] is True
+
+
+def test_acceptance_reads_prometheus_text():
+    before = bench.counters('vllm:spec_decode_num_accepted_tokens_total{engine="0"} 10.0\n'
+                            'vllm:spec_decode_num_accepted_tokens_total{engine="1"} 5.0\n'
+                            "vllm:spec_decode_num_draft_tokens_total 30\n")
+    after = bench.counters('vllm:spec_decode_num_accepted_tokens_total{engine="0"} 40.0\n'
+                           'vllm:spec_decode_num_accepted_tokens_total{engine="1"} 15.0\n'
+                           "vllm:spec_decode_num_draft_tokens_total 90\n")
+    assert bench.acceptance(before, after) == pytest.approx(40 / 60)
+    assert bench.acceptance({}, after) is None
+
+
+def test_a_wrong_key_is_an_error_line_and_a_failure(tmp_path, capsys):
+    layout_file = tmp_path / "layout.env"
+    (tmp_path / "secrets.env").write_text("VLLM_API_KEY=wrong\n")
+    layout_file.write_text(f"SECRETS_ENV={tmp_path / 'secrets.env'}\n")
+    with FakeVllm() as fake:
+        assert bench.main(["--port", str(fake.port), "--layout", str(layout_file)]) == 1
+    assert "401" in json.loads(capsys.readouterr().out)["error"]
+
+
+# --- the fleet gate -------------------------------------------------------------------------
+
+def test_the_gate_fails_below_the_median_fraction_or_the_floor():
+    fleet = [33.7, 33.5, 33.6]
+    assert thor.bench_verdict(33.5, fleet, 0.8, 27) == (33.6, [])
+    median, problems = thor.bench_verdict(17.5, [*fleet, 17.5], 0.8, 27)
+    assert median == pytest.approx(33.55)
+    assert len(problems) == 2 and "floor of 27" in problems[0] and "0.52x" in problems[1]
+    # a fleet all slow passes the median check but not the floor
+    assert thor.bench_verdict(17.5, [17.5, 17.6], 0.8, 27)[1] == [
+        "17.5 tok/s is below the floor of 27 tok/s (rollout_bench_min_toks)"]
+    # fast enough for the floor, but a fifth below the others
+    assert "rollout_bench_min_fraction" in thor.bench_verdict(28.0, [36.0, 36.0, 28.0], 0.8, 27)[1][0]
+
+
+class GateHost(SimpleNamespace):
+    def log_styled(self, message, **kwargs):
+        self.logged.append(message)
+
+
+def gate(results, name):
+    state = SimpleNamespace()
+    run_state(state).benchmarks.update(results)
+    fake = GateHost(name=name, state=state, logged=[])
+    with ctx_host.use(fake):
+        (command,) = thor.benchmark_gate._inner(min_fraction=0.8, floor=27)
+    assert isinstance(command, FunctionCommand)
+    return command.function(state, fake), run_state(state)
+
+
+def test_the_gate_operation_fails_the_slow_host_and_records_why():
+    results = {"thor-3": {"tok_s": 33.7}, "thor-4": {"tok_s": 33.6}, "thor-5": {"tok_s": 17.5}}
+    ok, run = gate(results, "thor-5")
+    assert ok is False
+    assert "too slow" in run.errors["thor-5"][0] and "0.52x the fleet median 33.6" in \
+        run.errors["thor-5"][0]
+    assert run.benchmarks["thor-5"]["passed"] is False
+    ok, run = gate(results, "thor-3")
+    assert ok is True and run.benchmarks["thor-3"]["vs_median"] == pytest.approx(1.003, abs=1e-3)
+    assert gate(results, "thor-9")[0] is True  # not benchmarked: nothing to judge
+
+
+def test_a_first_install_is_benchmarked_unless_told_otherwise():
+    s = SimpleNamespace(rollout_benchmark="first-install")
+    assert wants_benchmark(s, None) and not wants_benchmark(s, "abc123")
+    assert wants_benchmark(SimpleNamespace(rollout_benchmark="always"), "abc123")
+    assert not wants_benchmark(SimpleNamespace(rollout_benchmark="never"), None)
