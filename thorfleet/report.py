@@ -6,6 +6,12 @@ are still connected are read the same way once that last operation has run; a ho
 be reached at all gets only its error. The report is written when pyinfra exits.
 
 It reads the run's shared state (runstate.py): the operations record into it, and never import this.
+
+A dry run (`pyinfra --dry`, or a run not confirmed) leaves the last report alone and writes its plan
+beside it (`<report>.dry.json`). A limited run (`--limit`) reports the hosts it touched and keeps
+the others' rows from the last report, marked `"stale": true` with the time they were read
+(`as_of`). A host not benchmarked in this run keeps its last figures while it serves the same
+version (the benchmark's own `as_of` says when).
 """
 
 from __future__ import annotations
@@ -27,7 +33,11 @@ from thorfleet.settings import settings_for_run
 
 # Every row has exactly these keys, in this order.
 FIELDS = ("l4t_release", "power_mode", "clocks_locked", "weights", "image", "patches", "service",
-          "serving_fingerprint", "health", "chat", "changed", "error")
+          "serving_fingerprint", "health", "chat", "reasoning_split", "tok_s", "ttft_s",
+          "eagle_acceptance", "vs_median", "benchmark", "changed", "error", "stale", "as_of")
+# What a benchmark puts in the row (the whole result stays in "benchmark").
+BENCH_FIELDS = ("tok_s", "ttft_s", "eagle_acceptance", "vs_median")
+TABLE_WIDTH = 120  # the terminal table never needs more: long values stay in the JSON
 
 
 def observe(target, s):
@@ -53,6 +63,8 @@ def observe(target, s):
         "serving_fingerprint": server.get("proven_fingerprint"),
         "health": server.get("healthy"),
         "chat": server.get("chat_ok"),
+        # the proof's reasoning_content check, once thorfleet-serve's state reports it
+        "reasoning_split": server.get("reasoning_split"),
     }
 
 
@@ -105,9 +117,27 @@ def _unreachable(h):
         return f"could not connect to {address}:{port}: {error.strerror or error}"
 
 
-def _host_rows(state):
-    run, rows = run_state(state), {}
+def _now():
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _host_rows(state, previous=None, now=None):
+    """{host: row}; `previous`: the last report's rows, kept (marked stale) for the hosts outside
+    this run's --limit, and for their benchmark when a host serves the version it measured."""
+    run, rows, now = run_state(state), {}, now or _now()
+    previous = previous or {}
+    in_limit = getattr(state, "is_host_in_limit", lambda h: True)
     for h in state.inventory:
+        if not in_limit(h):
+            row = {field: None for field in FIELDS}
+            if h.name in previous:
+                row.update({k: v for k, v in previous[h.name].items() if k in FIELDS})
+                row.update(stale=True, as_of=previous[h.name].get("as_of"))
+            else:
+                row.update(changed=[], stale=True,
+                           error="not in this run (--limit) and in no earlier report")
+            rows[h.name] = row
+            continue
         changed, failed = [], []
         for op_hash in state.get_op_order():
             op_data = state.ops[h].get(op_hash)
@@ -126,49 +156,131 @@ def _host_rows(state):
                       else "failed before any operation (see pyinfra's output above)"]
         row = {field: None for field in FIELDS}
         row.update(run.observed.get(h.name, {}))
-        row.update(changed=changed, error="; ".join(errors) or None)
+        bench = run.benchmarks.get(h.name)
+        last = previous.get(h.name) or {}
+        if bench is None and last.get("benchmark") and row["serving_fingerprint"] and \
+                last.get("serving_fingerprint") == row["serving_fingerprint"]:
+            # the last figures of the version it still serves, marked as such
+            bench = {**last["benchmark"], "from_earlier_run": True}
+        if bench is not None:
+            row.update({k: bench.get(k) for k in BENCH_FIELDS}, benchmark=bench)
+        row.update(changed=changed, error="; ".join(errors) or None, stale=False, as_of=now)
         rows[h.name] = row
     return rows
 
 
+def _read_previous(path):
+    """The last report's rows ({} when there is none or it cannot be read)."""
+    try:
+        with open(path) as f:
+            hosts = json.load(f).get("hosts")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return hosts if isinstance(hosts, dict) else {}
+
+
+def _planned(state):
+    """{host: [operations a dry run would change]}: what `pyinfra --dry` would do."""
+    plan = {}
+    for h in state.inventory:
+        if not getattr(state, "is_host_in_limit", lambda _: True)(h):
+            continue
+        plan[h.name] = [min(state.get_op_meta(op_hash).names)
+                        for op_hash in state.get_op_order()
+                        if (op := state.ops[h].get(op_hash)) is not None
+                        and op.operation_meta._maybe_is_change]
+    return plan
+
+
 def _write(state, path):
-    rows = _host_rows(state)
-    report = {"finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "hosts": rows}
+    if state.current_stage < StateStage.Execute:
+        # --dry (or a run not confirmed): nothing ran, the last report still tells the truth.
+        dry = f"{path}.dry.json"
+        plan = {"dry_run": True, "planned": _now(), "would_change": _planned(state)}
+        try:
+            with open(dry, "w") as f:
+                json.dump(plan, f, indent=2, sort_keys=True)
+            print(f"thorfleet: dry run: the last report ({path}) is left alone; the plan is in "
+                  f"{dry}", file=sys.stderr)
+        except OSError as error:
+            print(f"thorfleet: could not write the plan to {dry}: {error}", file=sys.stderr)
+        return
+    rows = _host_rows(state, _read_previous(path))
+    medians = {b.get("fleet_median_tok_s") for b in run_state(state).benchmarks.values()} - {None}
+    report = {"finished": _now(), "fleet_median_tok_s": medians.pop() if len(medians) == 1 else None,
+              "hosts": rows}
     try:
         with open(path, "w") as f:
             json.dump(report, f, indent=2, sort_keys=True)
     except OSError as error:
         print(f"thorfleet: could not write the report to {path}: {error}", file=sys.stderr)
-    _print_table(rows, path)
+    _print_table(rows, path, report["fleet_median_tok_s"])
 
 
-def _print_table(rows, path):
-    from rich.console import Console
+def _mark(value):
+    if value is True or value is False:
+        return "yes" if value else "NO"
+    return "-" if value is None else str(value)
+
+
+COLUMNS = (("host", "left"), ("version", "left"), ("health", "left"), ("chat", "left"),
+           ("think", "left"), ("tok/s", "right"), ("vs med", "right"), ("TTFT", "right"),
+           ("EAGLE", "right"), ("chg", "right"), ("error", "left"))
+HOST_WIDTH = 16  # a longer host name is cut with an ellipsis (in full in the JSON)
+
+
+def _cells(name, row):
+    """One host's cells, as the table shows them."""
+    bench = row.get("benchmark") or {}
+    tok_s, ratio = row.get("tok_s"), row.get("vs_median")
+    acceptance = row.get("eagle_acceptance")
+    error = row.get("error") or ""
+    if row.get("stale"):
+        error = f"stale: as of {row.get('as_of') or '?'}" + \
+            (f"; {error}" if error else "")
+    return (
+        name,
+        (row.get("serving_fingerprint") or "-")[:8],
+        _mark(row.get("health")),
+        _mark(row.get("chat")),
+        _mark(row.get("reasoning_split")),
+        "-" if tok_s is None else f"{tok_s:.1f}{'*' if bench.get('from_earlier_run') else ''}",
+        "-" if ratio is None else f"{ratio:.2f}x",
+        "-" if row.get("ttft_s") is None else f"{row['ttft_s']:.2f}s",
+        "-" if acceptance is None else f"{acceptance:.2f}",
+        str(len(row.get("changed") or ())),
+        error,
+    )
+
+
+def table(rows, median=None, width=TABLE_WIDTH):
+    """The report as a rich Table of at most `width` columns, one line per host: every column but
+    the error is as wide as its widest cell, the error gets the rest and is cut with an ellipsis;
+    long values (patches, weights, the whole error) are in the JSON."""
     from rich.table import Table
 
-    def mark(value):
-        if value is True or value is False:
-            return "yes" if value else "NO"
-        return "-" if value is None else str(value)
+    cells = [_cells(name, row) for name, row in rows.items()]
+    widths = [max([len(header), *(len(c[i]) for c in cells)])
+              for i, (header, _) in enumerate(COLUMNS[:-1])]
+    widths[0] = min(widths[0], HOST_WIDTH)
+    # no rules and no padding at the edges: two spaces between columns
+    rest = width - sum(widths) - 2 * (len(COLUMNS) - 1)
+    title = "thorfleet report" + (f": fleet median {median:.1f} tok/s" if median else "")
+    grid = Table(title=title, title_justify="left", box=None, pad_edge=False,
+                 header_style="bold underline")
+    for (header, justify), size in zip(COLUMNS, [*widths, max(rest, len("error"))]):
+        grid.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis",
+                        min_width=size if header != "error" else None, max_width=size)
+    for row in cells:
+        grid.add_row(*row)
+    return grid
 
-    table = Table(title=f"thorfleet report (also in {path})")
-    for column in ("host", "L4T", "power", "clocks", "weights", "image / patches", "service",
-                   "health", "chat", "changed", "error"):
-        table.add_column(column, overflow="fold")
-    for name, row in rows.items():
-        weights = row.get("weights") or {}
-        table.add_row(
-            name,
-            mark(row["l4t_release"]),
-            mark(row["power_mode"]),
-            mark(row["clocks_locked"]),
-            ", ".join(f"{k}@{v['revision'][:8]} {'ok' if v['verified'] else 'BAD'}"
-                      for k, v in weights.items()) or "-",
-            f"{row['image'] or '-'} {row['patches'] or ''}".strip(),
-            mark(row["service"]),
-            mark(row["health"]),
-            mark(row["chat"]),
-            str(len(row["changed"])),
-            row["error"] or "",
-        )
-    Console(stderr=True, width=200).print(table)
+
+def _print_table(rows, path, median=None):
+    from rich.console import Console
+
+    console = Console(stderr=True, width=TABLE_WIDTH)
+    console.print(table(rows, median))
+    console.print(f"Every field is in {path} (tok/s with *: measured in an earlier run; "
+                  "stale: a host not in this run)",
+                  soft_wrap=True)
