@@ -56,6 +56,7 @@ service_extra_env = {}  # extra environment for the container, merged over the s
 # --- rollout: how a fleet is converged -----------------------------------------------------------
 rollout_batch = 1  # hosts restarted at once; each batch must serve before the next starts
 rollout_canary_group = None  # inventory group restarted (and proven) before everyone else
+rollout_drain_timeout_s = 120  # before a restart, wait this long for answers in flight; vLLM's shutdown_timeout too
 rollout_benchmark = "first-install"  # benchmark after the proof: on a first install, always or never
 rollout_bench_min_fraction = 0.8  # a host below this share of the fleet's median tok/s fails the run
 rollout_bench_min_toks = 27  # a host below this many tok/s fails the run (seed: 33.7 EAGLE, 17.5 base)

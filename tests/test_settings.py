@@ -232,6 +232,8 @@ BAD_INPUTS = [
     ({"rollout_batch": 1.5}, "rollout_batch=1.5 must be at least 1 (a whole number of hosts)"),
     ({"rollout_canary_group": "canary thors"}, "must be the name of a group of the inventory"),
     ({"rollout_report_path": ""}, "rollout_report_path='' must be a file path on the laptop"),
+    ({"rollout_drain_timeout_s": -1}, "rollout_drain_timeout_s=-1 must be a whole number of seconds"),
+    ({"rollout_drain_timeout_s": 1.5}, "rollout_drain_timeout_s=1.5 must be a whole number of"),
     ({"rollout_benchmark": "sometimes"}, "rollout_benchmark='sometimes' must be 'first-install'"),
     ({"rollout_bench_min_fraction": 1.5}, "rollout_bench_min_fraction=1.5 must be a number in [0, 1]"),
     ({"rollout_bench_min_toks": "27"}, "rollout_bench_min_toks='27' must be a non-negative number"),

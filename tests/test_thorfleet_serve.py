@@ -3,7 +3,9 @@
 The box around it is stood in: `systemctl`, `journalctl` and `docker` on PATH are one small script
 (below) keeping the unit's state in a folder, and the server is a local http.server answering as
 vLLM does. Which version "runs" is the config file the fake systemctl found when it (re)started the
-unit: a config saying `marlin` logs the slow-kernel fallback, one saying `crash` fails to start.
+unit: a config saying `marlin` logs the slow-kernel fallback, one saying `crash` fails to start, one
+saying `busy` is answering a client for the first two /metrics reads after it starts (the file
+`busy` in the fake box counts the reads left that report a running request).
 """
 
 import ast
@@ -39,6 +41,7 @@ systemctl)
             echo "Traceback: engine core died" > "$box/journal"
         else
             echo active > "$box/active"; cp "$FAKE_CONFIG" "$box/running"
+            if grep -q busy "$FAKE_CONFIG"; then echo 2 > "$box/busy"; fi
             # the lines vLLM 0.19.0 logs for its kernel choice (cuda.py, nvfp4_utils.py, oracle)
             if grep -q marlin "$FAKE_CONFIG"; then k=MARLIN; else k=FLASHINFER_CUTLASS; fi
             printf '%s\n' "Using AttentionBackendEnum.TRITON_MLA backend." \
@@ -77,7 +80,29 @@ class VLLM(BaseHTTPRequestHandler):
 
     def do_GET(self):
         running = (self.box / "running").exists()
+        if self.path == "/metrics" and running:
+            return self.metrics()
         self.answer(200 if running else 503, {})
+
+    def metrics(self):
+        """vLLM's gauges, one label set per engine: a request runs while `busy` counts down."""
+        busy_file = self.box / "busy"
+        left = int(busy_file.read_text()) if busy_file.exists() else 0
+        if left:
+            busy_file.write_text(str(left - 1))
+        with (self.box / "calls").open("a") as calls:
+            calls.write(f"GET /metrics running={int(bool(left))}\n")
+        text = "".join(
+            f"# TYPE vllm:num_requests_{name} gauge\n"
+            f'vllm:num_requests_{name}{{engine="0",model_name="/model"}} {value}\n'
+            f'vllm:num_requests_{name}{{engine="1",model_name="/model"}} 0.0\n'
+            for name, value in (("running", float(bool(left))), ("waiting", 0.0)))
+        data = text.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -136,6 +161,9 @@ def box(tmp_path):
             self.config.write_text(config)
             return self.serve("activate", "--timeout", "30", "--fingerprint", fingerprint)
 
+        def busy(self, reads):
+            (fakes / "busy").write_text(str(reads))
+
         def calls(self):
             path = fakes / "calls"
             return path.read_text().splitlines() if path.exists() else []
@@ -178,6 +206,62 @@ def test_a_first_version_that_fails_is_stopped_with_nothing_to_roll_back_to(box)
     assert "No earlier good version on this host: thorfleet-vllm stopped." in done.stdout
     assert "systemctl stop thorfleet-vllm" in box.calls()
     assert not box.proven.exists() and not box.last_good.exists()
+
+
+def test_a_restart_waits_until_vllm_runs_no_request(box):
+    assert box.activate("version: 1\nshutdown_timeout: 30\n", "1" * 64).returncode == 0
+    box.busy(3)  # a client's answer is streaming: the next three reads see it running
+    done = box.activate("version: 2\nshutdown_timeout: 30\n", "2" * 64)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert ("drain: waiting up to 30s (rollout_drain_timeout_s) for 1 running request(s) "
+            "(vllm:num_requests_running + vllm:num_requests_waiting on /metrics) before "
+            "restarting thorfleet-vllm") in done.stdout
+    assert "drain: no request in flight after" in done.stdout
+    calls = box.calls()
+    last = len(calls) - calls[::-1].index("systemctl restart thorfleet-vllm") - 1
+    polls = [c for c in calls[:last] if c.startswith("GET /metrics")]
+    assert polls[-4:] == ["GET /metrics running=1"] * 3 + ["GET /metrics running=0"]
+    assert not any(c.startswith("GET /metrics") for c in calls[last:])
+
+
+def test_a_restart_waits_no_longer_than_the_drain_timeout(box):
+    assert box.activate("version: 1\nshutdown_timeout: 1\n", "1" * 64).returncode == 0
+    box.busy(1000)  # a request that will not end in time
+    done = box.activate("version: 2\nshutdown_timeout: 1\n", "2" * 64)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert ("drain: 1 request(s) still in flight after 1s (rollout_drain_timeout_s): restarting "
+            "thorfleet-vllm anyway") in done.stdout
+    assert (box.fake / "running").read_text() == "version: 2\nshutdown_timeout: 1\n"
+
+
+def test_a_drain_timeout_of_0_restarts_at_once(box):
+    assert box.activate("version: 1\nshutdown_timeout: 0\n", "1" * 64).returncode == 0
+    box.busy(5)
+    done = box.activate("version: 2\nshutdown_timeout: 0\n", "2" * 64)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "drain: rollout_drain_timeout_s is 0: requests in flight are cut" in done.stdout
+    assert not [c for c in box.calls() if c.startswith("GET /metrics")]
+
+
+def test_a_first_start_has_nothing_to_drain(box):
+    box.busy(5)
+    done = box.activate("version: 1\nshutdown_timeout: 30\n", "1" * 64)
+    assert done.returncode == 0 and "drain" not in done.stdout
+    assert not [c for c in box.calls() if c.startswith("GET /metrics")]
+
+
+def test_a_roll_back_drains_the_version_that_failed_before_restarting(box):
+    assert box.activate("version: 1\nshutdown_timeout: 30\n", "1" * 64).returncode == 0
+    # the new version picks the slow kernels but answers a client all the same
+    done = box.activate("version: 2 marlin busy\nshutdown_timeout: 30\n", "2" * 64)
+    assert done.returncode == 1
+    assert "drain: no request in flight, restarting thorfleet-vllm" in done.stdout
+    assert "drain: waiting up to 30s (rollout_drain_timeout_s) for 1 running" in done.stdout
+    assert f"Rolled back: the last good version ({'1' * 12}) serves again." in done.stdout
+    calls = box.calls()
+    restarts = [i for i, c in enumerate(calls) if c == "systemctl restart thorfleet-vllm"]
+    rollback_polls = [c for c in calls[restarts[-2]:restarts[-1]] if c.startswith("GET /metrics")]
+    assert rollback_polls == ["GET /metrics running=1"] * 2 + ["GET /metrics running=0"]
 
 
 def test_hold_puts_the_proven_files_back_over_untested_ones(box):

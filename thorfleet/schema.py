@@ -291,6 +291,10 @@ class Schema(BaseModel):
     rollout_canary_group: Annotated[StrictStr, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = setting(
         None, "inventory group restarted (and proven) before everyone else",
         "must be the name of a group of the inventory, or None")
+    # vLLM's --shutdown-timeout is an int; the unit adds its margins to it.
+    rollout_drain_timeout_s: Annotated[StrictInt, Field(ge=0)] = setting(
+        120, "before a restart, wait this long for answers in flight; vLLM's shutdown_timeout too",
+        "must be a whole number of seconds, 0 or more (0: a restart cuts answers in flight)")
     rollout_benchmark: Literal["first-install", "always", "never"] = setting(
         "first-install", "benchmark after the proof: on a first install, always or never",
         "must be 'first-install', 'always' or 'never'")
