@@ -27,7 +27,8 @@ KWARGS_ERROR = ("ValueError: Kwargs ['reasoning_effort'] are not supported by "
                 "`MistralCommonTokenizer.apply_chat_template`.")
 HIGH_SETTINGS = '[MODEL_SETTINGS]{"reasoning_effort": "high"}[/MODEL_SETTINGS]'
 ALL_APPLIED = ("vllm-reasoning-effort=applied,transformers-reasoning-effort=applied,"
-               "think-prefill=applied,api-key-every-route=applied")
+               "think-prefill=applied,api-key-every-route=applied,streamed-tool-calls=applied,"
+               "reasoning-split=applied")
 NVIDIA = "nvidia"  # the runtime that mounts libcuda.so.1 (FACTS.md "Thor realities")
 
 
@@ -172,7 +173,8 @@ def test_patched_image_refuses_an_unknown_effort_clearly(docker_client, patched)
 def test_think_prefill_is_a_build_option(docker_client, images, base_image):
     tag, code, output = images(base_image, "no-think", think_prefill=False)
     assert code == 0, output
-    assert "think-prefill=off" in labels(docker_client, tag)["thorfleet.patches"].split(",")
+    assert {"think-prefill=off", "reasoning-split=off"} <= set(
+        labels(docker_client, tag)["thorfleet.patches"].split(","))
     high = render(docker_client, tag)["high"]["text"]
     assert HIGH_SETTINGS in high and "[THINK]" not in high
 
@@ -184,7 +186,8 @@ def test_transformers_5_base_keeps_its_own_fix(docker_client, images, base_image
     assert "skip  transformers-reasoning-effort: transformers 5.24.0" in output
     assert labels(docker_client, tag)["thorfleet.patches"] == (
         "vllm-reasoning-effort=applied,transformers-reasoning-effort=skipped,"
-        "think-prefill=applied,api-key-every-route=applied")
+        "think-prefill=applied,api-key-every-route=applied,streamed-tool-calls=applied,"
+        "reasoning-split=applied")
     rendered = render(docker_client, tag)
     for case in ("absent", "none", "high", "tools"):
         assert rendered[case]["ok"], rendered[case]
@@ -197,8 +200,10 @@ def test_rebuilding_on_a_patched_image_stands_aside(docker_client, images, patch
     assert code == 0, output
     assert labels(docker_client, tag)["thorfleet.patches"] == (
         "vllm-reasoning-effort=skipped,transformers-reasoning-effort=skipped,"
-        "think-prefill=skipped,api-key-every-route=skipped")
+        "think-prefill=skipped,api-key-every-route=skipped,streamed-tool-calls=skipped,"
+        "reasoning-split=applied")  # a plugin, not a diff: copied in again, the base unchanged
     assert "skip  api-key-every-route: the base already carries this patch" in output
+    assert "skip  streamed-tool-calls: the base already carries this patch" in output
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -275,6 +280,40 @@ class MistralCommonTokenizer:
     def apply_chat_template(self, conversation, tools=None, return_dict=False, **kwargs):
         pass
 '''
+# vllm/entrypoints/openai/chat_completion/serving.py L936 (0.19.0): the tool parser waits for
+# is_reasoning_end of the delta alone; a gate that also looks at the parsed delta is a fix.
+STREAM_0_19_0 = '''
+class OpenAIServingChat:
+    async def chat_completion_stream_generator(self, request):
+        if reasoning_parser.is_reasoning_end(output_token_ids):
+            reasoning_end_arr[i] = True
+            current_token_ids = reasoning_parser.extract_content_ids(output_token_ids)
+'''
+STREAM_FIXED = '''
+class OpenAIServingChat:
+    async def chat_completion_stream_generator(self, request):
+        if reasoning_parser.is_reasoning_end(output_token_ids) or not delta_message.reasoning:
+            reasoning_end_arr[i] = True
+            current_token_ids = reasoning_parser.extract_content_ids(output_token_ids)
+'''
+# vllm/reasoning/mistral_reasoning_parser.py L144-153 (0.19.0): a lone [/THINK] is dropped and
+# the text on both sides returned as content; a parser that splits it returns the trace.
+MISTRAL_PARSER_0_19_0 = '''
+class MistralReasoningParser:
+    def extract_reasoning(self, model_output, request):
+        if has_non_valid_eot_token:
+            prev_eot_token, _, post_eot_token = prev_bot_token.partition(self.end_token)
+            return None, prev_eot_token + post_eot_token
+        return None, prev_bot_token
+'''
+MISTRAL_PARSER_SPLITS = '''
+class MistralReasoningParser:
+    def extract_reasoning(self, model_output, request):
+        if has_non_valid_eot_token:
+            prev_eot_token, _, post_eot_token = prev_bot_token.partition(self.end_token)
+            return prev_eot_token, post_eot_token or None
+        return None, prev_bot_token
+'''
 TRANSFORMERS_5 = '''
 class MistralCommonBackend:
     def apply_chat_template(self, conversation, tools=None, *, reasoning_effort=None, **kwargs):
@@ -292,6 +331,12 @@ def test_shape_rules_tell_the_bug_from_the_fix():
     assert fix.transformers_already_takes_effort(TRANSFORMERS_4) is None
     assert "MistralCommonBackend.apply_chat_template already takes" in (
         fix.transformers_already_takes_effort(TRANSFORMERS_5))
+    assert fix.stream_gate_already_ends_without_think(STREAM_0_19_0) is None
+    assert "tests more than is_reasoning_end(delta)" in (
+        fix.stream_gate_already_ends_without_think(STREAM_FIXED))
+    assert fix.mistral_parser_splits_prefill(MISTRAL_PARSER_0_19_0) is None
+    assert "no longer folds a lone [/THINK]" in fix.mistral_parser_splits_prefill(
+        MISTRAL_PARSER_SPLITS)
     with pytest.raises(fix.PlanError, match="expected a method apply_chat_template in class "
                                             "MistralTokenizer; found none"):
         fix.vllm_already_skips_unset_effort("class Other:\n    pass\n")

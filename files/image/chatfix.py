@@ -1,11 +1,22 @@
 #!/usr/bin/env python3
-"""Plan, apply and check thorfleet's patches (chat template, API key) inside a vLLM image.
+"""Plan, apply and check thorfleet's patches (chat template, API key, reasoning split, streamed
+tool calls) inside a vLLM image.
 
 Runs with whatever `python3` the image puts first on PATH, and finds the packages through that
 interpreter (no hard-coded site-packages path). Each patch is a real unified diff in patches/;
 it is applied here strictly: every hunk's old lines must occur exactly once in the target file,
 wherever they are (line numbers are ignored), or nothing is written and the build stops with what
 was expected and what was found. A patch the base no longer needs is skipped, and said so.
+
+The table (TABLE, in this order; the label lists each as applied, skipped or off):
+    vllm-reasoning-effort          patches/vllm-reasoning-effort.diff (vLLM passes None on)
+    transformers-reasoning-effort  patches/transformers-reasoning-effort.diff (4.57.3 refuses it)
+    think-prefill                  patches/think-prefill.diff (build option: "high" opens [THINK])
+    api-key-every-route            patches/vllm-api-key-every-route.diff (--api-key only on /v1)
+    streamed-tool-calls            patches/vllm-streamed-tool-calls.diff (stream waits for [/THINK])
+    reasoning-split                thorfleet_reasoning.py, a --reasoning-parser-plugin, no diff:
+                                   splits a [THINK] the prompt opened; off with think-prefill off,
+                                   skipped where vLLM's MistralReasoningParser already splits it
 
 `plan` and `apply` only read and write text (ast, difflib, py_compile): they never import vLLM,
 transformers or torch. On a Jetson `docker build` never has the nvidia runtime, and without its
@@ -56,6 +67,8 @@ class Patch:
     # (text of the target file) -> None when the patch is needed, else why it is not. Reads the
     # code's shape only; whether the hunks fit is checked separately (fit()).
     not_needed: Callable[[str], str | None]
+    # A step with no diff (a plugin shipped beside this file): the file its rule reads.
+    reads: str = ""
 
 
 def say(message: str) -> None:
@@ -133,11 +146,13 @@ def closest(lines: list[str], block: list[str]) -> str:
 
 
 def target_of(patch: Patch) -> str:
-    return read_diff(PATCHES / patch.diff)[0]
+    return read_diff(PATCHES / patch.diff)[0] if patch.diff else patch.reads
 
 
 def carries(patch: Patch, text: str) -> bool:
     """The text already carries the patch: every new block there once, no old block left."""
+    if not patch.diff:
+        return False  # a plugin: installed by the Dockerfile whatever the base holds
     _, hunks = read_diff(PATCHES / patch.diff)
     lines = text.splitlines()
     return all(len(find_block(lines, new)) == 1 for _, new in hunks) and not any(
@@ -172,7 +187,7 @@ def patched_texts(steps) -> dict[Path, str]:
     must fit the text that vLLM's fix leaves). Nothing is written here."""
     texts: dict[Path, str] = {}
     for patch, action, _ in steps:
-        if action != "apply":
+        if action != "apply" or not patch.diff:
             continue
         path, text = source_of(target_of(patch))
         text = texts.get(path, text)
@@ -274,6 +289,43 @@ def base_guards_every_route(text: str) -> str | None:
     return None
 
 
+def stream_gate_already_ends_without_think(text: str) -> str | None:
+    """vLLM 0.19.0 entrypoints/openai/chat_completion/serving.py L936: with tools ("auto") and a
+    reasoning parser, the stream hands deltas to the tool parser only after
+    `if reasoning_parser.is_reasoning_end(output_token_ids):` (the `if` whose body calls
+    extract_content_ids), which a Mistral answer without [THINK] never satisfies (FACTS.md "Seen
+    working here"; vllm PR #44596). Not needed when that gate tests more than that one call."""
+    relpath = "vllm/entrypoints/openai/chat_completion/serving.py"
+    _, function = method(parse(relpath, text), ("OpenAIServingChat",),
+                         "chat_completion_stream_generator", relpath)
+    gates = [node for node in ast.walk(function) if isinstance(node, ast.If) and any(
+        isinstance(n, ast.Attribute) and n.attr == "extract_content_ids"
+        for stmt in node.body for n in ast.walk(stmt))]
+    bare = [g for g in gates if isinstance(g.test, ast.Call)
+            and isinstance(g.test.func, ast.Attribute) and g.test.func.attr == "is_reasoning_end"]
+    if gates and not bare:
+        return "vLLM's streamed end-of-reasoning gate tests more than is_reasoning_end(delta)"
+    return None  # the 0.19.0 shape, or code this patch does not know: fit() says which
+
+
+def mistral_parser_splits_prefill(text: str) -> str | None:
+    """vLLM 0.19.0 reasoning/mistral_reasoning_parser.py L144-153: MistralReasoningParser.
+    extract_reasoning returns `None, prev_eot_token + post_eot_token` for an output with [/THINK]
+    but no [THINK], i.e. a trace whose [THINK] the prompt opened is folded into content, [/THINK]
+    dropped. Not needed when no `return None, <a + b>` is left there. Also read at server start
+    by thorfleet_reasoning.py, which then registers vLLM's own class under its name."""
+    relpath = "vllm/reasoning/mistral_reasoning_parser.py"
+    _, function = method(parse(relpath, text), ("MistralReasoningParser",), "extract_reasoning",
+                         relpath)
+    folds = [n for n in ast.walk(function) if isinstance(n, ast.Return)
+             and isinstance(n.value, ast.Tuple) and len(n.value.elts) == 2
+             and isinstance(n.value.elts[0], ast.Constant) and n.value.elts[0].value is None
+             and isinstance(n.value.elts[1], ast.BinOp) and isinstance(n.value.elts[1].op, ast.Add)]
+    if not folds:
+        return "vLLM's MistralReasoningParser no longer folds a lone [/THINK] trace into content"
+    return None
+
+
 def always_needed(text: str) -> str | None:
     return None
 
@@ -289,8 +341,20 @@ THINK_PREFILL = Patch("think-prefill", "think-prefill.diff",
                       'reasoning_effort "high" opens the [THINK] block', always_needed)
 API_KEY = Patch("api-key-every-route", "vllm-api-key-every-route.diff",
                 "vLLM's --api-key guards only paths under /v1", base_guards_every_route)
+STREAM_TOOLS = Patch("streamed-tool-calls", "vllm-streamed-tool-calls.diff",
+                     "vLLM streams a tool call as content while a reasoning parser is on",
+                     stream_gate_already_ends_without_think)
+# No diff: thorfleet_reasoning.py is copied into the image and named in the rendered config
+# (reasoning_parser_plugin, reasoning_parser: thorfleet_mistral). With think-prefill off no
+# prompt opens [THINK], so it is off (the plugin, still loaded, then only delegates).
+REASONING_SPLIT = Patch("reasoning-split", "",
+                        "vLLM's mistral reasoning parser cannot split a [THINK] the prompt opened",
+                        mistral_parser_splits_prefill,
+                        reads="vllm/reasoning/mistral_reasoning_parser.py")
+PLUGIN = HERE / "thorfleet_reasoning.py"
+PLUGIN_NAME = "thorfleet_mistral"
 # In this order: think-prefill's hunk must fit the text vllm-reasoning-effort leaves.
-TABLE = (VLLM_FIX, TRANSFORMERS_FIX, THINK_PREFILL, API_KEY)
+TABLE = (VLLM_FIX, TRANSFORMERS_FIX, THINK_PREFILL, API_KEY, STREAM_TOOLS, REASONING_SPLIT)
 
 # mistral_common must know ReasoningEffort and encode [MODEL_SETTINGS] (v15) for any of the chat
 # patches to mean anything: mistral_common 1.11.0 protocol/instruct/request.py L36 and
@@ -328,7 +392,7 @@ def plan(think_prefill: bool) -> list[tuple[Patch, str, str]]:
         + f" (python {sys.version.split()[0]})")
     steps = []
     for patch in TABLE:
-        if patch is THINK_PREFILL and not think_prefill:
+        if patch in (THINK_PREFILL, REASONING_SPLIT) and not think_prefill:
             steps.append((patch, "off", "build option --think-prefill 0"))
             continue
         _, text = source_of(target_of(patch))
@@ -464,9 +528,70 @@ def check_api_key() -> None:
     say(f"api key: {', '.join(MUST_NEED_KEY)} need it; {', '.join(MUST_BE_OPEN)} open")
 
 
+# ------------------------------------------------------------------ the reasoning split, as vLLM loads it
+
+TRACE, ANSWER = "The user asks about Paris.", "It is sunny in Paris."
+
+
+def split_by_plugin(tokenizer_dir: Path) -> dict:
+    """The plugin loaded as `--reasoning-parser-plugin` loads it, looked up by the name the
+    config gives, and called as chat_completion/serving.py calls it: is_reasoning_end on the
+    prompt, then extract_reasoning (not streamed) or extract_reasoning_streaming token by token."""
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tokenizers.mistral import MistralTokenizer
+
+    ReasoningParserManager.import_reasoning_parser(str(PLUGIN))
+    parser_class = ReasoningParserManager.get_reasoning_parser(PLUGIN_NAME)
+    tokenizer = MistralTokenizer.from_pretrained(str(tokenizer_dir))
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                           reasoning_effort="high")
+    output = tokenizer.encode(TRACE, add_special_tokens=False) + [
+        tokenizer.tokenizer.get_special_token("[/THINK]")] + tokenizer.encode(
+        ANSWER, add_special_tokens=False)
+    text = tokenizer.decode(output, skip_special_tokens=False)
+
+    full = parser_class(tokenizer, chat_template_kwargs={})
+    prompt_ended = full.is_reasoning_end(prompt)
+    reasoning, content = full.extract_reasoning(text, request=None)
+
+    streamed = parser_class(tokenizer, chat_template_kwargs={})
+    streamed.is_reasoning_end(prompt)
+    parts = {"reasoning": "", "content": ""}
+    previous_text, previous_ids = "", []
+    for n in range(len(output)):
+        current_ids = output[:n + 1]
+        current_text = tokenizer.decode(current_ids, skip_special_tokens=False)
+        delta = streamed.extract_reasoning_streaming(
+            previous_text, current_text, current_text[len(previous_text):], previous_ids,
+            current_ids, output[n:n + 1])
+        for key in parts:
+            parts[key] += (getattr(delta, key, None) or "") if delta else ""
+        previous_text, previous_ids = current_text, current_ids
+    return {"class": parser_class.__name__, "prompt_ends_with_think": prompt[-1:] == [
+                tokenizer.tokenizer.get_special_token("[THINK]")],
+            "prompt_is_reasoning_end": prompt_ended, "reasoning": reasoning, "content": content,
+            "streamed": parts}
+
+
+def check_reasoning_split(think_prefill: bool) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        split = split_by_plugin(make_tokenizer(Path(tmp)))
+    say(f"reasoning split by {PLUGIN_NAME} ({split['class']}): {split['reasoning']!r} | "
+        f"{split['content']!r}; streamed {split['streamed']['reasoning']!r} | "
+        f"{split['streamed']['content']!r}")
+    if not think_prefill:
+        return  # no prompt opens [THINK]: the parser only delegates to vLLM's
+    assert split["prompt_ends_with_think"], "the high prompt does not end with [THINK]"
+    assert not split["prompt_is_reasoning_end"], "the prompt's open [THINK] reads as ended"
+    assert (split["reasoning"], split["content"]) == (TRACE, ANSWER), split
+    assert split["streamed"] == {"reasoning": TRACE, "content": ANSWER}, split["streamed"]
+
+
 def check(think_prefill: bool) -> None:
     check_chat(think_prefill)
     check_api_key()
+    check_reasoning_split(think_prefill)
 
 
 # ------------------------------------------------------------------ commands
@@ -512,7 +637,8 @@ def cmd_check(args) -> int:
         say(f"FAILED self-check: {error}")
         return 1
     say("self-check passed: absent, none, high and tools render; unknown values are refused; "
-        "the API key guards every route but the allowlist")
+        "the API key guards every route but the allowlist; the reasoning parser plugin loads"
+        + (" and splits a prefilled [THINK]" if args.think_prefill == "1" else ""))
     return 0
 
 
