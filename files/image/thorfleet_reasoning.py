@@ -56,7 +56,7 @@ from vllm.reasoning.mistral_reasoning_parser import MistralReasoningParser
 
 NAME = "thorfleet_mistral"
 TOOL_CALLS = "[TOOL_CALLS]"
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")  # under vllm: its log config shows it
 
 
 class PrefilledThinkReasoningParser(MistralReasoningParser):
