@@ -147,7 +147,9 @@ def _host_rows(state, previous=None, now=None):
             meta = op_data.operation_meta
             if meta.did_error():
                 tail = (meta.stdout_lines + meta.stderr_lines)[-6:]
-                failed.append(f"{name}: " + " / ".join(line.strip() for line in tail))
+                # a FunctionCommand that failed the host said why through RunState.fail
+                if tail or not run.errors.get(h.name):
+                    failed.append(f"{name}: " + " / ".join(line.strip() for line in tail))
             elif meta.did_change():
                 changed.append(name)
         errors = run.errors.get(h.name, []) + failed
