@@ -8,6 +8,8 @@ memory, and torch needs the nvidia runtime's libcuda.so.1.
 
 import json
 import re
+import threading
+import time
 
 import pytest
 
@@ -106,6 +108,12 @@ def test_serves_with_the_seed_environment(docker_client, base_image, model_dir):
         status, metrics = server.request("GET", "/metrics")
         assert status == 200 and re.search(r"vllm:generation_tokens_total\{[^}]*\} 3[67]\.0",
                                            metrics), metrics
+        # EAGLE: the scheduler's draft counters, 0.93 accepted per step of 3 drafted
+        counts = {name: float(value) for name, value in re.findall(
+            r"^vllm:spec_decode_(num_drafts|num_draft_tokens|num_accepted_tokens)_total\{[^}]*\} "
+            r"(\S+)$", metrics, re.MULTILINE)}
+        assert counts["num_drafts"] > 0, metrics
+        assert 0.25 < counts["num_accepted_tokens"] / counts["num_draft_tokens"] < 0.4, counts
     assert startup < 60
 
 
@@ -231,3 +239,41 @@ def test_tool_calls_only_through_vllms_parser(docker_client, derived, model_dir)
         message = body["choices"][0]["message"]
         assert status == 200 and not message["tool_calls"], body
         assert "get_weather" in message["content"] and '"city": "Paris"' in message["content"]
+
+
+def test_shutdown_finishes_answers_in_flight_for_shutdown_timeout(docker_client, base_image,
+                                                                   model_dir):
+    # entrypoints/launcher.py L95-115 (FACTS.md "Thor realities"): on SIGTERM, vLLM calls the
+    # engine's shutdown with --shutdown-timeout; requests in flight are finished for up to that
+    # long, then aborted. 0 (the default) aborts them at once.
+
+    env = {**SEED_ENV, "VLLM_API_KEY": KEY}
+    stream = {"model": "/model", "prompt": "def fib(n):", "max_tokens": 100, "temperature": 0,
+              "stream": True}
+    for timeout, finish in ((30, "length"), (0, "abort")):
+        args = (*SERVE_ARGS, "--shutdown-timeout", str(timeout))
+        with serving(docker_client, base_image, model_dir, env=env, args=args) as server:
+            server.wait_healthy()
+            got = {}
+
+            def read(server=server, got=got):
+                try:
+                    got["answer"] = server.request("POST", "/v1/completions", key=KEY, body=stream)
+                except OSError as error:
+                    got["answer"] = (None, str(error))
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            time.sleep(1)  # ~30 of the 100 tokens at 33.7 tok/s
+            server.container.stop(timeout=60)  # docker stop: SIGTERM, then the shutdown
+            reader.join(timeout=60)
+            _, events = got["answer"]
+            finishes = [c["choices"][0]["finish_reason"] for c in
+                        (json.loads(line[6:]) for line in str(events).splitlines()
+                         if line.startswith("data: {")) if c["choices"]]
+            tokens = sum(1 for line in str(events).splitlines() if '"text": " token"' in line
+                         or '"text":" token"' in line)
+            if finish == "length":
+                assert finishes[-1] == "length" and tokens == 100, events[-500:]
+            else:
+                assert "length" not in finishes and tokens < 100, events[-500:]

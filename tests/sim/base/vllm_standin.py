@@ -50,7 +50,6 @@ import asyncio
 import fcntl
 import json
 import logging
-import math
 import os
 import random
 import sys
@@ -100,7 +99,6 @@ def vlog(relpath: str, needle: str, level: int, message: str, *args) -> None:
 def check_memory(cache_config) -> int:
     """vLLM 0.19.0's own check, fed what a Thor's snapshot reads."""
     import psutil
-
     from vllm.v1.worker.utils import request_memory
 
     vm = psutil.virtual_memory()  # /proc/meminfo: the box's modelled memory under --runtime nvidia
@@ -195,7 +193,7 @@ def select_attention(vllm_config) -> str:
 
 def select_nvfp4_gemm() -> str:
     """quantization/utils/nvfp4_utils.py select_nvfp4_linear_backend L39-86 on (11, 0)."""
-    import vllm.envs as envs
+    from vllm import envs
     from vllm.model_executor.layers.quantization.utils.nvfp4_utils import NvFp4LinearBackend
 
     if envs.VLLM_USE_FBGEMM:  # L46-54: fbgemm_gpu is not in the image
@@ -224,7 +222,7 @@ def select_nvfp4_gemm() -> str:
 
 def select_nvfp4_moe(vllm_config) -> str:
     """fused_moe/oracle/nvfp4.py select_nvfp4_moe_backend L134-260 on (11, 0)."""
-    import vllm.envs as envs
+    from vllm import envs
 
     oracle = "model_executor/layers/fused_moe/oracle/nvfp4.py"
     available = ["FLASHINFER_TRTLLM", "FLASHINFER_CUTEDSL", "FLASHINFER_CUTLASS", "VLLM_CUTLASS",
@@ -314,9 +312,19 @@ def check_model_files(model: Path, draft: Path | None) -> None:
 
 # ------------------------------------------------------------------ the engine
 
+EAGLE_TOKS, BASE_TOKS = 33.7, 17.5  # the seed's decode rates on a Thor (FACTS.md "Benchmark method")
+
+
 def decode_rate(vllm_config) -> float:
-    default = 33.7 if vllm_config.speculative_config is not None else 17.5  # FACTS benchmark
+    default = EAGLE_TOKS if vllm_config.speculative_config is not None else BASE_TOKS
     return float(os.environ.get("THORFLEET_SIM_DECODE_TOKS", default))
+
+
+def accepted_per_step(step: int) -> int:
+    """Draft tokens the target accepts in one EAGLE step, so that a step yields 1 + accepted
+    tokens and the rates agree: 33.7 / 17.5 - 1 = 0.93 accepted per step (13 steps of 1 in 14),
+    an acceptance rate of 0.31 of 3 drafted (FACTS.md: 0.2-0.4 measured on JSON/tool output)."""
+    return 0 if step % 14 == 13 else 1
 
 
 ANSWER = ("This is the thorfleet stand-in engine answering: the prompt went through vLLM's own "
@@ -345,8 +353,12 @@ class StandInCore:
         self.tokenizer = tokenizer
         self.resources = SimpleNamespace(engine_dead=False)
         self.rate = decode_rate(vllm_config)
+        spec = vllm_config.speculative_config
+        self.spec_tokens = spec.num_speculative_tokens if spec is not None else 0
         self.queue: asyncio.Queue = asyncio.Queue()
         self.tasks: dict[str, asyncio.Task] = {}
+        self.draining = False
+        self.loop = None
         vocab = tokenizer.get_vocab()
         self.special = {name: vocab.get(name) for name in (
             "[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]", "[INST]", "[AVAILABLE_TOOLS]",
@@ -377,15 +389,22 @@ class StandInCore:
             return [*self.encode(TRACE), sp["[/THINK]"], *self.encode(ANSWER)], True
         return self.encode(ANSWER), True
 
+    def stats(self):
+        """What the scheduler reports with each step: the requests still in flight (vLLM's
+        Prometheus vllm:num_requests_running comes from this, v1/metrics/loggers.py)."""
+        from vllm.v1.metrics.stats import SchedulerStats
+
+        return SchedulerStats(num_running_reqs=len(self.tasks))
+
     async def run(self, request) -> None:
         from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
-        from vllm.v1.metrics.stats import SchedulerStats
 
         ids, natural = self.plan(request)
         if natural:
             ids = [*ids, self.eos]
         max_tokens = request.sampling_params.max_tokens or 16
         filler = self.encode(FILLER)[0]
+        drafts, left_in_step = 0, 0
         for step in range(max_tokens):
             await asyncio.sleep(1 / self.rate)
             token = ids[step] if step < len(ids) else filler
@@ -394,25 +413,51 @@ class StandInCore:
                 finish = FinishReason.STOP
             elif step == max_tokens - 1:
                 finish = FinishReason.LENGTH
+            if finish:
+                self.tasks.pop(request.request_id, None)
+            stats = self.stats()
+            if self.spec_tokens and left_in_step == 0:
+                # a new EAGLE step: vLLM's scheduler reports each draft it verified
+                # (v1/spec_decode/metrics.py SpecDecodingStats, -> vllm:spec_decode_* on /metrics)
+                from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+                accepted = accepted_per_step(drafts)
+                stats.spec_decoding_stats = SpecDecodingStats.new(self.spec_tokens)
+                stats.spec_decoding_stats.observe_draft(self.spec_tokens, accepted)
+                drafts, left_in_step = drafts + 1, accepted + 1
+            left_in_step = max(0, left_in_step - 1)
             self.queue.put_nowait(EngineCoreOutputs(
                 outputs=[EngineCoreOutput(request.request_id, [token], finish_reason=finish)],
-                scheduler_stats=SchedulerStats(num_running_reqs=0 if finish else 1)))
+                scheduler_stats=stats))
             if finish:
                 break
-        self.tasks.pop(request.request_id, None)
+
+    def end(self, request_id: str, report: bool) -> None:
+        """Stop a request; `report` sends its last output (finish_reason abort), as the engine
+        core does for requests it aborts itself (v1/engine/core.py)."""
+        from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+
+        task = self.tasks.pop(request_id, None)
+        if task:
+            task.cancel()
+        outputs = [EngineCoreOutput(request_id, [], finish_reason=FinishReason.ABORT)] if report else []
+        self.queue.put_nowait(EngineCoreOutputs(outputs=outputs, scheduler_stats=self.stats()))
 
     # -- the async client interface AsyncLLM uses
     async def add_request_async(self, request) -> None:
+        self.loop = asyncio.get_running_loop()
         self.tasks[request.request_id] = asyncio.create_task(self.run(request))
+        if self.draining:  # shutting down: new requests are refused (aborted at once)
+            self.end(request.request_id, report=True)
 
     async def get_output_async(self):
         return await self.queue.get()
 
     async def abort_requests_async(self, request_ids) -> None:
+        # AsyncLLM aborts (e.g. the client went away) and reports them itself; the running count
+        # must still come down, as the scheduler's next stats say
         for rid in request_ids:
-            task = self.tasks.pop(rid, None)
-            if task:
-                task.cancel()
+            self.end(rid, report=False)
 
     async def get_supported_tasks_async(self):
         return ("generate",)
@@ -427,8 +472,17 @@ class StandInCore:
         return False
 
     def shutdown(self, timeout=None) -> None:
-        for task in self.tasks.values():
-            task.cancel()
+        """On SIGTERM vLLM calls this with --shutdown-timeout (entrypoints/launcher.py L95-115):
+        requests in flight are finished for up to that long while new ones are refused, then the
+        rest are aborted (FACTS.md, "Thor realities"). Runs in an executor thread."""
+        self.draining = True
+        deadline = time.monotonic() + (timeout or 0)
+        while self.tasks and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self.tasks and self.loop is not None and not self.loop.is_closed():
+            for rid in list(self.tasks):
+                self.loop.call_soon_threadsafe(self.end, rid, True)
+            time.sleep(0.3)  # let the aborts reach their streams before the server exits
 
     def __getattr__(self, name):
         if name.endswith("_async"):  # resets, profiling, loras...: nothing to do without a GPU
@@ -537,7 +591,6 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     _bootstrap()
     import uvloop
-
     from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
