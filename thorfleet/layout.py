@@ -22,6 +22,9 @@ BOX_VENV = f"{BOX_HOME}/venv"  # huggingface_hub for thorfleet-weights
 BOX_VENV_PYTHON = f"{BOX_VENV}/bin/python"
 BOX_IMAGE_CONTEXT = f"{BOX_HOME}/image"  # one build context per image inputs hash
 BOX_MODELS = f"{BOX_HOME}/models"  # the default weights_dir
+# Inside the derived image, not on the box: where files/image/Dockerfile copies chatfix and the
+# reasoning parser plugin the rendered config names.
+IMAGE_HOME = "/opt/thorfleet/image"
 BOX_ETC = "/etc/thorfleet"
 BOX_CONFIG_DIR = f"{BOX_ETC}/vllm"  # mounted into the container as /config
 BOX_CONFIG = f"{BOX_CONFIG_DIR}/vllm.yaml"

@@ -459,6 +459,9 @@ def sim_group_data() -> dict:
     data.update({
         "preflight_min_free_disk_gib": 10,
         "service_health_timeout_s": 300,
+        # The decode benchmark costs a minute per first install; tests/test_benchmark.py turns it
+        # on where it is the story (thorfleet's own default benchmarks every first install).
+        "rollout_benchmark": "never",
         # This machine cannot raise the memlock hard limit (no CAP_SYS_RESOURCE): 8 MiB, not -1.
         "service_docker_ulimits": {"memlock": "8388608", "stack": "67108864"},
     })
