@@ -131,15 +131,16 @@ def test_a_plain_run_of_the_base_cannot_import_torch(docker_client, base_image):
     assert "ok" in out
 
 
-@pytest.mark.parametrize("name, version", [
-    ("vllm-0.19.1.dev3", "0.19.1.dev3+g1234abc"),  # FACTS.md "Thor realities": ~=0.19.0 rejects
-    ("vllm-0.19.0rc2", "0.19.0rc2"),               # both of these under packaging 24.x
-    ("vllm-0.20", "0.20.0"),  # a newer version with 0.19.0's code shape builds too
+@pytest.mark.parametrize("version, version_tuple", [
+    ("0.19.1.dev3+g1234abc", '(0, 19, 1, "dev3", "g1234abc")'),  # FACTS.md "Thor realities":
+    ("0.19.0rc2", '(0, 19, 0, "rc2")'),  # ~=0.19.0 rejects both of these under packaging 24.x
+    ("0.20.0", "(0, 20, 0)"),  # a newer version with 0.19.0's code shape builds too
 ])
-def test_a_base_with_another_version_string_but_the_same_code_builds(docker_client, images,
-                                                                     base_image, name, version):
-    base = variant(docker_client, base_image, name)
-    tag, code, output = images(base, name)
+def test_a_base_with_another_version_string_but_the_same_code_builds(
+        docker_client, images, base_image, version, version_tuple):
+    base = variant(docker_client, base_image, "vllm-version", VERSION=version,
+                   VERSION_TUPLE=version_tuple)
+    tag, code, output = images(base, f"vllm-{version.replace('+', '-')}")
     assert code == 0, output
     assert f"found vllm {version}, transformers 4.57.3" in output
     assert "self-check passed" in output

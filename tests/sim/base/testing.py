@@ -105,16 +105,19 @@ def hub_model(client, base_image: str, path: Path) -> Path:
     return path
 
 
-def variant(client, base: str, name: str) -> str:
-    """The base changed as variants/<name>/Dockerfile says, cached by its inputs."""
+def variant(client, base: str, name: str, **buildargs: str) -> str:
+    """The base changed as variants/<name>/Dockerfile says (with its build args), cached by its
+    inputs."""
     dockerfile = VARIANTS / name / "Dockerfile"
-    key = hashlib.sha256(base.encode() + dockerfile.read_bytes()).hexdigest()[:12]
+    args = json.dumps(buildargs, sort_keys=True).encode()
+    key = hashlib.sha256(base.encode() + dockerfile.read_bytes() + args).hexdigest()[:12]
     tag = f"thorfleet-sim/vllm-base-variant:{name}-{key}"
     try:
         client.images.get(tag)
     except docker.errors.ImageNotFound:
-        client.images.build(path=str(dockerfile.parent), tag=tag, buildargs={"BASE": base},
-                            rm=True, forcerm=True, network_mode="bridge")
+        client.images.build(path=str(dockerfile.parent), tag=tag,
+                            buildargs={"BASE": base, **buildargs}, rm=True, forcerm=True,
+                            network_mode="bridge")
     return tag
 
 
