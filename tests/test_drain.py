@@ -5,13 +5,12 @@ reads vLLM's /metrics until no request runs, up to rollout_drain_timeout_s, and 
 vLLM itself is told the same time as its shutdown_timeout, and docker stop / systemd give it that
 plus their margins. The stream ends with its finish_reason, and the restart comes after it.
 
-The edit that breaks it: a thorfleet-serve that restarts without waiting. The answer stops on
-SIGTERM. On the stand-in it is not even ended: StandInCore.shutdown (tests/sim/base/
-vllm_standin.py) cancels the request without a last output, so the client's stream stalls,
-uvicorn waits for the connection to close and docker stop kills the container after its -t
-(rollout_drain_timeout_s + 30 s; seen: 150 s, exit 137). A real vLLM 0.19.0 would finish the
-answer for up to shutdown_timeout s (EngineCore._handle_shutdown), or end it with
-finish_reason "abort" when that is 0.
+The edit that breaks it: a thorfleet that neither waits nor tells vLLM to finish what is in
+flight (thorfleet-serve restarting at once, and no `shutdown_timeout` in vLLM's config, so
+vLLM's default 0). On SIGTERM vLLM 0.19.0 then aborts the answer: the stand-in does as vLLM's
+engine does (entrypoints/launcher.py L95-115, EngineCore._handle_shutdown), ending the stream
+with finish_reason "abort". Either half alone still protects the answer: the wait, or vLLM's own
+shutdown_timeout (the stand-in finishes requests in flight for that long).
 
 The stream is a streamed /v1/completions: on the stand-in a chat answer is a fixed ~25 tokens,
 only a raw completion runs to max_tokens (400 tokens, ~12 s at the EAGLE rate of 33.7 tok/s), one
@@ -234,10 +233,13 @@ def roll_while_streaming(sim_fleet, host, roll, name, **kwargs):
 
 def test_a_rollout_without_the_drain_cuts_the_stream(sim_fleet, host, roll, tmp_path):
     """The edit that breaks it: thorfleet-serve restarts at once. Known to cut the answer."""
-    edited = edited_checkout(tmp_path / "no-drain", {"files/bin/thorfleet-serve": [(
-        '    if unit_state(service) != "active":\n        return 0\n',
-        ("    if True:  # the edit: restart without waiting for requests in flight\n"
-         "        return 0\n"))]})
+    edited = edited_checkout(tmp_path / "no-drain", {
+        "files/bin/thorfleet-serve": [(
+            '    if unit_state(service) != "active":\n        return 0\n',
+            ("    if True:  # the edit: restart without waiting for requests in flight\n"
+             "        return 0\n"))],
+        # ...and vLLM left at its default shutdown_timeout of 0
+        "files/vllm.yaml.j2": [("shutdown_timeout: {{ s.rollout_drain_timeout_s }}", "#")]})
     run, stream, seen, (stop_began, _), said = roll_while_streaming(
         sim_fleet, host, roll, "no-drain", root=edited)
     assert run.returncode == 0, run.stderr[-4000:]
