@@ -32,9 +32,6 @@ TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}
 KEY = "s3cret"
-# What the seed's YAML says minus the tool-call options (FACTS.md "The container").
-NO_TOOL_PARSER = SEED_CONFIG.replace("enable_auto_tool_choice: true\n", "").replace(
-    "tool_call_parser: mistral\n", "")
 
 
 @pytest.fixture(scope="module")
@@ -117,22 +114,6 @@ def test_serves_with_the_seed_environment(docker_client, base_image, model_dir):
     assert startup < 60
 
 
-def test_kernels_without_the_seed_environment(docker_client, base_image, model_dir):
-    """With no kernel env vars and no --attention-backend, vLLM 0.19.0's own rules on sm_110:
-    attention from the MLA priority list (cuda.py L91-97: only TRITON_MLA supports major 11),
-    FlashInfer CUTLASS for GEMM (nvfp4_utils.py L59) and MoE (oracle/nvfp4.py L246; kernel
-    flashinfer_cutlass_moe.py L125 lists family 110). Marlin is not reached by dropping them."""
-    args = ("--config", "/config/vllm.yaml", "--language-model-only")
-    with serving(docker_client, base_image, model_dir, args=args) as server:
-        server.wait_log("Loading weights took")
-        log = server.logs()
-    assert ("Using TRITON_MLA attention backend out of potential backends: ['TRITON_MLA']."
-            in log)
-    assert "Using NvFp4LinearBackend.FLASHINFER_CUTLASS for NVFP4 GEMM" in log
-    assert "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend" in log
-    assert "marlin_utils_fp4" not in log
-
-
 def test_marlin_only_the_way_an_operator_reaches_it(docker_client, base_image, model_dir):
     # VLLM_NVFP4_GEMM_BACKEND=marlin (nvfp4_utils.py L66) and VLLM_TEST_FORCE_FP8_MARLIN
     # (oracle/nvfp4.py L240): the MoE warning comes from marlin_utils_fp4.py L298.
@@ -146,20 +127,12 @@ def test_marlin_only_the_way_an_operator_reaches_it(docker_client, base_image, m
     assert "Using 'MARLIN' NvFp4 MoE backend" in log
 
 
-@pytest.mark.parametrize("case", ["mla", "memory", "shard", "eagle", "option"])
+# The MLA error, vLLM's memory message, the missing /eagle and the kernels vLLM picks without the
+# seed's env are the fleet's stories (tests/test_thor_says_no.py), through a real deploy.
+@pytest.mark.parametrize("case", ["shard", "option"])
 def test_start_up_fails_as_vllm_does(docker_client, base_image, model_dir, tmp_path, case):
     kwargs, expect, code = {}, "", 1
-    if case == "mla":  # platforms/cuda.py L268-272 + backend.py validate_configuration
-        kwargs["args"] = tuple(a if a != "TRITON_MLA" else "FLASHINFER" for a in SERVE_ARGS)
-        expect = ("ValueError: Selected backend AttentionBackendEnum.FLASHINFER is not valid for "
-                  "this configuration. Reason: ['head_size not supported', 'MLA not supported']")
-    elif case == "memory":
-        # v1/worker/utils.py L403-421 on 122 GiB with 26 GiB available (the page cache of the
-        # last run, FACTS.md "Memory"), 2.65 GiB below it for the CUDA context (llamastash #81).
-        kwargs["available_gib"] = 26
-        expect = ("ValueError: Free memory on device cuda:0 (23.35/122.0 GiB) on startup is less "
-                  "than desired GPU memory utilization (0.72, 87.84 GiB).")
-    elif case == "shard":
+    if case == "shard":
         model = tmp_path / "model"
         model.mkdir()
         for f in model_dir.iterdir():
@@ -168,9 +141,6 @@ def test_start_up_fails_as_vllm_does(docker_client, base_image, model_dir, tmp_p
         (tmp_path / "model.eagle").symlink_to(model_dir.with_name(model_dir.name + ".eagle"))
         kwargs["model"] = model
         expect = "ValueError: Following weights were not initialized from checkpoint"
-    elif case == "eagle":  # the unit without its /eagle mount: SpeculativeConfig's own error
-        kwargs["draft"] = False
-        expect = "SpeculativeConfig"
     elif case == "option":  # an option vLLM does not know: usage error, exit 2
         kwargs["config"] = SEED_CONFIG + "no_such_key: 1\n"
         expect, code = "unrecognized arguments", 2
@@ -179,7 +149,7 @@ def test_start_up_fails_as_vllm_does(docker_client, base_image, model_dir, tmp_p
         assert server.wait_exit() == code, server.logs()
         log = server.logs()
     assert expect in log, log
-    if case in ("mla", "memory", "shard"):
+    if case == "shard":
         assert "EngineCore failed to start." in log
 
 
@@ -230,15 +200,8 @@ def test_tool_calls_only_through_vllms_parser(docker_client, derived, model_dir)
             **CHAT, "tools": [TOOL], "temperature": 1.0, "seed": seed})[1]["choices"][0]
             ["message"]["tool_calls"]) for seed in range(8)}
         assert answers == {True, False}
-    with serving(docker_client, derived, model_dir, config=NO_TOOL_PARSER) as server:
-        server.wait_healthy()
-        status, body = server.request("POST", "/v1/chat/completions",
-                                      body={**CHAT, "tools": [TOOL]})
-        # vLLM 0.19.0 without the parser options: the model's call comes back as plain content,
-        # no tool_calls (no parser ran).
-        message = body["choices"][0]["message"]
-        assert status == 200 and not message["tool_calls"], body
-        assert "get_weather" in message["content"] and '"city": "Paris"' in message["content"]
+    # Without the parser options no parser runs and the call is plain content: the fleet's
+    # story "drop the tool-call parser options" (tests/test_thor_says_no.py).
 
 
 def test_shutdown_finishes_answers_in_flight_for_shutdown_timeout(docker_client, base_image,
