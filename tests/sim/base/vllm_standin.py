@@ -394,9 +394,18 @@ class StandInCore:
         Prometheus vllm:num_requests_running comes from this, v1/metrics/loggers.py)."""
         from vllm.v1.metrics.stats import SchedulerStats
 
-        return SchedulerStats(num_running_reqs=len(self.tasks))
+        return SchedulerStats(num_running_reqs=sum(not task.done() for task in self.tasks.values()))
 
     async def run(self, request) -> None:
+        from vllm.v1.engine import EngineCoreOutputs
+
+        try:
+            await self.decode(request)
+        finally:  # however it ended (finished, aborted, failed), it no longer runs
+            if self.tasks.pop(request.request_id, None) is not None:
+                self.queue.put_nowait(EngineCoreOutputs(outputs=[], scheduler_stats=self.stats()))
+
+    async def decode(self, request) -> None:
         from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 
         ids, natural = self.plan(request)
