@@ -27,6 +27,7 @@ from tests.helpers import (
     model_dir,
     serves,
 )
+from thorfleet.facts import ClocksLocked
 
 pytestmark = pytest.mark.fleet
 
