@@ -93,6 +93,23 @@ def background_deploy(inventory):
                             stdin=subprocess.DEVNULL)
 
 
+WATCHER = """\
+import ctypes, os, struct, subprocess, sys
+IN_MODIFY, IN_CREATE = 0x2, 0x100
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+fd = libc.inotify_init()
+libc.inotify_add_watch(fd, b"/home/thor/.thorfleet-upload", IN_CREATE)
+for path in sys.argv[2:]:
+    libc.inotify_add_watch(fd, path.encode(), IN_MODIFY)
+os.read(fd, 4096)  # blocks until the first write of a new version
+subprocess.run(["pkill", "-STOP", "-u", "thor"])
+subprocess.run(["iptables", "-I", *sys.argv[1].split()])
+subprocess.run(["pkill", "-KILL", "-f", "sshd: thor"])
+subprocess.run(["pkill", "-KILL", "-u", "thor"])
+open("/run/thorfleet-test-cut", "w").close()
+"""
+
+
 def test_ssh_cut_while_the_live_files_are_replaced_leaves_each_whole(sim_fleet, fault_box):
     host, inventory, _ = fault_box
     # Drift the unit, the config and the secrets: the run must replace all three.
@@ -100,22 +117,15 @@ def test_ssh_cut_while_the_live_files_are_replaced_leaves_each_whole(sim_fleet, 
                          f"sed -i 's/max_num_seqs: 1/max_num_seqs: 4/' {LIVE[1]}; "
                          f"echo 'DRIFT=1' >> {LIVE[2]}")
     drifted = box(sim_fleet, host, f"sha256sum {' '.join(LIVE)}").splitlines()
-    # A slow link (the box sends 2 kB/s: netem is not in this kernel, a token bucket is) and a
-    # watcher on the box that cuts the connection the moment
-    # the first byte of a new version lands anywhere: in thorfleet's staging folder or, for a
-    # writer that is not atomic, in a live file itself (which it would leave truncated).
-    box(sim_fleet, host, "tc qdisc replace dev eth0 root tbf rate 16kbit burst 1600 latency 2s")
-    watcher = (
-        f"before=$(sha256sum {' '.join(LIVE)}); "
-        "while :; do "
-        "  if [ -n \"$(ls -A /home/thor/.thorfleet-upload 2>/dev/null)\" ] || "
-        f"     [ \"$(sha256sum {' '.join(LIVE)} 2>&1)\" != \"$before\" ]; then "
-        f"    iptables -I {' '.join(sim.CUT_RULE)}; pkill -KILL -f 'sshd: thor'; "
-        "    touch /run/thorfleet-test-cut; exit 0; "
-        "  fi; sleep 0.01; "
-        "done")
-    sim_fleet.exec(host, "rm -f /run/thorfleet-test-cut")
-    subprocess.Popen(["docker", "exec", sim.box_name(sim.index_of(host)), "sh", "-c", watcher],
+    # A watcher on the box, woken by the kernel (inotify) at the first write of a new version
+    # anywhere: a file created in thorfleet's staging folder or, for a writer that is not atomic,
+    # a live file itself modified (opened with O_TRUNC: already empty). At that instant it freezes
+    # the deploy user's processes, drops the link and has sshd give up on the session.
+    sim_fleet.exec(host, "install -d -o thor -g thor -m 700 /home/thor/.thorfleet-upload; "
+                         "rm -f /run/thorfleet-test-cut")
+    box(sim_fleet, host, f"cat > /run/thorfleet-test-watch.py <<'EOF'\n{WATCHER}EOF")
+    subprocess.Popen(["docker", "exec", sim.box_name(sim.index_of(host)), "python3",
+                      "/run/thorfleet-test-watch.py", " ".join(sim.CUT_RULE), *LIVE],
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run = background_deploy(inventory())
     try:
@@ -129,7 +139,7 @@ def test_ssh_cut_while_the_live_files_are_replaced_leaves_each_whole(sim_fleet, 
         # Every live file is whole: the drifted one, or the new one (checked after the re-run).
         at_cut = box(sim_fleet, host, f"sha256sum {' '.join(LIVE)}").splitlines()
     finally:
-        sim_fleet.exec(host, "pkill -f thorfleet-test-cut; tc qdisc del dev eth0 root")
+        sim_fleet.exec(host, "pkill -f thorfleet-test-watch")
         sim_fleet.heal(host)
     converge(inventory())
     converged = box(sim_fleet, host, f"sha256sum {' '.join(LIVE)}").splitlines()
