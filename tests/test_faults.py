@@ -290,7 +290,8 @@ BAD_VERSIONS = [
     ("marlin fallback", {"service_extra_env": {"VLLM_NVFP4_GEMM_BACKEND": "marlin"}},
      ["marlin_utils_fp4", "Rolled back"]),
     # loading takes longer than the operator allowed (a Thor takes minutes; the sim seconds)
-    ("health not up in time", {"service_health_timeout_s": 1},
+    ("health not up in time", {"service_health_timeout_s": 1,
+                               "service_extra_env": {"VLLM_LOGGING_LEVEL": "INFO"}},
      ["/health did not answer within 1", "Rolled back"]),
 ]
 # Memory held by another process (the gate times out naming both numbers) is a story of its own:
