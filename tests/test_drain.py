@@ -5,12 +5,11 @@ reads vLLM's /metrics until no request runs, up to rollout_drain_timeout_s, and 
 vLLM itself is told the same time as its shutdown_timeout, and docker stop / systemd give it that
 plus their margins. The stream ends with its finish_reason, and the restart comes after it.
 
-The edit that breaks it: a thorfleet that neither waits nor tells vLLM to finish what is in
-flight (thorfleet-serve restarting at once, and no `shutdown_timeout` in vLLM's config, so
-vLLM's default 0). On SIGTERM vLLM 0.19.0 then aborts the answer: the stand-in does as vLLM's
-engine does (entrypoints/launcher.py L95-115, EngineCore._handle_shutdown), ending the stream
-with finish_reason "abort". Either half alone still protects the answer: the wait, or vLLM's own
-shutdown_timeout (the stand-in finishes requests in flight for that long).
+The edit that breaks it: a thorfleet that neither waits nor gives the server time to finish
+(thorfleet-serve restarting at once, no `shutdown_timeout`, and `docker stop -t 2`). On the real
+0.19.0 server code uvicorn's own graceful shutdown keeps an open stream going after SIGTERM (its
+handler replaces the launcher's), so what cuts an answer is docker stop's SIGKILL: the time
+thorfleet gives the stop (rollout_drain_timeout_s + 30 s) and its own wait are what protect it.
 
 The stream is a streamed /v1/completions: on the stand-in a chat answer is a fixed ~25 tokens,
 only a raw completion runs to max_tokens (400 tokens, ~12 s at the EAGLE rate of 33.7 tok/s), one
@@ -238,8 +237,11 @@ def test_a_rollout_without_the_drain_cuts_the_stream(sim_fleet, host, roll, tmp_
             '    if unit_state(service) != "active":\n        return 0\n',
             ("    if True:  # the edit: restart without waiting for requests in flight\n"
              "        return 0\n"))],
-        # ...and vLLM left at its default shutdown_timeout of 0
-        "files/vllm.yaml.j2": [("shutdown_timeout: {{ s.rollout_drain_timeout_s }}", "#")]})
+        # ...and a stop that does not wait for the answer: vLLM 0.19.0's uvicorn finishes open
+        # streams on SIGTERM by itself, so only docker stop's SIGKILL cuts one
+        "files/vllm.yaml.j2": [("shutdown_timeout: {{ s.rollout_drain_timeout_s }}", "#")],
+        "files/systemd/thorfleet-vllm.service.j2": [
+            ("docker stop -t {{ s.rollout_drain_timeout_s + 30 }}", "docker stop -t 2")]})
     run, stream, seen, (stop_began, _), said = roll_while_streaming(
         sim_fleet, host, roll, "no-drain", root=edited)
     assert run.returncode == 0, run.stderr[-4000:]
