@@ -107,10 +107,11 @@ def test_a_failing_canary_stops_the_rollout_and_the_report_names_every_host(
 
     inventory_hosts = [canary, *serving, (dropped, {"preflight_min_free_disk_gib": 10**6}),
                        UNREACHABLE]
-    # The change makes vLLM pick the slow Marlin FP4 kernels: the canary's proof must refuse it.
+    # The change makes vLLM pick the slow Marlin FP4 GEMM (an operator's env override): the canary's
+    # proof must refuse it.
     done, report = roll("failing-canary", on=inventory_hosts, canary=[canary],
                         rollout_canary_group="canary",
-                        service_extra_env={"THORFLEET_SIM_MARLIN": "1"})
+                        service_extra_env={"VLLM_NVFP4_GEMM_BACKEND": "marlin"})
     assert done.returncode != 0
     assert "marlin_utils_fp4" in done.stderr
 
@@ -124,7 +125,7 @@ def test_a_failing_canary_stops_the_rollout_and_the_report_names_every_host(
     # A host the rollout did not reach keeps its proven files live: a crash or reboot before the
     # next run restarts what it serves, not the untested change.
     for host in serving:
-        _, unit = sim_fleet.exec(host, "grep -c THORFLEET_SIM_MARLIN "
+        _, unit = sim_fleet.exec(host, "grep -c VLLM_NVFP4_GEMM_BACKEND=marlin "
                                        "/etc/systemd/system/thorfleet-vllm.service")
         assert unit.strip() == "0", f"{host} has the unproven unit live"
 
