@@ -300,7 +300,7 @@ BAD_VERSIONS = [
 # tests/test_thor_says_no.py.
 
 
-@pytest.mark.parametrize("what,data,reasons", BAD_VERSIONS, ids=[b[0] for b in BAD_VERSIONS])
+@pytest.mark.parametrize("what,data,reasons", BAD_VERSIONS, ids=[getattr(b, "values", b)[0] for b in BAD_VERSIONS])
 def test_a_version_that_fails_its_checks_is_rolled_back(sim_fleet, fault_box, what, data, reasons):
     host, inventory, report = fault_box
     previous, unit = proven(sim_fleet, host), box(sim_fleet, host, f"systemctl cat {SERVICE}")
