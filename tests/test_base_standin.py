@@ -18,7 +18,7 @@ from tests.sim.base.testing import (  # noqa: F401
     SEED_ENV,
     SERVE_ARGS,
     base_image,
-    derive,
+    derived_image,
     docker_client,
     model_dir,
     run_python,
@@ -36,11 +36,7 @@ KEY = "s3cret"
 
 @pytest.fixture(scope="module")
 def derived(docker_client, base_image):
-    tag = "thorfleet-test/standin:patched"
-    code, output = derive(base_image, tag)
-    assert code == 0, output
-    yield tag
-    docker_client.images.remove(tag, force=True)
+    yield from derived_image(docker_client, base_image, "thorfleet-test/standin:patched")
 
 
 def test_jetson_base_torch_needs_the_runtimes_libcuda(docker_client, base_image):

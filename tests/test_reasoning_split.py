@@ -18,7 +18,7 @@ import pytest
 
 from tests.sim.base.testing import (  # noqa: F401
     base_image,
-    derive,
+    derived_image,
     docker_client,
     model_dir,
     run_python,
@@ -53,11 +53,7 @@ def rendered_config() -> str:
 
 @pytest.fixture(scope="module")
 def image(docker_client, base_image):
-    tag = "thorfleet-test/reasoning:split"
-    code, output = derive(base_image, tag)
-    assert code == 0, output
-    yield tag
-    docker_client.images.remove(tag, force=True)
+    yield from derived_image(docker_client, base_image, "thorfleet-test/reasoning:split")
 
 
 @pytest.fixture(scope="module")

@@ -156,6 +156,10 @@ def setting(default, meaning, must, **constraints):
     return Field(default, description=meaning, json_schema_extra={"must": must}, **constraints)
 
 
+# Both checkpoints are pinned the same way, and refused with the same fix.
+UNPINNED_REVISION = ("is not pinned: set the 40-hex commit hash you tested "
+                     "(python -m thorfleet pin INVENTORY looks it up)")
+
 class Schema(BaseModel):
     """One host's thorfleet settings, checked."""
 
@@ -216,15 +220,13 @@ class Schema(BaseModel):
         "is not a Hugging Face repo id like owner/name")
     weights_model_revision: Annotated[StrictStr, Field(pattern=_HEX40)] = setting(
         None, "REQUIRED: 40-hex commit of the checkpoint to serve (pin it)",
-        "is not pinned: set the 40-hex commit hash you tested (python -m thorfleet pin INVENTORY "
-        "looks it up)")
+        UNPINNED_REVISION)
     weights_draft_repo: Annotated[StrictStr, Field(pattern=_HF_REPO)] = setting(
         "mistralai/Mistral-Small-4-119B-2603-eagle", "the EAGLE-3 draft (~0.4 GB)",
         "is not a Hugging Face repo id like owner/name")
     weights_draft_revision: Annotated[StrictStr, Field(pattern=_HEX40)] = setting(
         None, "REQUIRED: 40-hex commit of the draft to serve (pin it)",
-        "is not pinned: set the 40-hex commit hash you tested (python -m thorfleet pin INVENTORY "
-        "looks it up)")
+        UNPINNED_REVISION)
     weights_hf_endpoint: Annotated[StrictStr, Field(pattern=_URL)] | None = setting(
         None, "hub or site mirror the boxes download from",
         "must be an http(s) URL of the hub or a mirror, or None for huggingface.co")

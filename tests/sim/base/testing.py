@@ -245,3 +245,12 @@ def serving(client, image: str, model: Path, config: str = SEED_CONFIG, args=SER
             yield StandIn(container)
         finally:
             container.remove(force=True)
+
+
+def derived_image(client, base: str, tag: str):
+    """Yield `tag`, the derived image built from `base` by build-image.sh; removed afterwards
+    (for module fixtures of the tests that serve it)."""
+    code, output = derive(base, tag)
+    assert code == 0, output
+    yield tag
+    client.images.remove(tag, force=True)
