@@ -422,7 +422,7 @@ class StandInCore:
                 finish = FinishReason.STOP
             elif step == max_tokens - 1:
                 finish = FinishReason.LENGTH
-            if finish:
+            if finish is not None:  # FinishReason.STOP is 0: falsy
                 self.tasks.pop(request.request_id, None)
             stats = self.stats()
             if self.spec_tokens and left_in_step == 0:
@@ -438,7 +438,7 @@ class StandInCore:
             self.queue.put_nowait(EngineCoreOutputs(
                 outputs=[EngineCoreOutput(request.request_id, [token], finish_reason=finish)],
                 scheduler_stats=stats))
-            if finish:
+            if finish is not None:
                 break
 
     def end(self, request_id: str, report: bool) -> None:
