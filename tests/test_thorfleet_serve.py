@@ -38,7 +38,17 @@ systemctl)
     restart)
         if grep -q crash "$FAKE_CONFIG"; then
             echo failed > "$box/active"; rm -f "$box/running"
-            echo "Traceback: engine core died" > "$box/journal"
+            # as vLLM 0.19.0 logs a start-up that fails in the engine core: transformers' harmless
+            # probe of /eagle, the engine core's traceback (core.py L1108), the API server's
+            # pointer back at it (utils.py L1059)
+            printf '%s\n' \
+                "WARNING 11-30 09:46:44 [config.py:1220] ValueError: Unrecognized model in /eagle." \
+                "ERROR 11-30 09:46:44 [core.py:1108] EngineCore failed to start." \
+                "ERROR 11-30 09:46:44 [core.py:1108] Traceback (most recent call last):" \
+                "ERROR 11-30 09:46:44 [core.py:1108] ValueError: Selected backend FLASHINFER is not valid for this configuration. Reason: ['MLA not supported']" \
+                '    raise RuntimeError("Engine core initialization failed. See root cause above. "' \
+                "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}" \
+                > "$box/journal"
         else
             echo active > "$box/active"; cp "$FAKE_CONFIG" "$box/running"
             if grep -q busy "$FAKE_CONFIG"; then echo 2 > "$box/busy"; fi
@@ -202,7 +212,9 @@ def test_a_version_on_the_slow_kernels_is_rolled_back_to_the_last_good_one(box):
 def test_a_first_version_that_fails_is_stopped_with_nothing_to_roll_back_to(box):
     done = box.activate("version: 1 crash\n", "1" * 64)
     assert done.returncode == 1
-    assert "thorfleet-vllm exited while loading" in done.stdout
+    # the engine core's own error, not the API server's "See root cause above" nor a WARNING
+    assert ("thorfleet-vllm exited while loading; ValueError: Selected backend FLASHINFER is not "
+            "valid for this configuration. Reason: ['MLA not supported']") in done.stdout
     assert "No earlier good version on this host: thorfleet-vllm stopped." in done.stdout
     assert "systemctl stop thorfleet-vllm" in box.calls()
     assert not box.proven.exists() and not box.last_good.exists()
