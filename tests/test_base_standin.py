@@ -199,7 +199,7 @@ def test_tool_calls_only_through_vllms_parser(docker_client, derived, model_dir)
         # An answer that ended no longer runs: vLLM's gauge is the scheduler's count
         # (v1/metrics/loggers.py), and the drain before a restart reads it.
         status, metrics = server.request("GET", "/metrics")
-        assert re.search(r"^vllm:num_requests_running\{[^}]*\} 0\.0$", metrics, re.M), metrics
+        assert re.search(r"^vllm:num_requests_running\{[^}]*\} 0\.0$", metrics, re.MULTILINE), metrics
     # Without the parser options no parser runs and the call is plain content: the fleet's
     # story "drop the tool-call parser options" (tests/test_thor_says_no.py).
 
