@@ -13,13 +13,7 @@ import pytest
 
 from tests.helpers import SERVICE, box, changed_on, deploy, edited_checkout, serves
 
-pytestmark = [
-    pytest.mark.fleet,
-    # Not all of these stories passed in this session's last runs (the memory-gate story failed
-    # on its expected line; several were not re-run after the last fixes): issue #9 stays open
-    # until they pass as they stand. Non-strict, so they run and report every time.
-    pytest.mark.xfail(strict=False, reason="issue #9 open: says-no stories not yet all green"),
-]
+pytestmark = pytest.mark.fleet
 
 UNIT = "files/systemd/thorfleet-vllm.service.j2"
 CONFIG = "files/vllm.yaml.j2"
