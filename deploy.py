@@ -9,7 +9,7 @@ nothing, a drifted box is put right.
 
 from pyinfra import config, host, state
 
-from tasks import image, memory, power, preflight, service, verification, weights
+from tasks import cleanup, image, memory, power, preflight, service, verification, weights
 from thorfleet import report
 from thorfleet.settings import settings_for_run
 
@@ -23,10 +23,11 @@ s = settings_for_run(pyinfra_state)[host.name]
 preflight.run(s)
 power.run(s)
 memory.run(s)
+image.run(s)  # first: the weights are fetched with the image's huggingface_hub
 weights.run(s)
-image.run(s)
 service.run(s)
 verification.run(s)
+cleanup.run(s)  # last: only a host that serves gets its old versions removed
 
 # A table on the terminal and JSON in rollout_report_path, written once every host has finished.
 report.install(pyinfra_state, s.rollout_report_path)

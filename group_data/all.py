@@ -33,7 +33,6 @@ weights_draft_repo = "mistralai/Mistral-Small-4-119B-2603-eagle"  # the EAGLE-3 
 weights_draft_revision = None  # REQUIRED: 40-hex commit of the draft to serve (pin it)
 weights_hf_endpoint = os.environ.get("HF_ENDPOINT")  # hub or site mirror the boxes download from
 weights_hf_token_file = None  # laptop path of a file holding HF_TOKEN (else env HF_TOKEN); never logged
-weights_hub_pip_spec = "huggingface_hub==2.4.0"  # huggingface_hub pinned in the box's venv (>=1.18 works)
 
 # --- image: the derived vLLM image with the chat patches ----------------------------------------
 image_base = None  # REQUIRED: base vLLM image pinned by digest, e.g. ghcr.io/nvidia-ai-iot/vllm@sha256:…

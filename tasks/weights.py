@@ -1,27 +1,23 @@
-"""Weights: huggingface_hub in a venv on the box, then the pinned checkpoint and draft."""
+"""Weights: the pinned checkpoint and draft, fetched with the image's own huggingface_hub."""
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, pip
+from pyinfra.operations import files
 
 from thorfleet import operations as thor
-from thorfleet.layout import BOX_ETC, BOX_HF_TOKEN, BOX_VENV, BOX_WEIGHTS, FILES
+from thorfleet.layout import BOX_ETC, BOX_HF_TOKEN, BOX_OLD_VENV, BOX_WEIGHTS, FILES
 
 
 @deploy("Weights")
 def run(s):
-    apt.packages(name="Install python3-venv", packages=["python3-venv"])
-    pip.venv(name="Create thorfleet's venv", path=BOX_VENV, python="python3")
-    pip.packages(
-        name=f"Install {s.weights_hub_pip_spec} in the venv",
-        packages=[s.weights_hub_pip_spec],
-        pip=f"{BOX_VENV}/bin/pip",
-    )
     thor.whole_file(
         name="Install the weights fetcher and verifier",
         src=str(FILES / "bin" / "thorfleet-weights"),
         path=BOX_WEIGHTS,
         mode="755",
     )
+    # Older thorfleet installed huggingface_hub from PyPI here; the fetch now runs in the image.
+    files.directory(name="Remove the venv older thorfleet installed", path=BOX_OLD_VENV,
+                    present=False)
     files.directory(name=f"Create {BOX_ETC}", path=BOX_ETC, mode="755")
     if s.hf_token:
         thor.secret_file(name="Install the Hugging Face token (root-only)", path=BOX_HF_TOKEN,
@@ -39,6 +35,7 @@ def run(s):
             folder=folder,
             repo=repo,
             revision=revision,
+            image=s.image_tag,
             endpoint=s.weights_hf_endpoint,
             token_file=BOX_HF_TOKEN if s.hf_token else None,
         )

@@ -1,5 +1,7 @@
 """thorfleet's facts parse what a real Thor prints (FACTS.md lines and published outputs)."""
 
+import subprocess
+
 import pytest
 
 from thorfleet import facts, layout
@@ -110,7 +112,9 @@ def test_fact_commands_quote_what_they_are_given():
 
 def test_fact_commands_take_the_box_paths_from_the_layout():
     weights = facts.WeightsState().command("/m", "a" * 40)
-    assert f"[ -x {layout.BOX_VENV_PYTHON} ] && [ -f {layout.BOX_WEIGHTS} ]" in weights
+    # the check is stdlib only: the box's own python3, nothing installed for it
+    assert weights.startswith(f"if [ -f {layout.BOX_WEIGHTS} ]; then python3 {layout.BOX_WEIGHTS} "
+                              "verify ")
     served = facts.ServerState().command("thorfleet-vllm", 8002)
     # the tool reads its paths from the layout file: without it there is nothing to ask yet
     assert served.startswith(f"if [ -f {layout.BOX_SERVE} ] && [ -f {layout.BOX_LAYOUT_ENV} ]; ")
@@ -122,3 +126,18 @@ def test_weights_and_server_state_read_the_tools_last_line():
                                       '{"complete": true, "problems": []}']) == {
         "complete": True, "problems": []}
     assert parse(facts.ServerState, ["{}"]) == {}
+
+
+def test_pinned_weights_counts_the_folders_and_their_staging_on_a_real_disk(tmp_path):
+    model, draft = tmp_path / "M" / ("a" * 40), tmp_path / "E" / ("b" * 40)
+    model.mkdir(parents=True)
+    (model / "consolidated-00001.safetensors").write_bytes(b"\1" * (3 << 20))
+    staging = tmp_path / "M" / f".{'a' * 40}.partial"  # a download that was cut
+    staging.mkdir()
+    (staging / "consolidated-00002.safetensors").write_bytes(b"\1" * (1 << 20))
+    (tmp_path / "M" / ("c" * 40)).mkdir()  # another revision: not the pinned one, not counted
+    (tmp_path / "M" / ("c" * 40) / "x").write_bytes(b"\1" * (5 << 20))
+    command = facts.PinnedWeightsGiB().command([str(model), str(draft)])  # no draft yet
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+    gib = facts.PinnedWeightsGiB().process(out.splitlines())
+    assert 4 <= gib * 1024 < 4.2, gib * 1024

@@ -67,7 +67,8 @@ def test_every_operation_runs_twice_to_the_same_noop():
              facts.ServerState: {"active": "active", "proven_fingerprint": "f" * 64,
                                  "healthy": True}}
     for op, kwargs in ((thor.power_mode, {"mode": 1}), (thor.clocks_locked, {}),
-                       (thor.checkpoint, {"folder": "/m", "repo": "o/r", "revision": "a" * 40}),
+                       (thor.checkpoint, {"folder": "/m", "repo": "o/r", "revision": "a" * 40,
+                                          "image": "i"}),
                        (thor.derived_image, {"s": settings(), "context": "/c"}),
                        (thor.serving, {"s": settings()})):
         for _ in range(2):
@@ -123,13 +124,39 @@ def test_clocks():
 
 def test_preflight_problems_fail_the_host_once_with_every_problem():
     known = {facts.L4TRelease: "36.4.0", facts.MemTotalGiB: 61.4, facts.FreeDiskGiB: 500.0,
-             facts.SudoWorks: True, facts.DockerRuntimes: ["runc"]}
-    s = SimpleNamespace(preflight_min_l4t_release="38.0", preflight_min_memory_gib=110,
-                        preflight_min_free_disk_gib=150, weights_dir=layout.BOX_MODELS)
+             facts.PinnedWeightsGiB: 0.0, facts.SudoWorks: True, facts.DockerRuntimes: ["runc"]}
+    s = preflight_settings()
     commands, fake = plan(thor.thor_ready, known, s=s)
     assert execute(commands[0], fake) is False
     [error] = run_state(fake.state).errors["thor-1"]
     assert error.startswith("preflight failed:") and error.count("\n  - ") == 3
+
+
+def preflight_settings():
+    return SimpleNamespace(preflight_min_l4t_release="38.0", preflight_min_memory_gib=110,
+                           preflight_min_free_disk_gib=100, weights_dir=layout.BOX_MODELS,
+                           model_dir=f"{layout.BOX_MODELS}/M/{'a' * 40}",
+                           draft_dir=f"{layout.BOX_MODELS}/E/{'b' * 40}")
+
+
+def test_the_pinned_weights_on_disk_count_toward_the_free_disk_preflight_asks():
+    ready = {facts.L4TRelease: "38.2.0", facts.MemTotalGiB: 122.0, facts.SudoWorks: True,
+             facts.DockerRuntimes: ["nvidia", "runc"]}
+    # a converged box: 66 GiB of weights in place, 40 GiB left on the disk
+    commands, fake = plan(thor.thor_ready, {**ready, facts.FreeDiskGiB: 40.0,
+                                            facts.PinnedWeightsGiB: 66.0}, s=preflight_settings())
+    assert commands == [] and fake.noops == ["Thor ready: L4T R38.2.0, 122 GiB, 40 GiB free"]
+    # the same disk without them: the download would not fit
+    commands, fake = plan(thor.thor_ready, {**ready, facts.FreeDiskGiB: 40.0,
+                                            facts.PinnedWeightsGiB: 0.0}, s=preflight_settings())
+    assert execute(commands[0], fake) is False
+    [error] = run_state(fake.state).errors["thor-1"]
+    assert f"40.0 GiB free under {layout.BOX_MODELS}, need 100" in error
+    commands, fake = plan(thor.thor_ready, {**ready, facts.FreeDiskGiB: 20.0,
+                                            facts.PinnedWeightsGiB: 66.0}, s=preflight_settings())
+    assert execute(commands[0], fake) is False
+    assert "20.0 GiB free under /opt/thorfleet/models + 66.0 GiB of the pinned weights already " \
+           "there, need 100" in run_state(fake.state).errors["thor-1"][0]
 
 
 SHA_OF_HELLO = "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
@@ -170,14 +197,18 @@ def test_whole_file_is_staged_then_renamed_into_place():
 
 
 def test_checkpoint_complete_is_a_noop_and_missing_is_fetched():
-    kwargs = {"folder": "/m/r", "repo": "mistralai/x", "revision": "a" * 40}
+    kwargs = {"folder": "/m/r", "repo": "mistralai/x", "revision": "a" * 40, "image": "img:1"}
     commands, noops = run(thor.checkpoint, {facts.WeightsState: {"complete": True}}, **kwargs)
     assert commands == [] and "complete" in noops[0]
     commands, _ = run(thor.checkpoint, {facts.WeightsState: {"complete": False, "problems": []}},
-                      endpoint="http://hub:8000", **kwargs)
-    assert commands == [(f"{layout.BOX_VENV_PYTHON} {layout.BOX_WEIGHTS} fetch "
-                        f"--dir /m/r --repo mistralai/x --revision {'a' * 40} "
-                        "--endpoint http://hub:8000")]
+                      endpoint="http://hub:8000", token_file="/etc/t", **kwargs)
+    # huggingface_hub from the image: nothing from apt or PyPI on the box; the token a file
+    w = layout.BOX_WEIGHTS
+    assert commands == [(f"docker rm -f thorfleet-fetch-aaaaaaaaaaaa >/dev/null 2>&1; "
+                         "docker run --rm --name thorfleet-fetch-aaaaaaaaaaaa --network host "
+                         f"-e HF_HUB_DISABLE_XET=1 -v /m:/m -v {w}:{w}:ro -v /etc/t:/etc/t:ro "
+                         f"--entrypoint python3 img:1 {w} fetch --dir /m/r --repo mistralai/x "
+                         f"--revision {'a' * 40} --endpoint http://hub:8000 --token-file /etc/t")]
 
 
 def settings(**extra):
@@ -252,3 +283,22 @@ def test_each_run_has_its_own_run_state():
     one, other = SimpleNamespace(), SimpleNamespace()
     run_state(one).failed_restarts.add("thor-1")
     assert run_state(one) is run_state(one) and run_state(other).failed_restarts == set()
+
+
+def test_leftovers_are_removed_one_command_each_kind_and_none_is_a_noop():
+    s = settings(weights_dir="/m", image_name="thorfleet/mistral-small4", model_dir="/m/M/" + "a" * 40,
+                 draft_dir="/m/E/" + "b" * 40)
+    nothing = {"dirs": [], "images": [], "contexts": []}
+    commands, noops = run(thor.leftovers_removed, {facts.Leftovers: nothing}, s=s)
+    assert commands == [] and noops[0].startswith("nothing old to remove")
+    found = {"dirs": ["/m/M/" + "1" * 40], "images": ["thorfleet/mistral-small4:old"],
+             "contexts": [f"{layout.BOX_IMAGE_CONTEXT}/cccccccccccc"]}
+    asked = {}
+    commands, _ = run(thor.leftovers_removed, {facts.Leftovers: lambda **kw: asked.update(kw) or found},
+                      s=s)
+    assert commands == [f"rm -rf -- /m/M/{'1' * 40} {layout.BOX_IMAGE_CONTEXT}/cccccccccccc",
+                        "docker rmi thorfleet/mistral-small4:old"]
+    # what it keeps: the pinned weights, this image, and what the live and last good units use
+    assert asked["keep_dirs"] == [s.model_dir, s.draft_dir]
+    assert asked["keep_images"] == ["thorfleet/mistral-small4:abc"]
+    assert asked["units"] == [layout.box_unit("thorfleet-vllm"), layout.BOX_LAST_GOOD_UNIT]

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -190,6 +191,9 @@ def test_a_version_that_proves_itself_becomes_the_last_good_one(box):
     assert box.proven.read_text() == "1" * 64
     assert (box.last_good / "config").read_text() == "version: 1\n"
     assert (box.last_good / "unit").read_text() == box.unit.read_text()
+    # where disk hygiene (thorfleet-clean) reads the unit a roll-back would start
+    assert layout.BOX_LAST_GOOD_UNIT == f"{layout.BOX_STATE}/last-good/unit"
+    assert box.last_good.parent.name == Path(layout.BOX_STATE).name
     assert (box.last_good / "secrets").read_text() == f"VLLM_API_KEY={KEY}\n"
     assert (box.last_good / "timeout").read_text() == "30.0"
     assert "systemctl restart thorfleet-vllm" in box.calls()

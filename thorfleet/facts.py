@@ -10,10 +10,10 @@ from shlex import quote as q
 from pyinfra.api import FactBase
 
 from thorfleet.layout import (
+    BOX_CLEAN,
     BOX_LAYOUT_ENV,
     BOX_REBOOT_MARKER,
     BOX_SERVE,
-    BOX_VENV_PYTHON,
     BOX_WEIGHTS,
 )
 
@@ -49,6 +49,40 @@ class FreeDiskGiB(FactBase):
 
     def process(self, output):
         return int(output[0]) / 1024**2
+
+
+class PinnedWeightsGiB(FactBase):
+    """GiB the pinned checkpoint folders (and their unfinished staging folders) already take: space
+    the weights need that they already have."""
+
+    def command(self, folders):
+        paths = []
+        for folder in folders:
+            parent, name = folder.rsplit("/", 1)
+            paths += [folder, f"{parent}/.{name}.partial"]  # thorfleet-weights' staging folder
+        return (f"for d in {' '.join(q(p) for p in paths)}; do [ -d \"$d\" ] && du -sk \"$d\"; "
+                "done | awk '{s += $1} END {print s + 0}'")
+
+    def process(self, output):
+        return int(output[-1]) / 1024**2
+
+
+class Leftovers(FactBase):
+    """What nothing serves any more (files/bin/thorfleet-clean): {"dirs", "images", "contexts"},
+    all empty until the tool is installed."""
+
+    def command(self, models, contexts, image_name, keep_context, keep_dirs, keep_images, units):
+        tool = q(BOX_CLEAN)
+        args = [f"--models {q(models)}", f"--contexts {q(contexts)}",
+                f"--image-name {q(image_name)}", f"--keep-context {q(keep_context)}",
+                *(f"--keep-dir {q(d)}" for d in keep_dirs),
+                *(f"--keep-image {q(i)}" for i in keep_images),
+                *(f"--unit {q(u)}" for u in units)]
+        return (f"if [ -f {tool} ]; then python3 {tool} {' '.join(args)}; "
+                """else echo '{"dirs": [], "images": [], "contexts": []}'; fi""")
+
+    def process(self, output):
+        return json.loads(output[-1])
 
 
 class DockerRuntimes(FactBase):
@@ -149,10 +183,10 @@ class WeightsState(FactBase):
     """Offline check of one pinned checkpoint folder: {"complete": bool, "problems": [...]}."""
 
     def command(self, folder, revision):
-        python, tool = q(BOX_VENV_PYTHON), q(BOX_WEIGHTS)
+        tool = q(BOX_WEIGHTS)
         return (
-            f"if [ -x {python} ] && [ -f {tool} ]; then "
-            f"{python} {tool} verify --dir {q(folder)} --revision {q(revision)}; "
+            f"if [ -f {tool} ]; then "
+            f"python3 {tool} verify --dir {q(folder)} --revision {q(revision)}; "
             "else echo '{\"complete\": false, \"problems\": [\"thorfleet tools not installed\"]}'; fi"
         )
 

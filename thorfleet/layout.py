@@ -16,10 +16,12 @@ BOX_HOME = "/opt/thorfleet"
 BOX_BIN = f"{BOX_HOME}/bin"
 BOX_MEMORY_GATE = f"{BOX_BIN}/memory-gate"  # the unit's ExecStartPre
 BOX_SERVE = f"{BOX_BIN}/thorfleet-serve"  # start, prove, roll back (system python3)
-BOX_WEIGHTS = f"{BOX_BIN}/thorfleet-weights"  # fetch, verify (the venv's python)
+BOX_WEIGHTS = f"{BOX_BIN}/thorfleet-weights"  # verify (system python3), fetch (in the image)
+BOX_CLEAN = f"{BOX_BIN}/thorfleet-clean"  # what old revisions, images and build contexts to remove
 BOX_BENCH = f"{BOX_BIN}/thorfleet-bench"  # the seed's decode benchmark (system python3)
-BOX_VENV = f"{BOX_HOME}/venv"  # huggingface_hub for thorfleet-weights
-BOX_VENV_PYTHON = f"{BOX_VENV}/bin/python"
+# Where thorfleet before 0.3 installed huggingface_hub from PyPI; removed now that the fetch runs
+# in the derived image (its base ships huggingface_hub), so a box needs no apt or PyPI.
+BOX_OLD_VENV = f"{BOX_HOME}/venv"
 BOX_IMAGE_CONTEXT = f"{BOX_HOME}/image"  # one build context per image inputs hash
 BOX_MODELS = f"{BOX_HOME}/models"  # the default weights_dir
 # Inside the derived image, not on the box: where files/image/Dockerfile copies chatfix and the
@@ -33,6 +35,9 @@ BOX_HF_TOKEN = f"{BOX_ETC}/hf_token"
 BOX_LAYOUT_ENV = f"{BOX_ETC}/layout.env"  # where thorfleet-serve reads the paths below from
 BOX_VLLM_CACHE = "/var/cache/thorfleet/vllm"  # vLLM's compile cache, kept across restarts
 BOX_STATE = "/var/lib/thorfleet"  # proven fingerprint, last-good copies, serve.lock
+# thorfleet-serve's copy of the last good version's unit (STATE_DIR/last-good/unit): what a
+# roll-back starts, so disk hygiene keeps the weights and image it names.
+BOX_LAST_GOOD_UNIT = f"{BOX_STATE}/last-good/unit"
 BOX_UNIT_DIR = "/etc/systemd/system"
 BOX_REBOOT_MARKER = "/run/thorfleet-before-reboot"  # /run is emptied by every boot
 BOX_UPLOAD_STAGING = ".thorfleet-upload"  # in the SSH user's home: uploads wait here, 0700

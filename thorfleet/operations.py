@@ -21,11 +21,13 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, opera
 from thorfleet import facts
 from thorfleet.layout import (
     BOX_BENCH,
+    BOX_IMAGE_CONTEXT,
+    BOX_LAST_GOOD_UNIT,
     BOX_REBOOT_MARKER,
     BOX_SERVE,
     BOX_UPLOAD_STAGING,
-    BOX_VENV_PYTHON,
     BOX_WEIGHTS,
+    box_unit,
 )
 from thorfleet.runstate import run_state
 
@@ -67,8 +69,11 @@ def thor_ready(s):
         problems.append(f"{memory:.1f} GiB of memory, the model needs {s.preflight_min_memory_gib}"
                         " (preflight_min_memory_gib)")
     disk = host.get_fact(facts.FreeDiskGiB, path=s.weights_dir)
-    if disk < s.preflight_min_free_disk_gib:
-        problems.append(f"{disk:.1f} GiB free under {s.weights_dir}, need "
+    # what the pinned weights already take counts as theirs: a converged box passes its re-run
+    present = host.get_fact(facts.PinnedWeightsGiB, folders=[s.model_dir, s.draft_dir])
+    if disk + present < s.preflight_min_free_disk_gib:
+        have = f" + {present:.1f} GiB of the pinned weights already there" if present else ""
+        problems.append(f"{disk:.1f} GiB free under {s.weights_dir}{have}, need "
                         f"{s.preflight_min_free_disk_gib} (preflight_min_free_disk_gib): free space "
                         "or point weights_dir at a larger disk")
     if not host.get_fact(facts.SudoWorks, _sudo=False):
@@ -210,28 +215,38 @@ def secret_file(path, content, **kwargs):
 
 
 @operation()
-def checkpoint(folder, repo, revision, endpoint=None, token_file=None):
+def checkpoint(folder, repo, revision, image, endpoint=None, token_file=None):
     """A complete, verified checkpoint of `repo` at `revision` in `folder`.
 
-    Checked offline against huggingface_hub's download metadata; only missing or damaged files are
-    fetched (in a staging folder, moved into place once verified).
+    Checked offline (the box's python3) against huggingface_hub's download metadata; only missing
+    or damaged files are fetched, in a staging folder beside `folder`, moved into place once
+    verified. The fetch runs huggingface_hub inside `image` (the vLLM image ships it): nothing is
+    installed on the box from apt or PyPI.
 
     .. code:: python
 
         checkpoint(name="Fetch the draft", folder=f"{s.weights_dir}/eagle/<rev>",
-                   repo="mistralai/Mistral-Small-4-119B-2603-eagle", revision="<rev>")
+                   repo="mistralai/Mistral-Small-4-119B-2603-eagle", revision="<rev>",
+                   image=s.image_tag)
     """
     state = host.get_fact(facts.WeightsState, folder=folder, revision=revision, _sudo=True)
     if state["complete"]:
         host.noop(f"{repo}@{revision[:12]} is complete in {folder}")
         return
-    args = [BOX_VENV_PYTHON, BOX_WEIGHTS, "fetch", "--dir", folder, "--repo", repo,
-            "--revision", revision]
+    parent = folder.rsplit("/", 1)[0]  # thorfleet-weights stages beside the folder
+    # One fetch per revision at a time: a run whose SSH session died may have left one going.
+    name = f"thorfleet-fetch-{revision[:12]}"
+    run = ["docker", "run", "--rm", "--name", name, "--network", "host",
+           "-e", "HF_HUB_DISABLE_XET=1",  # the seed's setting: plain HTTPS downloads
+           "-v", f"{parent}:{parent}", "-v", f"{BOX_WEIGHTS}:{BOX_WEIGHTS}:ro"]
+    args = ["fetch", "--dir", folder, "--repo", repo, "--revision", revision]
     if endpoint:
         args += ["--endpoint", endpoint]
-    if token_file:
+    if token_file:  # a file, read inside: never on a command line or in the container's env
+        run += ["-v", f"{token_file}:{token_file}:ro"]
         args += ["--token-file", token_file]
-    yield _command(*args)
+    yield (f"docker rm -f {q(name)} >/dev/null 2>&1; "
+           + _command(*run, "--entrypoint", "python3", image, BOX_WEIGHTS, *args))
 
 
 @operation()
@@ -395,3 +410,27 @@ def benchmark_gate(min_fraction, floor):
         return True
 
     yield FunctionCommand(gate, (), {})
+
+
+@operation()
+def leftovers_removed(s):
+    """Old checkpoint revisions, derived images and build contexts removed: everything but the
+    pinned weights, the current image and context, and what the live and last good units use.
+
+    .. code:: python
+
+        leftovers_removed(name="Remove what nothing serves any more", s=settings)
+    """
+    found = host.get_fact(
+        facts.Leftovers, models=s.weights_dir, contexts=BOX_IMAGE_CONTEXT,
+        image_name=s.image_name, keep_context=s.image_inputs_hash[:12],
+        keep_dirs=[s.model_dir, s.draft_dir], keep_images=[s.image_tag],
+        units=[box_unit(s.service_name), BOX_LAST_GOOD_UNIT], _sudo=True)
+    paths = [*found["dirs"], *found["contexts"]]
+    if not paths and not found["images"]:
+        host.noop("nothing old to remove: only the served and last good versions are on disk")
+        return
+    if paths:
+        yield _command("rm", "-rf", "--", *paths)
+    if found["images"]:
+        yield _command("docker", "rmi", *found["images"])

@@ -14,8 +14,6 @@ import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pydantic import (
     AfterValidator,
@@ -100,16 +98,6 @@ def _listen_address(host):
             if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$", host):
                 raise ValueError("not an address") from None
     return host
-
-
-def _hub_requirement(spec):
-    try:
-        requirement = Requirement(spec)
-    except InvalidRequirement:
-        raise ValueError("not a requirement") from None
-    if canonicalize_name(requirement.name) != "huggingface-hub" or requirement.marker:
-        raise ValueError("not huggingface_hub")
-    return spec
 
 
 def _extra_env(env):
@@ -233,9 +221,6 @@ class Schema(BaseModel):
     weights_hf_token_file: Annotated[StrictStr, Field(min_length=1)] | None = setting(
         None, "laptop path of a file holding HF_TOKEN (else env HF_TOKEN); never logged",
         "must be a file path on the laptop, or None")
-    weights_hub_pip_spec: Annotated[StrictStr, AfterValidator(_hub_requirement)] = setting(
-        "huggingface_hub==2.4.0", "huggingface_hub pinned in the box's venv (>=1.18 works)",
-        "is not a pip requirement for huggingface_hub, like huggingface_hub==2.4.0")
 
     # --- image: the derived vLLM image with the chat patches -------------------------------------
     image_base: Annotated[StrictStr, Field(pattern=_IMAGE_BY_DIGEST)] = setting(
