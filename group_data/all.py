@@ -37,6 +37,7 @@ weights_hf_token_file = None  # laptop path of a file holding HF_TOKEN (else env
 # --- image: the derived vLLM image with the chat patches ----------------------------------------
 image_base = None  # REQUIRED: base vLLM image pinned by digest, e.g. ghcr.io/nvidia-ai-iot/vllm@sha256:…
 image_name = "thorfleet/mistral-small4"  # local name of the derived image; the tag is a hash of its inputs
+image_registry = None  # registry the image is shared through: the run's first host builds and pushes, the others pull (None: every box builds)
 image_think_prefill = True  # open [THINK] for reasoning_effort=high (this checkpoint does not by itself)
 
 # --- service: the systemd-supervised vLLM container ----------------------------------------------

@@ -1,10 +1,21 @@
-"""Image: the derived vLLM image with the chat patches, built on the box from a pinned base."""
+"""Image: the derived vLLM image with the chat patches, built on the box from a pinned base.
 
+With image_registry set it is built once per run: the first host of the run builds and pushes it,
+the others pull it (a separate operation, so the push comes first) and build it only when the
+registry does not have it.
+"""
+
+from pyinfra import host, inventory, state
 from pyinfra.api import deploy
 from pyinfra.operations import files
 
 from thorfleet import operations as thor
 from thorfleet.layout import BOX_IMAGE_CONTEXT, FILES
+
+
+def builder():
+    """The host that builds for the run: the first, in inventory order, that this run reaches."""
+    return next((h.name for h in inventory if state.is_host_in_limit(h)), None)
 
 
 @deploy("Image")
@@ -16,4 +27,9 @@ def run(s):
         dest=context,
         exclude=["__pycache__", "*.pyc"],
     )
-    thor.derived_image(name=f"Build {s.image_tag} unless it exists", s=s, context=context)
+    if not s.image_registry or host.name == builder():
+        thor.derived_image(name=f"Build {s.image_tag} unless it exists", s=s, context=context,
+                           push=bool(s.image_registry))
+    if s.image_registry and host.name != builder():
+        thor.shared_image(name=f"Pull {s.image_tag} from {s.image_registry} unless it exists",
+                          s=s, context=context)

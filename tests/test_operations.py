@@ -302,3 +302,30 @@ def test_leftovers_are_removed_one_command_each_kind_and_none_is_a_noop():
     assert asked["keep_dirs"] == [s.model_dir, s.draft_dir]
     assert asked["keep_images"] == ["thorfleet/mistral-small4:abc"]
     assert asked["units"] == [layout.box_unit("thorfleet-vllm"), layout.BOX_LAST_GOOD_UNIT]
+
+
+def test_with_a_registry_the_first_host_builds_and_pushes_then_untags():
+    s = settings(image_registry="reg:5000/team", image_shared_ref="reg:5000/team/mistral-small4:abc")
+    commands, _ = run(thor.derived_image, {facts.DockerImageLabels: lambda ref: None}, s=s,
+                      context="/ctx", push=True)
+    assert commands[1].startswith("sh /ctx/build-image.sh ")
+    assert commands[2] == ("docker tag thorfleet/mistral-small4:abc reg:5000/team/mistral-small4:abc"
+                           " && docker push -q reg:5000/team/mistral-small4:abc && "
+                           "docker rmi reg:5000/team/mistral-small4:abc >/dev/null")
+
+
+def test_the_other_hosts_pull_check_the_inputs_label_and_build_only_without_it():
+    s = settings(image_registry="reg:5000/team", image_shared_ref="reg:5000/team/mistral-small4:abc")
+    commands, noops = run(thor.shared_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"}},
+                          s=s, context="/ctx")
+    assert commands == [] and "already here" in noops[0]  # a box that has it gets nothing
+    [command], _ = run(thor.shared_image, {facts.DockerImageLabels: lambda ref: None}, s=s,
+                       context="/ctx")
+    pulled, built = command.split("; else ")
+    assert pulled.startswith("if docker pull -q reg:5000/team/mistral-small4:abc")
+    # on arrival: the image's label is the hash of every input this run renders
+    assert ("[ \"$(docker inspect --format '{{index .Config.Labels \"thorfleet.inputs\"}}' "
+            f"reg:5000/team/mistral-small4:abc)\" = {'abc' * 10} ]") in pulled
+    assert "docker tag reg:5000/team/mistral-small4:abc thorfleet/mistral-small4:abc" in pulled
+    # not in the registry (the builder is down, or its build failed): built here, base first
+    assert "docker pull r/vllm@sha256:" in built and "sh /ctx/build-image.sh" in built

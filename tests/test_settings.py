@@ -109,6 +109,16 @@ def test_good_data_renders(api_key_file):
     assert "--margin-gib 7 " in s.unit_text  # a number renders as written
 
 
+def test_the_shared_image_is_the_local_tag_under_the_registry(api_key_file):
+    s = settings_for({**GOOD, "service_api_key_file": api_key_file})
+    assert s.image_shared_ref is None  # no registry: every box builds its own
+    shared = settings_for({**GOOD, "service_api_key_file": api_key_file,
+                           "image_registry": "registry.site:5000/thorfleet"})
+    assert shared.image_shared_ref == ("registry.site:5000/thorfleet/mistral-small4:"
+                                       + shared.image_tag.rsplit(":", 1)[1])
+    assert shared.image_tag == s.image_tag  # the registry is transport, not an input
+
+
 def test_only_declared_settings_read_as_attributes(api_key_file):
     s = settings_for({**GOOD, "service_api_key_file": api_key_file, "ssh_user": "ops"})
     with pytest.raises(AttributeError):
@@ -134,6 +144,7 @@ GOOD_VALUES = [
     {"weights_dir": "/data/models"}, {"weights_hf_endpoint": "http://hub.internal:8080"},
     {"image_base": "thorfleet-registry:5000/nvidia-ai-iot/vllm:latest-jetson-thor@sha256:" + "b" * 64},
     {"image_name": "registry.local:5000/team/mistral-small4"},
+    {"image_registry": "registry.site:5000/thorfleet"}, {"image_registry": None},
     {"service_name": "vllm_2.mistral"}, {"service_profile": "no-eagle"},
     {"service_host": "::1"}, {"service_host": "thor-1.lan"}, {"service_allow_no_api_key": "anywhere"},
     {"service_docker_gpus": "1"}, {"service_docker_gpus": "device=0,1"},
@@ -185,6 +196,8 @@ BAD_INPUTS = [
      "weights_hf_endpoint='hub.internal' must be an http(s) URL"),
     ({"weights_hf_token_file": ""}, "weights_hf_token_file='' must be a file path on the laptop"),
     ({"image_base": "ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor"}, "is not pinned by digest"),
+    ({"image_registry": "registry.site:5000/thorfleet:latest"},
+     "image_registry='registry.site:5000/thorfleet:latest' is not a registry path"),
     ({"image_base": "vllm@sha256:abc"}, "image_base='vllm@sha256:abc' is not pinned by digest"),
     ({"image_base": "Bad Name@sha256:" + "a" * 64}, "is not pinned by digest"),
     ({"image_name": "Thorfleet/Mistral"}, "image_name='Thorfleet/Mistral' is not a Docker repository"),

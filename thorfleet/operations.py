@@ -249,9 +249,21 @@ def checkpoint(folder, repo, revision, image, endpoint=None, token_file=None):
            + _command(*run, "--entrypoint", "python3", image, BOX_WEIGHTS, *args))
 
 
+def _build(s, context):
+    """The shell commands that build the derived image from `context` (the base pulled first)."""
+    commands = []
+    if host.get_fact(facts.DockerImageLabels, ref=s.image_base) is None:
+        commands.append(_command("docker", "pull", s.image_base))
+    commands.append(_command("sh", f"{context}/build-image.sh", "--base", s.image_base, "--tag",
+                             s.image_tag, "--think-prefill", int(bool(s.image_think_prefill)),
+                             "--label", f"thorfleet.inputs={s.image_inputs_hash}"))
+    return commands
+
+
 @operation()
-def derived_image(s, context):
-    """The derived vLLM image for these inputs: built from `context` on the box when absent.
+def derived_image(s, context, push=False):
+    """The derived vLLM image for these inputs: built from `context` on the box when absent, and
+    with `push` sent to `image_registry` for the other boxes of the run.
 
     The tag is a hash of every input (Dockerfile, patches, base digest, build options), so the image
     is built again only when one changed, and a failed build leaves the running image alone.
@@ -265,11 +277,36 @@ def derived_image(s, context):
     if labels is not None:
         host.noop(f"{s.image_tag} is already built ({labels.get('thorfleet.patches', '?')})")
         return
-    if host.get_fact(facts.DockerImageLabels, ref=s.image_base) is None:
-        yield _command("docker", "pull", s.image_base)
-    yield _command("sh", f"{context}/build-image.sh", "--base", s.image_base, "--tag", s.image_tag,
-                   "--think-prefill", int(bool(s.image_think_prefill)),
-                   "--label", f"thorfleet.inputs={s.image_inputs_hash}")
+    yield from _build(s, context)
+    if push:  # the registry's tag is only a way to ship it: untagged once pushed
+        remote = s.image_shared_ref
+        yield (f"docker tag {q(s.image_tag)} {q(remote)} && docker push -q {q(remote)} && "
+               f"docker rmi {q(remote)} >/dev/null")
+
+
+@operation()
+def shared_image(s, context):
+    """The derived image from `image_registry`, where the run's first host pushed it: pulled,
+    checked on arrival (its thorfleet.inputs label must be this run's hash of every input; the
+    registry's digests check the bytes), tagged. Built here instead when the registry does not
+    have it (the first host is down, or its build failed).
+
+    .. code:: python
+
+        shared_image(name="Pull the derived image", s=settings, context=f"{...}/<hash>")
+    """
+    labels = host.get_fact(facts.DockerImageLabels, ref=s.image_tag)
+    if labels is not None:
+        host.noop(f"{s.image_tag} is already here ({labels.get('thorfleet.patches', '?')})")
+        return
+    remote = s.image_shared_ref
+    label = "{{index .Config.Labels \"thorfleet.inputs\"}}"
+    pulled = (f"docker pull -q {q(remote)} >/dev/null && "
+              f"[ \"$(docker inspect --format '{label}' {q(remote)})\" = {q(s.image_inputs_hash)} ] "
+              f"&& docker tag {q(remote)} {q(s.image_tag)} && docker rmi {q(remote)} >/dev/null")
+    built = " && ".join(_build(s, context))
+    yield (f"if {pulled}; then echo 'thorfleet: {s.image_tag} pulled from {s.image_registry}'; "
+           f"else echo 'thorfleet: {remote} is not in the registry: building here'; {built}; fi")
 
 
 @operation()

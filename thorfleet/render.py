@@ -81,6 +81,13 @@ class Settings:
         return f"{self.image_name}:{self.image_inputs_hash[:12]}"
 
     @cached_property
+    def image_shared_ref(self):
+        """Where the image is shared through image_registry (None: each box builds its own)."""
+        if not self.image_registry:
+            return None
+        return f"{self.image_registry}/{self.image_name.rsplit('/', 1)[-1]}:{self.image_inputs_hash[:12]}"
+
+    @cached_property
     def environment(self):
         return {**SEED_ENV, **{k: str(v) for k, v in self.service_extra_env.items()}}
 

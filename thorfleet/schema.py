@@ -231,6 +231,10 @@ class Schema(BaseModel):
         "thorfleet/mistral-small4", "local name of the derived image; the tag is a hash of its inputs",
         "is not a Docker repository name: lowercase, like thorfleet/mistral-small4, without a tag "
         "(thorfleet tags it with a hash of its inputs)")
+    image_registry: Annotated[StrictStr, Field(pattern=_IMAGE_NAME)] | None = setting(
+        None, "registry the image is shared through: the run's first host builds and pushes, the "
+        "others pull (None: every box builds)",
+        "is not a registry path like registry.site:5000/thorfleet (no tag), or None")
     image_think_prefill: StrictBool = setting(
         True, "open [THINK] for reasoning_effort=high (this checkpoint does not by itself)",
         "must be True or False")

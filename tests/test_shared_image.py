@@ -1,0 +1,47 @@
+"""The image is built once per run and shipped to the other boxes through the registry the operator
+names (issue 12, item 2): the run's first host builds and pushes, the others pull, check the image
+on arrival and tag it; a box that has it gets nothing; every box ends with the same image ID.
+
+Uses the rollout boxes (3-5) and gives them back as they were. The edit that breaks it: no
+image_registry handling in tasks/image.py (every box builds).
+"""
+
+import pytest
+
+from tests.helpers import SERVICE, box, changed_on, deploy, serves
+
+pytestmark = pytest.mark.fleet
+
+# The sim's registry, where the boxes already pull the base from.
+REGISTRY = "thorfleet-registry:5000/thorfleet"
+
+
+def image_of(sim_fleet, host):
+    unit = box(sim_fleet, host, f"cat /etc/systemd/system/{SERVICE}.service")
+    return next(word for word in unit.split() if word.startswith("thorfleet/mistral-small4:"))
+
+
+def test_one_box_builds_the_others_pull_the_same_image_and_a_rerun_changes_nothing(sim_fleet,
+                                                                                 tmp_path):
+    hosts = sim_fleet.hosts[2:5]
+    report = {"rollout_report_path": str(tmp_path / "report.json")}
+    # new inputs (the think prefill off): an image none of the three boxes has yet
+    shared = sim_fleet.write_inventory(tmp_path / "shared.py", hosts=hosts, extra_data={
+        **report, "image_registry": REGISTRY, "image_think_prefill": False})
+    try:
+        run = deploy(shared)
+        assert run.returncode == 0, run.stderr[-4000:]
+        changed = {h: " ".join(changed_on(run, h)) for h in hosts}
+        assert [h for h in hosts if "Image | Build" in changed[h]] == [hosts[0]], changed
+        assert [h for h in hosts if "Image | Pull" in changed[h]] == hosts[1:], changed
+        tag = image_of(sim_fleet, hosts[0])
+        ids = {h: box(sim_fleet, h, f"docker images -q --no-trunc {tag}") for h in hosts}
+        # one image, by ID: a box that fell back to building its own would have another
+        assert len(set(ids.values())) == 1 and "" not in ids.values(), ids
+        assert all(serves(sim_fleet, h, timeout=5) for h in hosts)
+        again = deploy(shared)
+        assert [changed_on(again, h) for h in hosts] == [[], [], []]
+    finally:
+        back = deploy(sim_fleet.write_inventory(tmp_path / "back.py", hosts=hosts,
+                                                extra_data=report))
+        assert back.returncode == 0, back.stderr[-4000:]
