@@ -4,7 +4,10 @@
     python -m bench.rollout --hosts 3-6 --keep-boxes --batches 1 2
 
 1. First converge of fresh boxes and a no-change re-run, for one host and for all of them
-   (the boxes are re-created: their containers and disks are removed, then `up`).
+   (the boxes are re-created: their containers and disks are removed, then `up`). For each first
+   converge: the bytes the hub served, as a multiple of one copy of the two pinned checkpoints,
+   and how many boxes built the derived image (--image-registry shares it; --wan-rate throttles
+   each hub response to that many bytes/s, the stand-in hub's "slow" knob, the LAN unthrottled).
 2. A rolling config change through all of them per --batches value, while a prober inside each box
    hits /health every 0.5 s: the most hosts down at once, and each host's outage against its own
    restart (systemd stopping the service -> thorfleet-serve writing the proven fingerprint).
@@ -18,11 +21,13 @@ import argparse
 import json
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import docker
 
 from tests.sim import fleet
+from tests.sim.hub.faults import HubFaults
 from tests.sim.operator import deploy
 from tests.sim.prober import Prober, restart_window
 
@@ -41,6 +46,28 @@ def recreate(client, hosts, up_to):
             fleet.remove_box(existing[index], index)
     return fleet.up(up_to, inventory=Path(tempfile.gettempdir()) / "thorfleet-bench-all.py",
                     client=client)
+
+
+def weights_bytes(sim):
+    """Bytes of one copy of the two pinned checkpoints, as the hub lists them."""
+    total = 0
+    for repo, revision in sim.hub["revisions"].items():
+        url = f"{sim.hub['endpoint_local']}/api/models/{repo}/tree/{revision}"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            total += sum(e["size"] for e in json.loads(response.read()) if e["type"] == "file")
+    return total
+
+
+def hub_bytes(hub):
+    """Body bytes of the files the hub served since forget_requests()."""
+    return sum(r["bytes"] or 0 for r in hub.requests()
+               if r["method"] == "GET" and "/resolve/" in r["path"])
+
+
+def built_on(run, hosts):
+    """The hosts whose run built the derived image (its Build operation changed something)."""
+    return [h for h in hosts if any(op["name"].startswith("Image | Build") and h in op["success"]
+                                    for op in run.json["results"]["operations"])]
 
 
 def timed_deploy(sim, workdir, name, hosts, extra=None):
@@ -85,7 +112,10 @@ def main():
                         "others test)")
     parser.add_argument("--keep-boxes", action="store_true",
                         help="skip the fresh-box converges (measure re-runs and rollouts only)")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 2],
+    parser.add_argument("--image-registry", help="share the image through this registry path "
+                        "(in the sim: thorfleet-registry:5000/thorfleet)")
+    parser.add_argument("--wan-rate", type=int, help="bytes/s each hub response is held to")
+    parser.add_argument("--batches", type=int, nargs="*", default=[1, 2],
                         help="rollout_batch values to roll a change through (one run each)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -93,16 +123,30 @@ def main():
     up_to = max(fleet.index_of(h) for h in hosts)
     client = docker.from_env()
     workdir = Path(tempfile.mkdtemp(prefix="thorfleet-bench-"))
-    results = {"hosts": hosts, "converge": {}, "rollouts": []}
+    extra = {"image_registry": args.image_registry} if args.image_registry else {}
+    results = {"hosts": hosts, "image_registry": args.image_registry, "wan_rate": args.wan_rate,
+               "converge": {}, "rollouts": []}
 
     sim = fleet.up(up_to, inventory=workdir / "all.py", client=client)
+    hub = HubFaults(sim.hub["endpoint_local"])
+    one_copy = weights_bytes(sim)
     for group in ([hosts[0]], hosts):
         label = f"{len(group)} host{'s' * (len(group) > 1)}"
         if not args.keep_boxes:
             sim = recreate(client, group, up_to)
-            first = timed_deploy(sim, workdir, f"first-{len(group)}", group)
-            results["converge"].setdefault(label, {})["first_s"] = round(first.seconds, 1)
-        again = timed_deploy(sim, workdir, f"rerun-{len(group)}", group)
+            hub.forget_requests()
+            if args.wan_rate:
+                hub.add("slow", path="*", rate=args.wan_rate)
+            try:
+                first = timed_deploy(sim, workdir, f"first-{len(group)}", group, extra)
+            finally:
+                hub.clear()
+            served = hub_bytes(hub)
+            results["converge"].setdefault(label, {}).update({
+                "first_s": round(first.seconds, 1), "hub_bytes": served,
+                "hub_copies": round(served / one_copy, 2),
+                "image_built_on": built_on(first, group)})
+        again = timed_deploy(sim, workdir, f"rerun-{len(group)}", group, extra)
         results["converge"].setdefault(label, {}).update(
             {"rerun_s": round(again.seconds, 1), "rerun_changed": again.changed})
 
@@ -122,11 +166,14 @@ def print_table(results):
 
     console = Console(width=120)
     table = Table(title="Converge wall time (pyinfra CLI, simulated Thors)")
-    for column in ("hosts", "first converge", "no-change re-run", "changed ops in re-run"):
+    for column in ("hosts", "first converge", "no-change re-run", "changed ops in re-run",
+                   "hub bytes (x one copy)", "boxes that built the image"):
         table.add_column(column)
     for label, row in results["converge"].items():
         table.add_row(label, f"{row['first_s']} s" if "first_s" in row else "-",
-                      f"{row['rerun_s']} s", str(row["rerun_changed"]))
+                      f"{row['rerun_s']} s", str(row["rerun_changed"]),
+                      f"{row['hub_copies']}x" if "hub_copies" in row else "-",
+                      str(len(row["image_built_on"])) if "image_built_on" in row else "-")
     console.print(table)
     table = Table(title="Rolling config change, /health probed every 0.5 s in every box")
     for column in ("rollout_batch", "wall time", "most down at once", "host", "down",
