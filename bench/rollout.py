@@ -59,9 +59,10 @@ def weights_bytes(sim):
 
 
 def hub_bytes(hub):
-    """Body bytes of the files the hub served since forget_requests()."""
+    """Body bytes of the files the hub served since forget_requests(): small files from
+    /resolve/, LFS files from where /resolve/ redirects them (the stand-in's /_sim/lfs/)."""
     return sum(r["bytes"] or 0 for r in hub.requests()
-               if r["method"] == "GET" and "/resolve/" in r["path"])
+               if r["method"] == "GET" and ("/resolve/" in r["path"] or "/lfs/" in r["path"]))
 
 
 def built_on(run, hosts):
