@@ -30,6 +30,6 @@ def run(s):
     if not s.image_registry or host.name == builder():
         thor.derived_image(name=f"Build {s.image_tag} unless it exists", s=s, context=context,
                            push=bool(s.image_registry))
-    if s.image_registry and host.name != builder():
+    else:  # a later line: pyinfra runs it after the build (and push) above on every host
         thor.shared_image(name=f"Pull {s.image_tag} from {s.image_registry} unless it exists",
                           s=s, context=context)
