@@ -1,32 +1,105 @@
 """Fixtures shared by every test module.
 
-`sim_fleet` brings the simulated Thor fleet up once per session (`python -m tests.sim up`) and
-takes it down at the end. Knobs for a developer:
+`sim_fleet` brings the simulated Thor fleet up once per test run (`python -m tests.sim up`) and
+takes it down at the end. Under pytest-xdist (`-n 4 --dist loadgroup`, as CI runs the fleet
+stories) the first worker brings it up, the others attach, and the controller takes it down.
 
-    THORFLEET_SIM_HOSTS=6      boxes to bring up (default 6: two for the deploy and drift
-                               stories, three for the rolling restarts, and the last one, which
-                               no deploy touches, for the stories about the bare box)
-    THORFLEET_SIM_KEEP=1       leave the fleet running after the session, to look around
+Each module that acts on boxes owns them, in BOXES below: its tests run in one worker, one after
+another, while the stories on other boxes run beside them. Knobs for a developer:
+
+    THORFLEET_SIM_HOSTS=9      boxes to bring up (default: as many as BOXES names)
+    THORFLEET_SIM_KEEP=1       leave the fleet running after the run, to look around
                                (`python -m tests.sim status`, `ssh -p 22001 ...`, then `down`)
     THORFLEET_SIM_STATE=DIR    where keys, disks and caches live (default /var/tmp/thorfleet-sim)
 """
 
 import os
+import uuid
 
 import pytest
 
 from tests.sim import fleet
 
+# Which boxes (1-based, `thor-<i>`) each fleet module acts on. Modules that share a box share a
+# group, so they never run at the same time; the rest run in parallel.
+BOXES = {
+    "test_deploy": (1, 7), "test_bad_input": (1, 7), "test_drift": (1,), "test_security": (1,),
+    "test_disk_hygiene": (1,),
+    "test_faults": (2, 9),  # 9 is only ever cut: the host that is down at the start
+    "test_thor_says_no": (8,),
+    "test_rollout": (3, 4, 5), "test_benchmark": (3, 4, 5), "test_shared_image": (3, 4, 5),
+    "test_air_gapped": (6,), "test_drain": (6,), "test_sim_box": (6,),
+}
+# Longest first, so the longest group starts at once (xdist hands groups out in this order).
+GROUP_ORDER = ["thor-2+9", "thor-3+4+5", "thor-8", "thor-1+7", "thor-6"]
+
+
+def _group_of(module: str) -> str:
+    owners = [boxes for name, boxes in BOXES.items() if name == module]
+    if not owners:
+        return module  # no box: its own group, so module fixtures are set up once
+    # Modules whose boxes overlap must share a group: the group is the union's closure.
+    boxes = set(owners[0])
+    grew = True
+    while grew:
+        grew = False
+        for other in BOXES.values():
+            if boxes & set(other) and not set(other) <= boxes:
+                boxes |= set(other)
+                grew = True
+    return "thor-" + "+".join(str(b) for b in sorted(boxes))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group markers
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        uses_fleet = "sim_fleet" in getattr(item, "fixturenames", ())
+        if uses_fleet and module not in BOXES:
+            raise pytest.UsageError(f"{item.nodeid} uses the fleet: name its boxes in "
+                                    "tests/conftest.py BOXES")
+        item.add_marker(pytest.mark.xdist_group(_group_of(module)))
+    rank = {group: i for i, group in enumerate(GROUP_ORDER)}
+    items.sort(key=lambda item: rank.get(item.get_closest_marker("xdist_group").args[0],
+                                         len(rank)))  # stable: file order within a group
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):
+        config.thorfleet_run = uuid.uuid4().hex
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):  # xdist, in the controller: the workers share the run's id
+    node.workerinput["thorfleet_run"] = node.config.thorfleet_run
+
+
+def _run_id(config) -> str:
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput["thorfleet_run"] if workerinput else config.thorfleet_run
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workerinput"):
+        return  # a worker: the controller takes the fleet down once every worker is done
+    if fleet.end_run(_run_id(session.config)):
+        if os.environ.get("THORFLEET_SIM_KEEP") == "1":
+            print("\nTHORFLEET_SIM_KEEP=1: fleet left running; `python -m tests.sim down` ends it")
+        else:
+            fleet.down()
+
 
 @pytest.fixture(scope="session")
-def sim_fleet():
+def sim_fleet(request):
     """The fleet: `.hosts`, `.inventory`, `.ssh(host, cmd)`, `.exec(host, cmd)` (as root through
-    Docker), `.reboot(host)`, `.cut(host)`, `.heal(host)`,
+    Docker), `.ip(host)`, `.reboot(host)`, `.cut(host)`, `.heal(host)`,
     `.write_inventory(path, hosts, extra_data)`."""
-    hosts = int(os.environ.get("THORFLEET_SIM_HOSTS", "6"))
-    sim = fleet.up(hosts)
-    yield sim
-    if os.environ.get("THORFLEET_SIM_KEEP") == "1":
-        print(f"\nTHORFLEET_SIM_KEEP=1: fleet left running; inventory {sim.inventory}")
-    else:
-        fleet.down(sim.client)
+    hosts = int(os.environ.get("THORFLEET_SIM_HOSTS", max(max(b) for b in BOXES.values())))
+    return fleet.up_for_run(hosts, _run_id(request.config))
+
+
+@pytest.fixture(scope="module")
+def my_boxes(request, sim_fleet):
+    """The hosts BOXES gives the requesting module, in its order."""
+    module = request.module.__name__.rsplit(".", 1)[-1]
+    return [sim_fleet.hosts[i - 1] for i in BOXES[module]]

@@ -43,8 +43,9 @@ def model_dir(sim_fleet):
     return f"/opt/thorfleet/models/{sim.MODEL_REPO.split('/')[-1]}/{revision}"
 
 
-def hub(sim_fleet):
-    return HubFaults(sim_fleet.hub["endpoint_local"])
+def hub(sim_fleet, host):
+    """The hub's knobs and request log for `host` alone: stories on other boxes share the hub."""
+    return HubFaults(sim_fleet.hub["endpoint_local"], client=sim_fleet.ip(host))
 
 
 def downloads(faults):

@@ -15,8 +15,9 @@ from tests.helpers import box, changed_on, deploy, serves
 pytestmark = pytest.mark.fleet
 
 
-def test_a_box_with_no_route_out_converges_and_a_rerun_changes_nothing(sim_fleet, tmp_path):
-    host = sim_fleet.hosts[-1]
+def test_a_box_with_no_route_out_converges_and_a_rerun_changes_nothing(sim_fleet, my_boxes,
+                                                                     tmp_path):
+    host = my_boxes[0]
     route = box(sim_fleet, host, "ip route show default")
     box(sim_fleet, host, "ip route del default")
     try:

@@ -81,8 +81,9 @@ def clean_env():
     return {k: v for k, v in os.environ.items() if k not in ("THORFLEET_API_KEY", "HF_TOKEN")}
 
 
-def test_every_bad_input_is_refused_before_any_host_is_touched(sim_fleet, tmp_path, clean_env):
-    hosts = sim_fleet.hosts[:2]
+def test_every_bad_input_is_refused_before_any_host_is_touched(sim_fleet, my_boxes, tmp_path,
+                                                               clean_env):
+    hosts = my_boxes
     before = snapshot(sim_fleet, hosts)
     refused = []
     for what, group, per_host, message in BAD_INPUTS:

@@ -23,8 +23,8 @@ EAGLE_TOKS, BASE_TOKS = 33.7, 17.5
 
 
 @pytest.fixture(scope="module")
-def hosts(sim_fleet):
-    mine = sim_fleet.hosts[2:5]
+def hosts(sim_fleet, my_boxes):
+    mine = my_boxes
     if len(mine) < 2:
         pytest.skip("the benchmark stories need at least two boxes beyond the first two")
     return mine

@@ -25,19 +25,19 @@ def ask(sim_fleet, host, path="/v1/chat/completions", body=CHAT, key=True):
 
 
 @pytest.fixture(scope="module")
-def converged(sim_fleet, tmp_path_factory):
+def converged(sim_fleet, my_boxes, tmp_path_factory):
     inventory = sim_fleet.write_inventory(
-        tmp_path_factory.mktemp("deploy") / "fleet.py", hosts=sim_fleet.hosts[:2],
+        tmp_path_factory.mktemp("deploy") / "fleet.py", hosts=my_boxes,
         extra_data={"rollout_report_path": str(tmp_path_factory.mktemp("report") / "report.json")})
     first = deploy(inventory)
     assert first.returncode == 0, first.stderr[-4000:]
     return inventory, first
 
 
-def test_first_run_converges_every_host_and_they_answer_chat(sim_fleet, converged):
+def test_first_run_converges_every_host_and_they_answer_chat(sim_fleet, my_boxes, converged):
     _, first = converged
     assert first.failed_hosts == []
-    for host in sim_fleet.hosts[:2]:
+    for host in my_boxes:
         assert ask(sim_fleet, host) == "200"
         assert ask(sim_fleet, host, key=False) == "401"  # the API key guards /v1/*
         assert ask(sim_fleet, host, path="/health", body="") == "200"

@@ -23,8 +23,9 @@ def mounted(unit, target):
                 if line.strip().startswith("-v ") and f":{target}:" in line)
 
 
-def test_old_revisions_images_and_contexts_are_removed_and_the_served_ones_kept(sim_fleet, tmp_path):
-    host = sim_fleet.hosts[0]
+def test_old_revisions_images_and_contexts_are_removed_and_the_served_ones_kept(sim_fleet, my_boxes,
+                                                                                   tmp_path):
+    host = my_boxes[0]
     inventory = sim_fleet.write_inventory(tmp_path / "hygiene.py", hosts=[host], extra_data={
         "rollout_report_path": str(tmp_path / "report.json")})
     assert deploy(inventory).returncode == 0
@@ -49,11 +50,11 @@ def test_old_revisions_images_and_contexts_are_removed_and_the_served_ones_kept(
     assert changed_on(deploy(inventory), host) == []
 
 
-def test_a_converged_box_on_a_small_disk_passes_its_rerun(sim_fleet, tmp_path):
+def test_a_converged_box_on_a_small_disk_passes_its_rerun(sim_fleet, my_boxes, tmp_path):
     """A 64 MiB disk for weights_dir and a threshold of 0.05 GiB (the sim's weights are ~15 MiB,
     the real ones 66 GiB of a 100 GiB threshold): after the first converge less than the threshold
     is free, and only the weights already there make up the difference."""
-    host = sim_fleet.hosts[0]
+    host = my_boxes[0]
     disk = "/srv/thorfleet-small-disk"
     box(sim_fleet, host, f"mkdir -p {disk} && mount -t tmpfs -o size=64m tmpfs {disk}")
     small = sim_fleet.write_inventory(tmp_path / "small.py", hosts=[host], extra_data={

@@ -118,10 +118,8 @@ def test_one_setting_gives_vllm_docker_and_systemd_their_times():
 # --- fleet: the story -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def host(sim_fleet):
-    if len(sim_fleet.hosts) < 6:
-        pytest.skip("the drain story uses the sixth box")
-    host = sim_fleet.hosts[5]
+def host(sim_fleet, my_boxes):
+    host = my_boxes[0]
     yield host
     # tests/test_sim_box.py plays with this box bare: no server holding its memory
     sim_fleet.exec(host, f"systemctl disable -q --now {SERVICE}", timeout=300)

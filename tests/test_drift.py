@@ -73,9 +73,9 @@ DRIFTS = [
 
 
 @pytest.fixture(scope="module")
-def drift_box(sim_fleet, tmp_path_factory):
+def drift_box(sim_fleet, my_boxes, tmp_path_factory):
     """The first simulated host, converged, with an inventory of its own."""
-    host = sim_fleet.hosts[0]
+    host = my_boxes[0]
     inventory = sim_fleet.write_inventory(
         tmp_path_factory.mktemp("drift") / "drift.py", hosts=[host],
         extra_data={"rollout_report_path": str(tmp_path_factory.mktemp("report") / "r.json")})
@@ -90,7 +90,7 @@ def rerun_after(sim_fleet, drift_box, drift):
     tag, image_id = image_ref(sim_fleet, host)
     started = container_started(sim_fleet, host)
     box(sim_fleet, host, drift.command.format(model=model_dir(sim_fleet), image=tag))
-    faults = hub(sim_fleet)
+    faults = hub(sim_fleet, host)
     faults.forget_requests()
     run = deploy(inventory)
     return run, {"started": started, "image_id": image_id, "fetched": downloads(faults)}

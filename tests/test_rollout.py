@@ -22,8 +22,8 @@ UNREACHABLE = "thor-99"  # nothing listens on its SSH port (22099)
 
 
 @pytest.fixture(scope="module")
-def hosts(sim_fleet):
-    mine = sim_fleet.hosts[2:5]
+def hosts(sim_fleet, my_boxes):
+    mine = my_boxes
     if len(mine) < 2:
         pytest.skip("the rollout stories need at least two boxes beyond the first two")
     return mine

@@ -53,8 +53,8 @@ def hub_token(sim_fleet):
         set_token(sim_fleet.state, None)
 
 
-def test_secrets_never_leave_their_root_only_files(sim_fleet, hub_token, tmp_path):
-    host = sim_fleet.hosts[0]
+def test_secrets_never_leave_their_root_only_files(sim_fleet, my_boxes, hub_token, tmp_path):
+    host = my_boxes[0]
     api_key = (sim_fleet.state / "api_key").read_text().strip()
     token_file = tmp_path / "hf_token"
     token_file.touch(mode=0o600)
@@ -64,7 +64,7 @@ def test_secrets_never_leave_their_root_only_files(sim_fleet, hub_token, tmp_pat
         "weights_hf_token_file": str(token_file), "rollout_report_path": str(report)})
     # A shard to fetch, so the token is really used against the hub.
     box(sim_fleet, host, f"rm {model_dir(sim_fleet)}/{SHARD.format(11)}")
-    faults = hub(sim_fleet)
+    faults = hub(sim_fleet, host)
     faults.forget_requests()
     run = deploy(inventory, "-vv", as_json=False)
     assert run.returncode == 0, run.stderr[-4000:]
@@ -86,8 +86,8 @@ def test_secrets_never_leave_their_root_only_files(sim_fleet, hub_token, tmp_pat
     assert sim_fleet.exec(host, "test -e /etc/thorfleet/hf_token")[0] != 0
 
 
-def test_the_deploy_user_is_an_ordinary_user_with_sudo(sim_fleet):
-    host = sim_fleet.hosts[0]
+def test_the_deploy_user_is_an_ordinary_user_with_sudo(sim_fleet, my_boxes):
+    host = my_boxes[0]
     assert sim_fleet.ssh(host, "id -u").stdout.strip() != "0"
     assert sim_fleet.ssh(host, "sudo -n id -u").stdout.strip() == "0"
     data = sim.sim_group_data()
@@ -97,8 +97,8 @@ def test_the_deploy_user_is_an_ordinary_user_with_sudo(sim_fleet):
     assert "ssh_strict_host_key_checking" not in data
 
 
-def test_an_unknown_host_key_is_refused(sim_fleet, tmp_path):
-    host = sim_fleet.hosts[0]
+def test_an_unknown_host_key_is_refused(sim_fleet, my_boxes, tmp_path):
+    host = my_boxes[0]
     stranger = tmp_path / "known_hosts"
     other = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)

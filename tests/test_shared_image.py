@@ -22,8 +22,8 @@ def image_of(sim_fleet, host):
 
 
 def test_one_box_builds_the_others_pull_the_same_image_and_a_rerun_changes_nothing(sim_fleet,
-                                                                                 tmp_path):
-    hosts = sim_fleet.hosts[2:5]
+                                                                                 my_boxes, tmp_path):
+    hosts = my_boxes
     report = {"rollout_report_path": str(tmp_path / "report.json")}
     # new inputs (the think prefill off): an image none of the three boxes has yet
     shared = sim_fleet.write_inventory(tmp_path / "shared.py", hosts=hosts, extra_data={

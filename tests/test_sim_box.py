@@ -20,9 +20,9 @@ pytestmark = pytest.mark.fleet
 
 
 @pytest.fixture(scope="module")
-def box(sim_fleet):
-    """The box these tests play with: the last one, so thor-1 stays as the deploy left it."""
-    return sim_fleet.hosts[-1]
+def box(sim_fleet, my_boxes):
+    """The box these tests play with (conftest.BOXES), bare: no deploy keeps it."""
+    return my_boxes[0]
 
 
 def ok(result: subprocess.CompletedProcess) -> str:
@@ -69,9 +69,8 @@ def restore_power(sim_fleet, box):
 
 
 # "Ubuntu 24.04, systemd, Docker with the `nvidia` runtime"
-def test_systemd_reaches_running_on_every_box(sim_fleet):
-    for host in sim_fleet.hosts:
-        assert ok(sim_fleet.ssh(host, "systemctl is-system-running")).strip() == "running"
+def test_systemd_reaches_running(sim_fleet, box):
+    assert ok(sim_fleet.ssh(box, "systemctl is-system-running")).strip() == "running"
 
 
 # "JetPack 7 / L4T r38 (`/etc/nv_tegra_release` starts with `# R38`)"
@@ -452,10 +451,14 @@ def test_cut_stops_answering_without_closing_and_heal_brings_it_back(sim_fleet, 
 
 
 # The operator's entry point: pyinfra over real SSH, strict host keys, against a grown fleet.
-def test_up_adds_a_box_and_pyinfra_reaches_all_three(sim_fleet, tmp_path):
+def test_up_adds_a_box_and_pyinfra_reaches_it_beside_the_others(sim_fleet, box, tmp_path):
     before = {c.name: c.id for c in sim.boxes(sim_fleet.client).values()}
+    # leave_existing: stories on the other boxes may have cut or be rebooting theirs
     grown = sim.up(len(sim_fleet.hosts) + 1, inventory=tmp_path / "inventory.py",
-                   client=sim_fleet.client)
+                   client=sim_fleet.client, leave_existing=True)
+    # this module's box and the new one (the others belong to stories running meanwhile)
+    grown.hosts = [box, grown.hosts[-1]]
+    sim.write_inventory(grown.inventory, grown.hosts)
     try:
         after = {c.name: c.id for c in sim.boxes(sim_fleet.client).values()}
         assert {name: after[name] for name in before} == before, "existing boxes were recreated"
@@ -468,7 +471,8 @@ def test_up_adds_a_box_and_pyinfra_reaches_all_three(sim_fleet, tmp_path):
         for host in grown.hosts:
             assert f"[{host}] running" in output
     finally:
-        sim.up(len(sim_fleet.hosts), inventory=sim_fleet.inventory, client=sim_fleet.client)
+        sim.up(len(sim_fleet.hosts), inventory=sim_fleet.inventory, client=sim_fleet.client,
+               leave_existing=True)
 
 
 def test_the_hub_answers_from_inside_the_sim(sim_fleet, box):

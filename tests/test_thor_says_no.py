@@ -60,10 +60,10 @@ HOG = "thorsim-second-server"
 
 
 @pytest.fixture(scope="module")
-def says_no_box(sim_fleet, tmp_path_factory):
+def says_no_box(sim_fleet, my_boxes, tmp_path_factory):
     """The second simulated host, converged with thorfleet as it is; a short gate timeout so the
     memory stories end in seconds, not minutes."""
-    host = sim_fleet.hosts[1]
+    host = my_boxes[0]
     folder = tmp_path_factory.mktemp("says-no")
     inventory = sim_fleet.write_inventory(folder / "says_no.py", hosts=[host], extra_data={
         "rollout_report_path": str(folder / "report.json"), "memory_gate_timeout_s": 6,

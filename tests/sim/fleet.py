@@ -9,6 +9,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import os
 import secrets
 import shutil
 import subprocess
@@ -233,16 +234,32 @@ def is_cut(client, host) -> bool:
 
 
 def _write_known_hosts(client) -> Path:
-    """known_hosts for strict checking, read from each box's own host keys."""
-    lines = []
-    for index in sorted(boxes(client)):
-        code, out = box_exec(client, index, "cat /etc/ssh/ssh_host_*_key.pub")
-        if code == 0:
-            lines += [f"[127.0.0.1]:{ssh_port(index)} {' '.join(line.split()[:2])}"
-                      for line in out.splitlines() if line.strip()]
+    """known_hosts for strict checking, read from each box's own host keys. A box that cannot be
+    read just now (another story is rebooting it) keeps its lines; the file is replaced whole, so
+    stories on other boxes never read it half written."""
     path = state_dir() / "known_hosts"
-    path.write_text("\n".join(lines) + "\n")
+    with locked("known_hosts"):
+        kept = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    kept.setdefault(line.split()[0], []).append(line)
+        lines = []
+        for index in sorted(boxes(client)):
+            code, out = box_exec(client, index, "cat /etc/ssh/ssh_host_*_key.pub")
+            if code == 0:
+                lines += [f"[127.0.0.1]:{ssh_port(index)} {' '.join(line.split()[:2])}"
+                          for line in out.splitlines() if line.strip()]
+            else:
+                lines += kept.get(f"[127.0.0.1]:{ssh_port(index)}", [])
+        _replace(path, "\n".join(lines) + "\n")
     return path
+
+
+def _replace(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 # ------------------------------------------------------- base image and hub (others' parts)
@@ -311,6 +328,11 @@ class Fleet:
     def ssh_port(self, host) -> int:
         return ssh_port(index_of(host))
 
+    def ip(self, host) -> str:
+        """The box's address on the sim network: what the hub and registry see it come from."""
+        container = self.client.containers.get(box_name(index_of(host)))
+        return container.attrs["NetworkSettings"]["Networks"][NETWORK]["IPAddress"]
+
     def exec(self, host, command, user: str = "root", timeout: float = 120) -> tuple[int, str]:
         return box_exec(self.client, host, command, user=user, timeout=timeout)
 
@@ -343,9 +365,12 @@ class Fleet:
         return write_inventory(path, self.hosts if hosts is None else hosts, extra_data)
 
 
-def up(hosts: int = 2, inventory: Path | None = None, client=None) -> Fleet:
+def up(hosts: int = 2, inventory: Path | None = None, client=None,
+       leave_existing: bool = False) -> Fleet:
     """Bring the fleet to `hosts` booted boxes plus registry, base image and hub; write the
-    inventory. Quick when nothing changed: images are cached, current boxes are kept."""
+    inventory. Quick when nothing changed: images are cached, current boxes are kept.
+    leave_existing=True starts, waits for and heals only new boxes: stories running on the
+    others may have cut or be rebooting theirs on purpose."""
     client = client or docker.from_env()
     inventory = Path(inventory or state_dir() / "inventory.py")
     with locked("fleet"):
@@ -367,24 +392,60 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None) -> Fleet:
                 log(f"removing {host_name(index)} ({why})")
                 remove_box(container, index)
                 existing.pop(index)
+        started_now = []
         for index in range(1, hosts + 1):
             if index not in existing:
                 log(f"starting {host_name(index)} on 127.0.0.1:{ssh_port(index)}")
                 _start_box(client, image, index)
+                started_now.append(index)
+            elif leave_existing:
+                continue
             elif existing[index].status != "running":
                 existing[index].start()
+                started_now.append(index)
             else:
                 heal(client, index)  # a box left cut by an interrupted test answers again
-        for index in range(1, hosts + 1):
+                started_now.append(index)
+        for index in started_now:
             wait_booted(client, index)
         _write_known_hosts(client)
 
         names = [host_name(i) for i in range(1, hosts + 1)]
-        (state_dir() / "fleet.json").write_text(json.dumps(
-            {"hosts": names, "image_base": image_base, "hub": hub}, indent=2) + "\n")
+        if inventory == state_dir() / "inventory.py":  # the fleet itself, not a story's view of it
+            _replace(state_dir() / "fleet.json", json.dumps(
+                {"hosts": names, "image_base": image_base, "hub": hub}, indent=2) + "\n")
         write_inventory(inventory, names)
         log(f"{hosts} box(es) up in {time.monotonic() - started:.0f}s; inventory: {inventory}")
     return Fleet(client, names, inventory, image_base, hub)
+
+
+def attach(client=None) -> Fleet:
+    """The fleet the last `up` made, as it recorded it (fleet.json), without touching a box."""
+    data = json.loads((state_dir() / "fleet.json").read_text())
+    return Fleet(client or docker.from_env(), data["hosts"], state_dir() / "inventory.py",
+                 data.get("image_base"), data.get("hub"))
+
+
+def up_for_run(hosts: int, run: str) -> Fleet:
+    """The fleet for one test run: the first of the run's processes brings it up, the others
+    (pytest-xdist workers) attach to it, so no box is healed or rewritten under a running story."""
+    marker = state_dir() / "run"
+    with locked("run"):
+        if marker.exists() and marker.read_text() == run:
+            return attach()
+        sim = up(hosts)
+        _replace(marker, run)
+        return sim
+
+
+def end_run(run: str) -> bool:
+    """Whether `run` brought the fleet up (then it is the one to take it down)."""
+    marker = state_dir() / "run"
+    with locked("run"):
+        if marker.exists() and marker.read_text() == run:
+            marker.unlink()
+            return True
+    return False
 
 
 def down(client=None) -> None:
@@ -497,5 +558,5 @@ def write_inventory(path, hosts, extra_data: dict | None = None) -> Path:
     ])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    _replace(path, text)
     return path

@@ -13,8 +13,11 @@ class HubFaults:
         ...  # downloads of that shard break half way
     """
 
-    def __init__(self, endpoint: str):
+    def __init__(self, endpoint: str, client: str | None = None):
+        """client: one box's address; its faults and requests only, so stories on other boxes
+        can share the hub meanwhile. None: every client's."""
         self.endpoint = endpoint.rstrip("/")
+        self.client = client
 
     def add(
         self, mode: str, path: str = "*", repo: str = "*", count: int | None = None, **options
@@ -24,7 +27,8 @@ class HubFaults:
         return self._call(
             "POST",
             "/_sim/faults",
-            {"mode": mode, "path": path, "repo": repo, "count": count, **options},
+            {"mode": mode, "path": path, "repo": repo, "count": count, "client": self.client,
+             **options},
         )
 
     def clear(self) -> None:
@@ -51,6 +55,8 @@ class HubFaults:
         self._call("DELETE", "/_sim/requests")
 
     def _call(self, method: str, path: str, body=None):
+        if self.client is not None and method != "POST":
+            path += f"?client={self.client}"
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(
             self.endpoint + path,

@@ -89,18 +89,21 @@ class Hub:
             "path": fault.get("path", "*"),
             "mode": mode,
             "count": fault.get("count"),
+            # The address a fault spoils (a glob): several stories share one hub, each on its box.
+            "client": fault.get("client") or "*",
             **{k: v for k, v in fault.items() if k in ("at", "rate")},
         }
         with self.lock:
             self.faults.append(fault)
         return fault
 
-    def take_fault(self, repo: str, path: str, modes: tuple) -> dict | None:
+    def take_fault(self, repo: str, path: str, modes: tuple, client: str) -> dict | None:
         """The first active fault of one of `modes` that matches, spending one of its count."""
         with self.lock:
             for fault in self.faults:
                 if (
                     fault["mode"] in modes
+                    and fnmatch.fnmatchcase(client, fault["client"])
                     and fnmatch.fnmatchcase(repo, fault["repo"])
                     and fnmatch.fnmatchcase(path, fault["path"])
                 ):
@@ -175,12 +178,19 @@ class Handler(BaseHTTPRequestHandler):
                             "path": url.path,
                             "range": self.headers.get("Range"),
                             "bytes": self._sent,
+                            "client": self.client_address[0],
                         }
                     )
 
     def _admin(self, parts: list[str]):
         if parts == ["health"]:
             return self._json(200, {"ok": True})
+        # ?client=ADDR: only that client's faults and requests (listed, or cleared by DELETE).
+        client = parse_qs(urlsplit(self.path).query).get("client", [None])[0]
+
+        def others(entry: dict) -> bool:
+            return client is not None and entry.get("client") != client
+
         if parts == ["faults"]:
             if self.command == "POST":
                 try:
@@ -190,14 +200,16 @@ class Handler(BaseHTTPRequestHandler):
                 return self._json(201, fault)
             with self.hub.lock:
                 if self.command == "DELETE":
-                    self.hub.faults.clear()
-                active = list(self.hub.faults)
+                    self.hub.faults[:] = [f for f in self.hub.faults if others(f)]
+                active = [f for f in self.hub.faults if not others(f)]
             return self._json(200, active)
         if parts == ["requests"]:
             with self.hub.lock:
                 if self.command == "DELETE":
+                    kept = [r for r in self.hub.requests if others(r)]
                     self.hub.requests.clear()
-                served = list(self.hub.requests)
+                    self.hub.requests.extend(kept)
+                served = [r for r in self.hub.requests if not others(r)]
             return self._json(200, served)
         raise HubError(404, None, "no such admin endpoint")
 
@@ -220,7 +232,7 @@ class Handler(BaseHTTPRequestHandler):
         repo = self.hub.manifest()["repos"].get(repo_id)
         if repo is None:
             raise HubError(404, "RepoNotFound", "Repository not found")
-        refusal = self.hub.take_fault(repo_id, path, REFUSALS)
+        refusal = self.hub.take_fault(repo_id, path, REFUSALS, self.client_address[0])
         if refusal and refusal["mode"] == "401":
             raise HubError(401, None, "Invalid credentials in Authorization header")
         if refusal:
@@ -362,7 +374,8 @@ class Handler(BaseHTTPRequestHandler):
             "application/json" if path.endswith(".json") else "application/octet-stream"
         )
         headers["Content-Disposition"] = f'inline; filename="{path.rsplit("/", 1)[-1]}"'
-        fault = None if head else self.hub.take_fault(repo_id, path, BODY_FAULTS)
+        fault = None if head else self.hub.take_fault(repo_id, path, BODY_FAULTS,
+                                                           self.client_address[0])
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
