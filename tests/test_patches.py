@@ -69,10 +69,12 @@ def images(docker_client, base_image):
 
 
 @pytest.fixture(scope="module")
-def patched(images, base_image):
+def patched(images, base_image, docker_client):
+    # candidates a build killed half-way left earlier are not this build's to clean up
+    earlier = candidate_tags(docker_client, "thorfleet-test/chat:patched")
     tag, code, output = images(base_image, "patched", labels=["thorfleet.test=1"])
     assert code == 0, output
-    return tag, output
+    return tag, output, earlier
 
 
 def labels(client, tag: str) -> dict:
@@ -86,13 +88,13 @@ def test_unpatched_base_refuses_every_chat_request(docker_client, base_image):
 
 
 def test_build_plans_patches_and_labels_the_image(docker_client, patched):
-    tag, output = patched
+    tag, output, earlier = patched
     assert "found vllm 0.19.0, transformers 4.57.3, mistral_common 1.11.0" in output
     assert "self-check passed" in output
     assert "under the nvidia runtime" in output
     assert labels(docker_client, tag)["thorfleet.patches"] == ALL_APPLIED
     assert labels(docker_client, tag)["thorfleet.test"] == "1"  # the deploy's own --label flags
-    assert candidate_tags(docker_client, tag) == []  # the temporary tag is gone
+    assert candidate_tags(docker_client, tag) == earlier  # its temporary tag is gone
 
 
 # Run chatfix.py's plan and apply as the build runs them, then list which of these were imported.

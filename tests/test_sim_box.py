@@ -468,8 +468,8 @@ def test_up_adds_a_box_and_pyinfra_reaches_it_beside_the_others(sim_fleet, box, 
                              check=False)
         output = run.stdout + run.stderr  # pyinfra reports on stderr
         assert run.returncode == 0, output
-        for host in grown.hosts:
-            assert f"[{host}] running" in output
+        for host in grown.hosts:  # pyinfra pads the names to the longest: "[thor-6]  running"
+            assert re.search(rf"^\[{host}\] +running$", output, re.MULTILINE), output
     finally:
         sim.up(len(sim_fleet.hosts), inventory=sim_fleet.inventory, client=sim_fleet.client,
                leave_existing=True)
