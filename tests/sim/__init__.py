@@ -30,3 +30,11 @@ def locked(name: str):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_network(client) -> None:
+    """The sim's network, made once: Docker allows two networks of one name, and then neither
+    can be named (the registry, the hub and the fleet may each be the first to want it)."""
+    with locked("network"):
+        if not client.networks.list(names=[NETWORK]):
+            client.networks.create(NETWORK, driver="bridge", labels={"thorfleet.sim": "network"})

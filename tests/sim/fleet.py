@@ -21,7 +21,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from tests.sim import NETWORK, locked, registry, state_dir
+from tests.sim import NETWORK, ensure_network, locked, registry, state_dir
 from tests.sim.rootfs import ensure_rootfs
 
 BOX_DIR = Path(__file__).parent / "box"
@@ -82,11 +82,6 @@ def build_libcuda_stub(out: Path) -> Path:
     subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", "-o", str(out),
                     str(BOX_DIR / "files" / "libcuda_stub.c")], check=True)
     return out
-
-
-def ensure_network(client) -> None:
-    if not client.networks.list(names=[NETWORK]):
-        client.networks.create(NETWORK, driver="bridge", labels={"thorfleet.sim": "network"})
 
 
 # ---------------------------------------------------------------- secrets and keys

@@ -9,7 +9,7 @@ import urllib.request
 
 import docker.errors
 
-from tests.sim import NETWORK, state_dir
+from tests.sim import NETWORK, ensure_network, locked, state_dir
 
 NAME = "thorfleet-registry"
 REGISTRY_LOCAL_PORT = 25000
@@ -28,7 +28,14 @@ http:
 
 
 def ensure_registry(client, rootfs: str):
-    """Start the registry container (from the rootfs image, with the host's binary) if needed."""
+    """Start the registry container (from the rootfs image, with the host's binary) if needed;
+    one caller at a time (a test and the fleet may both start it)."""
+    ensure_network(client)
+    with locked("registry"):
+        return _ensure_registry(client, rootfs)
+
+
+def _ensure_registry(client, rootfs: str):
     root = state_dir() / "registry"
     (root / "storage").mkdir(parents=True, exist_ok=True)
     (root / "config.yml").write_text(CONFIG)

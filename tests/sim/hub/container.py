@@ -17,7 +17,7 @@ from pathlib import Path
 
 import docker.errors
 
-from tests.sim import NETWORK, locked
+from tests.sim import NETWORK, ensure_network, locked
 from tests.sim import state_dir as default_state_dir
 from tests.sim.hub.repos import build_repos
 
@@ -100,10 +100,13 @@ def _current(client, config: str):
 
 
 def _run(client, network: str, hub_dir: Path, rootfs_ref: str, config: str):
-    try:
-        client.networks.get(network)
-    except docker.errors.NotFound:
-        client.networks.create(network, driver="bridge")
+    if network == NETWORK:
+        ensure_network(client)
+    else:
+        try:
+            client.networks.get(network)
+        except docker.errors.NotFound:
+            client.networks.create(network, driver="bridge")
     return client.containers.run(
         rootfs_ref,
         entrypoint=["python3", f"{MOUNT}/server.py"],
