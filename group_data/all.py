@@ -33,6 +33,9 @@ weights_draft_repo = "mistralai/Mistral-Small-4-119B-2603-eagle"  # the EAGLE-3 
 weights_draft_revision = None  # REQUIRED: 40-hex commit of the draft to serve (pin it)
 weights_hf_endpoint = os.environ.get("HF_ENDPOINT")  # hub or site mirror the boxes download from
 weights_hf_token_file = None  # laptop path of a file holding HF_TOKEN (else env HF_TOKEN); never logged
+weights_source = "auto"  # hub: every box downloads; fleet: the run's first box does, the others copy from boxes that have it (rsync over SSH); auto: fleet for 2+ hosts
+weights_peer_address = None  # host[:port] the other boxes reach this one at over SSH (None: its ssh_hostname)
+weights_peer_key_file = "~/.config/thorfleet/peer_ed25519"  # laptop path of the boxes' shared copy key (may only read weights_dir); made when missing
 
 # --- image: the derived vLLM image with the chat patches ----------------------------------------
 image_base = None  # REQUIRED: base vLLM image pinned by digest, e.g. ghcr.io/nvidia-ai-iot/vllm@sha256:…

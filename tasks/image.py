@@ -11,11 +11,7 @@ from pyinfra.operations import files
 
 from thorfleet import operations as thor
 from thorfleet.layout import BOX_IMAGE_CONTEXT, FILES
-
-
-def builder():
-    """The host that builds for the run: the first, in inventory order, that this run reaches."""
-    return next((h.name for h in inventory if state.is_host_in_limit(h)), None)
+from thorfleet.peers import first_of_run
 
 
 @deploy("Image")
@@ -27,7 +23,7 @@ def run(s):
         dest=context,
         exclude=["__pycache__", "*.pyc"],
     )
-    if not s.image_registry or host.name == builder():
+    if not s.image_registry or host.name == first_of_run(inventory, state):
         thor.derived_image(name=f"Build {s.image_tag} unless it exists", s=s, context=context,
                            push=bool(s.image_registry))
     else:  # a later line: pyinfra runs it after the build (and push) above on every host

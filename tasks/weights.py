@@ -1,10 +1,30 @@
-"""Weights: the pinned checkpoint and draft, fetched with the image's own huggingface_hub."""
+"""Weights: the pinned checkpoint and draft, fetched with the image's own huggingface_hub.
 
+With the fleet copy (weights_source), the run's first host fetches first, from the other boxes
+where they have it and from the hub for the rest; then every other host copies from the boxes
+(that first host first), falling back to the hub for what none of them gives.
+"""
+
+from io import StringIO
+
+from pyinfra import host, inventory, state
 from pyinfra.api import deploy
-from pyinfra.operations import files
+from pyinfra.operations import files, server
 
 from thorfleet import operations as thor
-from thorfleet.layout import BOX_ETC, BOX_HF_TOKEN, BOX_OLD_VENV, BOX_WEIGHTS, FILES
+from thorfleet import peers as fleet
+from thorfleet.layout import (
+    BOX_ETC,
+    BOX_HF_TOKEN,
+    BOX_MANIFESTS,
+    BOX_OLD_VENV,
+    BOX_PEER_HOME,
+    BOX_PEER_KEY,
+    BOX_WEIGHTS,
+    FILES,
+    PEER_USER,
+    RRSYNC,
+)
 
 
 @deploy("Weights")
@@ -25,17 +45,44 @@ def run(s):
     else:
         files.file(name="No Hugging Face token configured", path=BOX_HF_TOKEN, present=False)
     files.directory(name=f"Create {s.weights_dir}", path=s.weights_dir, mode="755")
-    for label, repo, folder, revision in (
+    copying = fleet.fleet_copy(s, inventory)
+    if copying:
+        peer_access(s)
+    first = fleet.first_of_run(inventory, state)
+    checkpoints = (
         ("checkpoint (~71 GB; this takes a while)", s.weights_model_repo, s.model_dir,
          s.weights_model_revision),
         ("EAGLE-3 draft (~0.4 GB)", s.weights_draft_repo, s.draft_dir, s.weights_draft_revision),
-    ):
-        thor.checkpoint(
-            name=f"Fetch and verify the {label}: {repo}@{revision[:12]}",
-            folder=folder,
-            repo=repo,
-            revision=revision,
-            image=s.image_tag,
-            endpoint=s.weights_hf_endpoint,
-            token_file=BOX_HF_TOKEN if s.hf_token else None,
-        )
+    )
+    where = {
+        "image": s.image_tag,
+        "endpoint": s.weights_hf_endpoint,
+        "token_file": BOX_HF_TOKEN if s.hf_token else None,
+        "peers": fleet.sources(host.name, inventory, state) if copying else (),
+        "root": s.weights_dir,
+    }
+    for label, repo, folder, revision in checkpoints:
+        if not copying or host.name == first:
+            thor.checkpoint(name=f"Fetch and verify the {label}: {repo}@{revision[:12]}",
+                            folder=folder, repo=repo, revision=revision, **where)
+    for label, repo, folder, revision in checkpoints:
+        if copying and host.name != first:  # a later line: after the first host's fetch above
+            thor.checkpoint(name=f"Copy and verify the {label} from the fleet: "
+                                 f"{repo}@{revision[:12]}",
+                            folder=folder, repo=repo, revision=revision, **where)
+
+
+def peer_access(s):
+    """What the boxes copy weights with: a user that may only read weights_dir (rrsync -ro), the
+    fleet's shared key authorized for it, and that key for this box's own copies."""
+    private, public = fleet.key_pair(s.weights_peer_key_file)
+    server.user(name=f"Create {PEER_USER}, who may only read {s.weights_dir}", user=PEER_USER,
+                home=BOX_PEER_HOME, shell="/bin/sh", system=True)
+    files.directory(name=f"Create {BOX_PEER_HOME}/.ssh", path=f"{BOX_PEER_HOME}/.ssh",
+                    user="root", group="root", mode="755")
+    thor.whole_file(name="Authorize the fleet's copy key, read-only",
+                    path=f"{BOX_PEER_HOME}/.ssh/authorized_keys",
+                    src=StringIO(f'command="{RRSYNC} -ro {s.weights_dir}",restrict {public}\n'))
+    thor.secret_file(name="Install the fleet's copy key (root-only)", path=BOX_PEER_KEY,
+                     content=private)
+    files.directory(name=f"Create {BOX_MANIFESTS}", path=BOX_MANIFESTS, mode="755")

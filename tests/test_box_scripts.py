@@ -189,3 +189,100 @@ def test_an_unknown_revision_is_named_with_its_fix(hub, tmp_path):
     done = fetch(hub, tmp_path / "x", DRAFT_REPO, "9" * 40)
     assert done.returncode == 1
     assert "hub answered 404" in done.stderr and "weights_*_revision" in done.stderr
+
+
+# --- copy: rsync from other boxes, each file checked against the hub's list --------------------
+# rsync is real; so is the giving box's restriction, rrsync -ro (the forced command thorfleet puts
+# on its copy key). Only ssh is stood in for: it runs that forced command here, on the peer's
+# folder, or fails like an unreachable box (exit 255) for a peer with no folder.
+
+FAKE_SSH = """#!/bin/sh
+while [ $# -gt 0 ]; do
+    case "$1" in -i|-o|-p|-l) shift 2 ;; -*) shift ;; *) host=${1#*@}; shift; break ;; esac
+done
+[ -d "$PEERS/$host" ] || { echo "ssh: connect to host $host port 22: No route to host" >&2; exit 255; }
+SSH_CONNECTION="127.0.0.1 50000 127.0.0.1 22" SSH_ORIGINAL_COMMAND="$*" exec rrsync -ro "$PEERS/$host"
+"""
+RELATIVE = f"{MODEL_REPO.split('/')[-1]}/{REVISION}"
+
+
+@pytest.fixture
+def fleet(tmp_path, monkeypatch):
+    """Peers' weights_dirs under tmp/peers/<host>, this box's under tmp/box, and fake ssh."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "ssh").write_text(FAKE_SSH)
+    (tmp_path / "bin" / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("PEERS", str(tmp_path / "peers"))
+    return tmp_path
+
+
+def peer(fleet, host, files=FILES):
+    folder = fleet / "peers" / host / RELATIVE
+    folder.mkdir(parents=True)
+    return checkpoint(folder, files)
+
+
+def copy(fleet, *peers):
+    """`thorfleet-weights copy` into tmp/box from `peers`, against the pinned list of FILES."""
+    pinned = {"files": {}, "sizes": {}}
+    for name, data in FILES.items():
+        etag = (hashlib.sha256(data).hexdigest() if name.endswith(".safetensors")
+                else hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest())
+        pinned["files"][name] = [REVISION, etag]
+        pinned["sizes"][name] = len(data)
+    (fleet / "expected.json").write_text(json.dumps(pinned))
+    folder = fleet / "box" / RELATIVE
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, str(TOOL), "copy", "--dir", str(folder), "--revision", REVISION,
+            "--expected", str(fleet / "expected.json"), "--root", str(fleet / "box"),
+            "--key", str(fleet / "key"), "--known-hosts", str(fleet / "known_hosts")]
+    for name in peers:
+        argv += ["--peer", name]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+    return done, folder
+
+
+def test_copy_takes_a_whole_checkpoint_from_a_peer_and_puts_it_in_place(fleet):
+    peer(fleet, "thor-1")
+    done, folder = copy(fleet, "thor-1")
+    assert done.returncode == 0, done.stderr
+    assert verify(folder) == {"complete": True, "problems": []}
+    assert not (folder.parent / f".{REVISION}.partial").exists()
+
+
+def test_copy_refuses_a_damaged_file_and_takes_it_from_the_next_peer(fleet):
+    shard = "consolidated-00002-of-00002.safetensors"
+    (peer(fleet, "thor-1") / shard).write_bytes(b"\x03" * 1000)  # same size, other bytes
+    peer(fleet, "thor-2")
+    done, folder = copy(fleet, "thor-unreachable", "thor-1", "thor-2")
+    assert done.returncode == 0, done.stderr
+    assert f"{shard} from thor-1 does not match its sha256" in done.stderr
+    assert (folder / shard).read_bytes() == FILES[shard]
+
+
+def test_copy_leaves_to_the_hub_what_no_peer_has_and_stages_the_rest(fleet):
+    shard = "consolidated-00001-of-00002.safetensors"
+    (peer(fleet, "thor-1") / shard).unlink()
+    done, folder = copy(fleet, "thor-1")
+    assert done.returncode == 3, done.stderr
+    assert "1 file(s) not had from any peer" in done.stderr
+    assert not folder.exists()  # nothing in place until every file is verified
+    staging = folder.parent / f".{REVISION}.partial"
+    # the copied files carry huggingface_hub's metadata, so the hub fetch skips them
+    meta = staging / ".cache" / "huggingface" / "download"
+    assert sorted(p.name for p in meta.glob("*.metadata")) == sorted(
+        f"{name}.metadata" for name in FILES if name != shard)
+
+
+def test_copy_appends_to_a_file_cut_short_instead_of_starting_again(fleet):
+    shard = "consolidated-00002-of-00002.safetensors"
+    peer(fleet, "thor-1")
+    staging = fleet / "box" / RELATIVE.rsplit("/", 1)[0] / f".{REVISION}.partial"
+    staging.mkdir(parents=True)
+    (staging / shard).write_bytes(FILES[shard][:400])  # what a cut transfer left
+    inode = (staging / shard).stat().st_ino
+    done, folder = copy(fleet, "thor-1")
+    assert done.returncode == 0, done.stderr
+    assert (folder / shard).read_bytes() == FILES[shard]
+    assert (folder / shard).stat().st_ino == inode  # appended in place, not copied anew

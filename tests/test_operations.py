@@ -211,6 +211,26 @@ def test_checkpoint_complete_is_a_noop_and_missing_is_fetched():
                          f"--revision {'a' * 40} --endpoint http://hub:8000 --token-file /etc/t")]
 
 
+def test_checkpoint_with_peers_copies_first_and_asks_the_hub_only_for_what_is_left():
+    kwargs = {"folder": "/m/r", "repo": "mistralai/x", "revision": "a" * 40, "image": "img:1"}
+    commands, _ = run(thor.checkpoint, {facts.WeightsState: {"complete": False, "problems": []}},
+                      peers=["thor-1.lan", "thor-3.lan:2222"], root="/m", **kwargs)
+    w, listed = layout.BOX_WEIGHTS, f"{layout.BOX_MANIFESTS}/{'a' * 40}.json"
+    manifest = (f"docker run --rm --name thorfleet-fetch-aaaaaaaaaaaa --network host "
+                f"-e HF_HUB_DISABLE_XET=1 -v /m:/m -v {w}:{w}:ro "
+                f"-v {layout.BOX_MANIFESTS}:{layout.BOX_MANIFESTS} --entrypoint python3 img:1 {w} "
+                f"manifest --repo mistralai/x --revision {'a' * 40} --out {listed}")
+    copy = (f"python3 {w} copy --dir /m/r --revision {'a' * 40} --expected {listed} --root /m "
+            f"--key {layout.BOX_PEER_KEY} --known-hosts {layout.BOX_PEER_KNOWN_HOSTS} "
+            "--peer thor-1.lan --peer thor-3.lan:2222")
+    [command] = commands
+    # the file list from the hub (metadata only), the copy on the box (rsync), then the hub fetch
+    # only if the copy left something missing
+    assert command.startswith(f"docker rm -f thorfleet-fetch-aaaaaaaaaaaa >/dev/null 2>&1; "
+                              f"{{ {manifest} && {copy}; }} || docker run ")
+    assert command.endswith(f"fetch --dir /m/r --repo mistralai/x --revision {'a' * 40}")
+
+
 def settings(**extra):
     return SimpleNamespace(
         image_tag="thorfleet/mistral-small4:abc", image_base="r/vllm@sha256:" + "c" * 64,

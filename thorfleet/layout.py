@@ -39,6 +39,14 @@ BOX_STATE = "/var/lib/thorfleet"  # proven fingerprint, last-good copies, serve.
 # roll-back starts, so disk hygiene keeps the weights and image it names.
 BOX_LAST_GOOD_UNIT = f"{BOX_STATE}/last-good/unit"
 BOX_UNIT_DIR = "/etc/systemd/system"
+# The fleet copy of the weights: boxes read each other's weights_dir over SSH as PEER_USER, whose
+# one authorized key may only run `rrsync -ro <weights_dir>`.
+PEER_USER = "thorfleet-peer"
+BOX_PEER_HOME = f"{BOX_STATE}/peer"
+BOX_PEER_KEY = f"{BOX_ETC}/peer_key"  # the fleet's box-to-box private key, root-only
+BOX_PEER_KNOWN_HOSTS = f"{BOX_STATE}/peer_known_hosts"  # peers' host keys, learnt on first use
+BOX_MANIFESTS = f"{BOX_STATE}/manifests"  # the hub's file list of each pinned revision
+RRSYNC = "/usr/bin/rrsync"  # rsync's own restricted-rsync wrapper (Debian and Ubuntu ship it)
 BOX_REBOOT_MARKER = "/run/thorfleet-before-reboot"  # /run is emptied by every boot
 BOX_UPLOAD_STAGING = ".thorfleet-upload"  # in the SSH user's home: uploads wait here, 0700
 CLOCKS_UNIT = "thorfleet-clocks.service"

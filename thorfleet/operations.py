@@ -17,16 +17,21 @@ from io import BytesIO, StringIO
 from packaging.version import Version
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
+from pyinfra.facts.server import Which
 
 from thorfleet import facts
 from thorfleet.layout import (
     BOX_BENCH,
     BOX_IMAGE_CONTEXT,
     BOX_LAST_GOOD_UNIT,
+    BOX_MANIFESTS,
+    BOX_PEER_KEY,
+    BOX_PEER_KNOWN_HOSTS,
     BOX_REBOOT_MARKER,
     BOX_SERVE,
     BOX_UPLOAD_STAGING,
     BOX_WEIGHTS,
+    RRSYNC,
     box_unit,
 )
 from thorfleet.runstate import run_state
@@ -49,7 +54,7 @@ def _fail(message):
 
 
 @operation()
-def thor_ready(s):
+def thor_ready(s, fleet_copy=False):
     """Refuse a box that cannot run the model: not a Thor, too little memory or disk, no nvidia
     runtime, no sudo. Reads facts only; fails the host with one message per problem.
 
@@ -85,6 +90,12 @@ def thor_ready(s):
     elif "nvidia" not in runtimes:
         problems.append(f"Docker offers runtimes {runtimes} but not `nvidia`: install "
                         "nvidia-container-toolkit and run `nvidia-ctk runtime configure`")
+    if fleet_copy:
+        missing = [c for c in ("rsync", RRSYNC) if not host.get_fact(Which, command=c)]
+        if missing:
+            problems.append(f"{' and '.join(missing)} not installed: weights_source copies the "
+                            "weights between boxes with them: `apt-get install rsync` on the "
+                            "box, or set weights_source = 'hub'")
     if problems:
         yield _fail("preflight failed:\n  - " + "\n  - ".join(problems))
     else:
@@ -215,19 +226,22 @@ def secret_file(path, content, **kwargs):
 
 
 @operation()
-def checkpoint(folder, repo, revision, image, endpoint=None, token_file=None):
+def checkpoint(folder, repo, revision, image, endpoint=None, token_file=None, peers=(),
+               root=None):
     """A complete, verified checkpoint of `repo` at `revision` in `folder`.
 
     Checked offline (the box's python3) against huggingface_hub's download metadata; only missing
     or damaged files are fetched, in a staging folder beside `folder`, moved into place once
     verified. The fetch runs huggingface_hub inside `image` (the vLLM image ships it): nothing is
-    installed on the box from apt or PyPI.
+    installed on the box from apt or PyPI. With `peers` (addresses of other boxes, best first) the
+    box first copies what they have under `root` (their weights_dir) with rsync, each file checked
+    against the hub's file list for `revision`; the hub gives only what no peer did.
 
     .. code:: python
 
         checkpoint(name="Fetch the draft", folder=f"{s.weights_dir}/eagle/<rev>",
                    repo="mistralai/Mistral-Small-4-119B-2603-eagle", revision="<rev>",
-                   image=s.image_tag)
+                   image=s.image_tag, peers=["thor-1.lan"], root=s.weights_dir)
     """
     state = host.get_fact(facts.WeightsState, folder=folder, revision=revision, _sudo=True)
     if state["complete"]:
@@ -239,14 +253,27 @@ def checkpoint(folder, repo, revision, image, endpoint=None, token_file=None):
     run = ["docker", "run", "--rm", "--name", name, "--network", "host",
            "-e", "HF_HUB_DISABLE_XET=1",  # the seed's setting: plain HTTPS downloads
            "-v", f"{parent}:{parent}", "-v", f"{BOX_WEIGHTS}:{BOX_WEIGHTS}:ro"]
-    args = ["fetch", "--dir", folder, "--repo", repo, "--revision", revision]
+    hub = []
     if endpoint:
-        args += ["--endpoint", endpoint]
+        hub += ["--endpoint", endpoint]
     if token_file:  # a file, read inside: never on a command line or in the container's env
         run += ["-v", f"{token_file}:{token_file}:ro"]
-        args += ["--token-file", token_file]
-    yield (f"docker rm -f {q(name)} >/dev/null 2>&1; "
-           + _command(*run, "--entrypoint", "python3", image, BOX_WEIGHTS, *args))
+        hub += ["--token-file", token_file]
+    fetch = _command(*run, "--entrypoint", "python3", image, BOX_WEIGHTS, "fetch", "--dir",
+                     folder, "--repo", repo, "--revision", revision, *hub)
+    if not peers:
+        yield f"docker rm -f {q(name)} >/dev/null 2>&1; {fetch}"
+        return
+    expected = f"{BOX_MANIFESTS}/{revision}.json"
+    manifest = _command(*run, "-v", f"{BOX_MANIFESTS}:{BOX_MANIFESTS}", "--entrypoint", "python3",
+                        image, BOX_WEIGHTS, "manifest", "--repo", repo, "--revision", revision,
+                        "--out", expected, *hub)
+    copy = _command("python3", BOX_WEIGHTS, "copy", "--dir", folder, "--revision", revision,
+                    "--expected", expected, "--root", root, "--key", BOX_PEER_KEY,
+                    "--known-hosts", BOX_PEER_KNOWN_HOSTS,
+                    *[arg for peer in peers for arg in ("--peer", peer)])
+    # The hub fetch runs only when the copy left files missing (or no file list was had).
+    yield f"docker rm -f {q(name)} >/dev/null 2>&1; {{ {manifest} && {copy}; }} || {fetch}"
 
 
 def _build(s, context):

@@ -144,6 +144,9 @@ def setting(default, meaning, must, **constraints):
     return Field(default, description=meaning, json_schema_extra={"must": must}, **constraints)
 
 
+# A peer's address as another box dials it: a DNS name or IPv4 address, optionally :port.
+_PEER = r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?$"
+
 # Both checkpoints are pinned the same way, and refused with the same fix.
 UNPINNED_REVISION = ("is not pinned: set the 40-hex commit hash you tested "
                      "(python -m thorfleet pin INVENTORY looks it up)")
@@ -221,6 +224,16 @@ class Schema(BaseModel):
     weights_hf_token_file: Annotated[StrictStr, Field(min_length=1)] | None = setting(
         None, "laptop path of a file holding HF_TOKEN (else env HF_TOKEN); never logged",
         "must be a file path on the laptop, or None")
+    weights_source: Literal["auto", "hub", "fleet"] = setting(
+        "auto", "hub: every box downloads; fleet: the run's first box does, the others copy from "
+        "boxes that have it (rsync over SSH); auto: fleet for 2+ hosts",
+        "is not 'auto', 'hub' or 'fleet' (a site mirror is weights_hf_endpoint)")
+    weights_peer_address: Annotated[StrictStr, Field(pattern=_PEER)] | None = setting(
+        None, "host[:port] the other boxes reach this one at over SSH (None: its ssh_hostname)",
+        "is not a host name or address with an optional :port")
+    weights_peer_key_file: Annotated[StrictStr, Field(min_length=1)] = setting(
+        "~/.config/thorfleet/peer_ed25519", "laptop path of the boxes' shared copy key (may only "
+        "read weights_dir); made when missing", "must be a file path on the laptop")
 
     # --- image: the derived vLLM image with the chat patches -------------------------------------
     image_base: Annotated[StrictStr, Field(pattern=_IMAGE_BY_DIGEST)] = setting(

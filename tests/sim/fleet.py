@@ -509,6 +509,9 @@ def sim_group_data() -> dict:
             if repo in revisions:
                 data[key] = revisions[repo]
     data["service_api_key_file"] = str(state / "api_key")
+    # The boxes' shared copy key (weights_source): made by the first deploy that copies, kept here
+    # rather than in the operator's ~/.config.
+    data["weights_peer_key_file"] = str(state / "peer_ed25519")
     # Memory: none of thorfleet's memory settings are overridden. The box reports a Thor's unified
     # memory (MemTotal 122 GiB, tests/sim/box/files/thorsim-memory), so the real defaults apply.
     # The disk is this machine's, smaller than a Thor's NVMe.
@@ -533,7 +536,10 @@ def write_inventory(path, hosts, extra_data: dict | None = None) -> Path:
     entries = []
     for host in hosts:
         name, data = (host, {}) if isinstance(host, str) else host
-        data = {"ssh_hostname": "127.0.0.1", "ssh_port": ssh_port(index_of(name)), **data}
+        # The laptop reaches a box through its published port; the other boxes by its name on the
+        # sim network, as boxes on one LAN reach each other.
+        data = {"ssh_hostname": "127.0.0.1", "ssh_port": ssh_port(index_of(name)),
+                "weights_peer_address": box_name(index_of(name)), **data}
         entries.append(f"        ({name!r}, {data!r}),")
     group = {**sim_group_data(), **(extra_data or {})}
     group_lines = [f"        {key!r}: {value!r}," for key, value in group.items()

@@ -1,0 +1,53 @@
+"""Who copies weights from whom (thorfleet/peers.py), and the fleet's copy key on the laptop."""
+
+import stat
+from types import SimpleNamespace
+
+import pytest
+
+from thorfleet import peers
+
+pytestmark = pytest.mark.fast
+
+
+def host(name, **data):
+    return SimpleNamespace(name=name, data=data)
+
+
+INVENTORY = [host("thor-1", ssh_hostname="10.0.0.1"), host("thor-2", ssh_hostname="10.0.0.2"),
+             host("thor-3", ssh_hostname="10.0.0.3", ssh_port=2203,
+                  weights_peer_address="thor-3.lan:22")]
+
+
+def limited_to(*names):
+    return SimpleNamespace(is_host_in_limit=lambda h: not names or h.name in names)
+
+
+@pytest.mark.parametrize("source, hosts, expected", [
+    ("auto", INVENTORY, True), ("auto", INVENTORY[:1], False),
+    ("hub", INVENTORY, False), ("fleet", INVENTORY[:1], True),
+])
+def test_auto_copies_between_boxes_when_there_are_several(source, hosts, expected):
+    assert peers.fleet_copy(SimpleNamespace(weights_source=source), hosts) is expected
+
+
+def test_the_first_host_of_the_run_goes_first_and_the_rest_follow_in_inventory_order():
+    run = limited_to()
+    assert peers.sources("thor-2", INVENTORY, run) == ["10.0.0.1", "thor-3.lan:22"]
+    assert peers.sources("thor-1", INVENTORY, run) == ["10.0.0.2", "thor-3.lan:22"]
+
+
+def test_a_box_added_later_copies_from_boxes_outside_its_limit():
+    run = limited_to("thor-3")  # `--limit thor-3`: thor-3 is the run's first and only host
+    assert peers.first_of_run(INVENTORY, run) == "thor-3"
+    assert peers.sources("thor-3", INVENTORY, run) == ["10.0.0.1", "10.0.0.2"]
+
+
+def test_the_copy_key_is_made_once_private_to_its_owner_and_then_reused(tmp_path):
+    path = tmp_path / "cfg" / "peer_ed25519"
+    private, public = peers.key_pair(str(path))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert private.startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    assert public.startswith("ssh-ed25519 ") and public.endswith(" thorfleet-peer")
+    peers.key_pair.cache_clear()
+    assert peers.key_pair(str(path)) == (private, public)

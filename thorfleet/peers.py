@@ -1,0 +1,66 @@
+"""The fleet copy of the weights: which box of the run downloads, whom every box copies from, and
+the key the boxes copy with.
+
+    fleet_copy(s, inventory)         # does this run copy between boxes (weights_source)?
+    first_of_run(inventory, state)   # the host that downloads, and builds the shared image
+    sources(name, inventory, state)  # peer addresses `name` copies from, best first
+    key_pair(path)                   # (private key, public key line), made on first use
+
+The boxes copy with one shared key that may only run `rrsync -ro <weights_dir>` on the others, so
+a box added later (a run limited to it) can copy from boxes this run does not touch. Every copied
+byte is checked against the hub's sha256 on arrival (files/bin/thorfleet-weights copy).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from pathlib import Path
+
+
+def fleet_copy(s, inventory) -> bool:
+    if s.weights_source == "auto":
+        return len(list(inventory)) > 1
+    return s.weights_source == "fleet"
+
+
+def first_of_run(inventory, state) -> str | None:
+    """The first host, in inventory order, that this run reaches (its --limit)."""
+    return next((h.name for h in inventory if state.is_host_in_limit(h)), None)
+
+
+def peer_address(h) -> str:
+    """How the other boxes dial `h`: weights_peer_address, else its SSH address (no port: 22)."""
+    return h.data.get("weights_peer_address") or h.data.get("ssh_hostname") or h.name
+
+
+def sources(name, inventory, state) -> list[str]:
+    """Every other box of the inventory, the run's first host first (it downloaded just before),
+    then the rest in inventory order; boxes outside --limit too: they may hold it already."""
+    first = first_of_run(inventory, state)
+    others = [h for h in inventory if h.name != name]
+    others.sort(key=lambda h: h.name != first)  # stable: inventory order otherwise
+    return [peer_address(h) for h in others]
+
+
+@cache
+def key_pair(path: str) -> tuple[str, str]:
+    """The fleet's copy key at `path` on the laptop (OpenSSH ed25519), made 0600 when missing."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    file = Path(path).expanduser()
+    if not file.exists():
+        file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private = Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption())
+        descriptor = os.open(f"{file}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(private)
+        os.replace(f"{file}.tmp", file)
+    private = file.read_bytes()
+    key = serialization.load_ssh_private_key(private, password=None)
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                           serialization.PublicFormat.OpenSSH).decode()
+    return private.decode(), f"{public} thorfleet-peer"
