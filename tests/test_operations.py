@@ -324,14 +324,18 @@ def test_leftovers_are_removed_one_command_each_kind_and_none_is_a_noop():
     assert asked["units"] == [layout.box_unit("thorfleet-vllm"), layout.BOX_LAST_GOOD_UNIT]
 
 
-def test_with_a_registry_the_first_host_builds_and_pushes_then_untags():
+def test_with_a_registry_the_first_host_pulls_what_an_earlier_run_pushed_else_builds_and_pushes():
     s = settings(image_registry="reg:5000/team", image_shared_ref="reg:5000/team/mistral-small4:abc")
-    commands, _ = run(thor.derived_image, {facts.DockerImageLabels: lambda ref: None}, s=s,
-                      context="/ctx", push=True)
-    assert commands[1].startswith("sh /ctx/build-image.sh ")
-    assert commands[2] == ("docker tag thorfleet/mistral-small4:abc reg:5000/team/mistral-small4:abc"
-                           " && docker push -q reg:5000/team/mistral-small4:abc && "
-                           "docker rmi reg:5000/team/mistral-small4:abc >/dev/null")
+    [command], _ = run(thor.derived_image, {facts.DockerImageLabels: lambda ref: None}, s=s,
+                       context="/ctx", push=True)
+    pulled, built = command.split("; else ")
+    # already in the registry (a box added later, a fleet that ran before): pulled, not built
+    assert pulled.startswith("if docker pull -q reg:5000/team/mistral-small4:abc")
+    assert "docker tag reg:5000/team/mistral-small4:abc thorfleet/mistral-small4:abc" in pulled
+    assert "sh /ctx/build-image.sh " in built
+    assert built.endswith("docker tag thorfleet/mistral-small4:abc reg:5000/team/mistral-small4:abc"
+                          " && docker push -q reg:5000/team/mistral-small4:abc && "
+                          "docker rmi reg:5000/team/mistral-small4:abc >/dev/null; fi")
 
 
 def test_the_other_hosts_pull_check_the_inputs_label_and_build_only_without_it():

@@ -287,10 +287,22 @@ def _build(s, context):
     return commands
 
 
+def _pulled(s):
+    """Shell that pulls the image from image_registry, checks on arrival that its thorfleet.inputs
+    label is this run's hash of every input (the registry's digests check the bytes), and tags it
+    under the local name; false when the registry does not have it."""
+    remote = s.image_shared_ref
+    label = "{{index .Config.Labels \"thorfleet.inputs\"}}"
+    return (f"docker pull -q {q(remote)} >/dev/null 2>&1 && "
+            f"[ \"$(docker inspect --format '{label}' {q(remote)})\" = {q(s.image_inputs_hash)} ] "
+            f"&& docker tag {q(remote)} {q(s.image_tag)} && docker rmi {q(remote)} >/dev/null")
+
+
 @operation()
 def derived_image(s, context, push=False):
     """The derived vLLM image for these inputs: built from `context` on the box when absent, and
-    with `push` sent to `image_registry` for the other boxes of the run.
+    with `push` shared through `image_registry`: pulled from it when an earlier run already
+    pushed it there, else built and pushed for the other boxes of the run.
 
     The tag is a hash of every input (Dockerfile, patches, base digest, build options), so the image
     is built again only when one changed, and a failed build leaves the running image alone.
@@ -304,19 +316,23 @@ def derived_image(s, context, push=False):
     if labels is not None:
         host.noop(f"{s.image_tag} is already built ({labels.get('thorfleet.patches', '?')})")
         return
-    yield from _build(s, context)
-    if push:  # the registry's tag is only a way to ship it: untagged once pushed
-        remote = s.image_shared_ref
-        yield (f"docker tag {q(s.image_tag)} {q(remote)} && docker push -q {q(remote)} && "
-               f"docker rmi {q(remote)} >/dev/null")
+    if not push:
+        yield from _build(s, context)
+        return
+    remote = s.image_shared_ref
+    built = " && ".join(_build(s, context))
+    # the registry's tag is only a way to ship it: untagged once pushed
+    shared = (f"docker tag {q(s.image_tag)} {q(remote)} && docker push -q {q(remote)} && "
+              f"docker rmi {q(remote)} >/dev/null")
+    yield (f"if {_pulled(s)}; then echo 'thorfleet: {s.image_tag} pulled from "
+           f"{s.image_registry}'; else {built} && {shared}; fi")
 
 
 @operation()
 def shared_image(s, context):
     """The derived image from `image_registry`, where the run's first host pushed it: pulled,
-    checked on arrival (its thorfleet.inputs label must be this run's hash of every input; the
-    registry's digests check the bytes), tagged. Built here instead when the registry does not
-    have it (the first host is down, or its build failed).
+    checked on arrival, tagged (see _pulled). Built here instead when the registry does not have
+    it (the first host is down, or its build failed).
 
     .. code:: python
 
@@ -326,14 +342,10 @@ def shared_image(s, context):
     if labels is not None:
         host.noop(f"{s.image_tag} is already here ({labels.get('thorfleet.patches', '?')})")
         return
-    remote = s.image_shared_ref
-    label = "{{index .Config.Labels \"thorfleet.inputs\"}}"
-    pulled = (f"docker pull -q {q(remote)} >/dev/null && "
-              f"[ \"$(docker inspect --format '{label}' {q(remote)})\" = {q(s.image_inputs_hash)} ] "
-              f"&& docker tag {q(remote)} {q(s.image_tag)} && docker rmi {q(remote)} >/dev/null")
     built = " && ".join(_build(s, context))
-    yield (f"if {pulled}; then echo 'thorfleet: {s.image_tag} pulled from {s.image_registry}'; "
-           f"else echo 'thorfleet: {remote} is not in the registry: building here'; {built}; fi")
+    yield (f"if {_pulled(s)}; then echo 'thorfleet: {s.image_tag} pulled from {s.image_registry}'; "
+           f"else echo 'thorfleet: {s.image_shared_ref} is not in the registry: building here'; "
+           f"{built}; fi")
 
 
 @operation()
