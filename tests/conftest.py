@@ -24,7 +24,7 @@ from tests.sim import fleet
 # group, so they never run at the same time; the rest run in parallel.
 BOXES = {
     "test_deploy": (1, 7), "test_bad_input": (1, 7), "test_drift": (1,), "test_security": (1,),
-    "test_disk_hygiene": (1,),
+    "test_disk_hygiene": (1,), "test_fleet_weights": (1, 7),
     "test_faults": (2, 9),  # 9 is only ever cut: the host that is down at the start
     "test_thor_says_no": (8,),
     "test_rollout": (3, 4, 5), "test_benchmark": (3, 4, 5), "test_shared_image": (3, 4, 5),
