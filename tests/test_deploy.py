@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.helpers import deploy
+from tests.helpers import deploy, downloads, hub
 
 pytestmark = pytest.mark.fleet
 
@@ -29,8 +29,12 @@ def converged(sim_fleet, my_boxes, tmp_path_factory):
     inventory = sim_fleet.write_inventory(
         tmp_path_factory.mktemp("deploy") / "fleet.py", hosts=my_boxes,
         extra_data={"rollout_report_path": str(tmp_path_factory.mktemp("report") / "report.json")})
+    logs = {host: hub(sim_fleet, host) for host in my_boxes}
+    for log in logs.values():
+        log.forget_requests()
     first = deploy(inventory)
     assert first.returncode == 0, first.stderr[-4000:]
+    first.fetched = {host: downloads(log) for host, log in logs.items()}
     return inventory, first
 
 
@@ -41,6 +45,12 @@ def test_first_run_converges_every_host_and_they_answer_chat(sim_fleet, my_boxes
         assert ask(sim_fleet, host) == "200"
         assert ask(sim_fleet, host, key=False) == "401"  # the API key guards /v1/*
         assert ask(sim_fleet, host, path="/health", body="") == "200"
+
+
+def test_the_weights_cross_the_wan_once(my_boxes, converged):
+    _, first = converged
+    # the run's first host fetched every file; the other copied them all from it
+    assert first.fetched[my_boxes[0]] and first.fetched[my_boxes[1]] == [], first.fetched
 
 
 def test_second_run_changes_nothing(converged):

@@ -4,7 +4,8 @@ and asks the hub only for what no box gives.
 
 Boxes 1 and 7 (tests/conftest.py BOXES), converged by tests/test_deploy.py, where 7 already
 copied its weights from 1. Each story runs the deploy limited to box 7, as an operator adding a
-box does, and reads the hub's log of what it sent box 7.
+box does (with -vvv, so the box-side tool's lines are in pyinfra's output), and reads the hub's
+log of what it sent box 7.
 """
 
 import threading
@@ -50,8 +51,9 @@ def test_a_box_added_later_copies_from_the_fleet_not_the_hub(sim_fleet, pair):
     never_had_it(sim_fleet, late)
     faults = hub(sim_fleet, late)
     faults.forget_requests()
-    run = deploy(inventory, "--limit", late)
+    run = deploy(inventory, "--limit", late, "-vvv")
     assert run.returncode == 0, run.stderr[-4000:]
+    assert f"complete and verified in {model_dir(sim_fleet)}, copied from the fleet" in run.stderr
     assert downloads(faults) == []  # the file list only: no byte of weights from the hub
     assert complete(sim_fleet, late) and serves(sim_fleet, late, timeout=30)
 
@@ -65,10 +67,11 @@ def test_a_corrupted_peer_copy_is_refused_and_fetched_from_the_hub(sim_fleet, pa
     faults = hub(sim_fleet, late)
     faults.forget_requests()
     try:
-        run = deploy(inventory, "--limit", late)
+        run = deploy(inventory, "--limit", late, "-vvv")
     finally:
         box(sim_fleet, seed, FLIP.format(rotten))  # flipped back: the seed's own copy is whole
     assert run.returncode == 0, run.stderr[-4000:]
+    assert f"{shard} from thorfleet-{seed} does not match its sha256" in run.stderr
     assert downloads(faults) == [shard]  # every other file was had from the seed
     assert complete(sim_fleet, late)
 
@@ -83,7 +86,8 @@ def test_a_seed_that_fails_mid_copy_does_not_stall_the_box(sim_fleet, pair):
     faults = hub(sim_fleet, late)
     faults.forget_requests()
     result = []
-    worker = threading.Thread(target=lambda: result.append(deploy(inventory, "--limit", late)))
+    worker = threading.Thread(target=lambda: result.append(deploy(inventory, "--limit", late,
+                                                                  "-vvv")))
     worker.start()
     copied = []
     try:
@@ -100,8 +104,11 @@ def test_a_seed_that_fails_mid_copy_does_not_stall_the_box(sim_fleet, pair):
         sim_fleet.exec(seed, "tc qdisc del dev eth0 root")
     run = result[0]
     assert run.returncode == 0, run.stderr[-4000:]
+    assert f"rsync from thorfleet-{seed} stopped" in run.stderr
     assert complete(sim_fleet, late) and serves(sim_fleet, late, timeout=60)
     fetched = downloads(faults)
     assert fetched, "the hub gave nothing: the seed was not cut mid-copy"
-    # rsync names a file in flight .<name>.<random>: those listed were whole, and not fetched again
-    assert not set(copied) & set(fetched), (copied, fetched)
+    # rsync copies in name order, in place: the last file listed may have been in flight (the hub
+    # then sends it whole); those before it were whole, and are not fetched again
+    whole = sorted(copied)[:-1]
+    assert not set(whole) & set(fetched), (whole, fetched)

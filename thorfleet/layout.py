@@ -42,7 +42,8 @@ BOX_UNIT_DIR = "/etc/systemd/system"
 # The fleet copy of the weights: boxes read each other's weights_dir over SSH as PEER_USER, whose
 # one authorized key may only run `rrsync -ro <weights_dir>`.
 PEER_USER = "thorfleet-peer"
-BOX_PEER_HOME = f"{BOX_STATE}/peer"
+# Not under BOX_STATE: that is root-only, and sshd reads authorized_keys as the user.
+BOX_PEER_HOME = "/var/lib/thorfleet-peer"
 BOX_PEER_KEY = f"{BOX_ETC}/peer_key"  # the fleet's box-to-box private key, root-only
 BOX_PEER_KNOWN_HOSTS = f"{BOX_STATE}/peer_known_hosts"  # peers' host keys, learnt on first use
 BOX_MANIFESTS = f"{BOX_STATE}/manifests"  # the hub's file list of each pinned revision
