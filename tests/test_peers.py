@@ -37,6 +37,11 @@ def test_the_first_host_of_the_run_goes_first_and_the_rest_follow_in_inventory_o
     assert peers.sources("thor-1", INVENTORY, run) == ["10.0.0.2", "thor-3.lan:22"]
 
 
+def test_the_run_s_first_host_is_asked_first_even_when_not_first_in_the_inventory():
+    run = limited_to("thor-2", "thor-3")  # thor-1 is outside the run: it may have it, asked last
+    assert peers.sources("thor-3", INVENTORY, run) == ["10.0.0.2", "10.0.0.1"]
+
+
 def test_a_box_added_later_copies_from_boxes_outside_its_limit():
     run = limited_to("thor-3")  # `--limit thor-3`: thor-3 is the run's first and only host
     assert peers.first_of_run(INVENTORY, run) == "thor-3"
