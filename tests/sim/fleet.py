@@ -5,6 +5,7 @@ Docker engine; its SSH port is published on 127.0.0.1:22000+i. "Reboot" restarts
 systemd boots again, /run starts empty, the disk (container filesystem, /var/lib/docker) stays.
 """
 
+import concurrent.futures
 import hashlib
 import importlib
 import importlib.util
@@ -448,9 +449,12 @@ def down(client=None) -> None:
     key, registry storage and caches stay in the state dir."""
     client = client or docker.from_env()
     with locked("fleet"):
-        for index, container in sorted(boxes(client).items()):
+        found = sorted(boxes(client).items())
+        for index, _ in found:
             log(f"removing {host_name(index)}")
-            remove_box(container, index)
+        # all at once: each waits for its systemd to shut down, then its disk is deleted
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(found))) as pool:
+            list(pool.map(lambda item: remove_box(item[1], item[0]), found))
         hub = importlib.util.find_spec("tests.sim.hub") and importlib.import_module("tests.sim.hub")
         if hub and hasattr(hub, "stop"):
             hub.stop(client)
