@@ -7,7 +7,6 @@ registry does not have it.
 
 from pyinfra import host, inventory, state
 from pyinfra.api import deploy
-from pyinfra.operations import files
 
 from thorfleet import operations as thor
 from thorfleet.layout import BOX_IMAGE_CONTEXT, FILES
@@ -17,12 +16,8 @@ from thorfleet.peers import first_of_run
 @deploy("Image")
 def run(s):
     context = f"{BOX_IMAGE_CONTEXT}/{s.image_inputs_hash[:12]}"
-    files.sync(
-        name="Upload the image build context (Dockerfile, patches)",
-        src=str(FILES / "image"),
-        dest=context,
-        exclude=["__pycache__", "*.pyc"],
-    )
+    thor.tree(name="Upload the image build context (Dockerfile, patches)",
+              src=str(FILES / "image"), dest=context)
     if not s.image_registry or host.name == first_of_run(inventory, state):
         thor.derived_image(name=f"Build {s.image_tag} unless it exists", s=s, context=context,
                            push=bool(s.image_registry))

@@ -1,7 +1,6 @@
 """Memory: the page-cache gate the service runs before every start (its ExecStartPre)."""
 
 from pyinfra.api import deploy
-from pyinfra.operations import files
 
 from thorfleet import operations as thor
 from thorfleet.layout import BOX_BIN, BOX_MEMORY_GATE, FILES
@@ -9,7 +8,7 @@ from thorfleet.layout import BOX_BIN, BOX_MEMORY_GATE, FILES
 
 @deploy("Memory")
 def run(s):
-    files.directory(name="Create thorfleet's bin folder", path=BOX_BIN, mode="755")
+    thor.directory(name="Create thorfleet's bin folder", path=BOX_BIN, mode="755")
     thor.whole_file(
         name="Install the memory gate (drop caches until MemAvailable is enough)",
         src=str(FILES / "bin" / "memory-gate"),

@@ -23,7 +23,7 @@ def run(s):
         mode="644",
     )
     systemd.daemon_reload(name="Reload systemd after the clocks unit changed", _if=unit.did_change)
-    systemd.service(name="Enable the clocks unit", service=CLOCKS_UNIT, enabled=True)
+    thor.unit_enabled(name="Enable the clocks unit", unit=CLOCKS_UNIT)
     thor.clocks_locked(name="Lock clocks with jetson_clocks")
     # A new mode has new maximum clocks: lock them again after a mode change.
     server.shell(name="Lock clocks again for the new power mode", commands=["jetson_clocks"],

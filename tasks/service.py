@@ -7,7 +7,7 @@ differs from what it last proved to serve.
 from io import StringIO
 
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
 from thorfleet import operations as thor
 from thorfleet.layout import (
@@ -26,10 +26,10 @@ from thorfleet.layout import (
 
 @deploy("Service")
 def run(s):
-    files.directory(name="Create the config folder mounted into the container",
-                    path=BOX_CONFIG_DIR, mode="755")
-    files.directory(name="Create the vLLM cache folder", path=BOX_VLLM_CACHE, mode="755")
-    files.directory(name="Create thorfleet's state folder", path=BOX_STATE, mode="700")
+    thor.directory(name="Create the config folder mounted into the container",
+                   path=BOX_CONFIG_DIR, mode="755")
+    thor.directory(name="Create the vLLM cache folder", path=BOX_VLLM_CACHE, mode="755")
+    thor.directory(name="Create thorfleet's state folder", path=BOX_STATE, mode="700")
     # Every file is replaced whole (temporary name, then rename): never half-written, even on a cut.
     thor.whole_file(name=f"Write the vLLM runtime config ({s.service_profile} profile)",
                     src=StringIO(s.config_text), path=BOX_CONFIG, mode="644")
@@ -44,5 +44,4 @@ def run(s):
                            path=box_unit(s.service_name), mode="644")
     systemd.daemon_reload(name="Reload systemd after the unit changed", _if=unit.did_change)
     # Enabled only: starting it is the verification step's job, which proves what it starts.
-    systemd.service(name=f"Enable {s.service_name} at boot", service=f"{s.service_name}.service",
-                    enabled=True, running=None)
+    thor.unit_enabled(name=f"Enable {s.service_name} at boot", unit=f"{s.service_name}.service")

@@ -1,7 +1,9 @@
 """Verification: (re)start the server when its inputs changed, prove it serves, and benchmark it.
 
-Restarts roll through the fleet: a batch at a time (rollout_batch), the canary group first; a
-batch that fails its checks stops the rollout and the hosts after it keep their current version.
+Hosts that never served a version start first, all together: none of them takes serving capacity
+away. Restarts then roll through the fleet: a batch at a time (rollout_batch), the canary group
+first; a batch (or a first install) that fails its checks stops the rollout and the hosts after it
+keep their current version.
 
 The benchmark (the seed's method, files/bin/thorfleet-bench) runs after the proof when
 rollout_benchmark asks for it: "always", "never", or "first-install" (the default: a host with no
@@ -12,25 +14,17 @@ below rollout_bench_min_fraction of the fleet median or below rollout_bench_min_
 from pyinfra import host, inventory
 from pyinfra.api import deploy
 
-from thorfleet import facts, rollout
 from thorfleet import operations as thor
+from thorfleet import rollout
 from thorfleet.layout import BOX_BENCH, FILES
-
-
-def wants_benchmark(s, proven_before):
-    """Whether this run benchmarks the host: `proven_before` is the fingerprint the box had proven
-    before the run (None on a first install)."""
-    return s.rollout_benchmark == "always" or (
-        s.rollout_benchmark == "first-install" and not proven_before)
 
 
 @deploy("Verification")
 def run(s):
-    # Read before anything is restarted: a first install is a box with no proven version yet.
-    before = host.get_fact(facts.ServerState, service=s.service_name, port=s.service_port,
-                           _sudo=True)
     thor.whole_file(name="Install the benchmark tool", src=str(FILES / "bin" / "thorfleet-bench"),
                     path=BOX_BENCH, mode="755")
+    thor.serving(name="First installs: start every host that never served a version, together "
+                      "(no serving capacity at stake)", s=s, first_install=True)
     plan = rollout.batches(inventory, s.rollout_batch, s.rollout_canary_group)
     for index in host.loop(range(len(plan))):
         if host.name in plan[index]:
@@ -40,9 +34,10 @@ def run(s):
                 s=s,
                 wait_for=[name for batch in plan[:index] for name in batch],
             )
-    if wants_benchmark(s, before.get("proven_fingerprint")):
+    if s.rollout_benchmark != "never":
         thor.benchmark(name="Benchmark the decode rate (the seed's method: /v1/completions, "
-                            "512 tokens, warm-up + 3 runs)", port=s.service_port)
+                            "512 tokens, warm-up + 3 runs)", port=s.service_port,
+                       when=s.rollout_benchmark)
         thor.benchmark_gate(name="Fleet benchmark gate (rollout_bench_min_fraction of the median, "
                                  "rollout_bench_min_toks)",
                             min_fraction=s.rollout_bench_min_fraction,

@@ -9,7 +9,6 @@ from io import StringIO
 
 from pyinfra import host, inventory, state
 from pyinfra.api import deploy
-from pyinfra.operations import files, server
 
 from thorfleet import operations as thor
 from thorfleet import peers as fleet
@@ -36,18 +35,21 @@ def run(s):
         mode="755",
     )
     # Older thorfleet installed huggingface_hub from PyPI here; the fetch now runs in the image.
-    files.directory(name="Remove the venv older thorfleet installed", path=BOX_OLD_VENV,
-                    present=False)
-    files.directory(name=f"Create {BOX_ETC}", path=BOX_ETC, mode="755")
+    thor.absent(name="Remove the venv older thorfleet installed", path=BOX_OLD_VENV)
+    thor.directory(name=f"Create {BOX_ETC}", path=BOX_ETC, mode="755")
     if s.hf_token:
         thor.secret_file(name="Install the Hugging Face token (root-only)", path=BOX_HF_TOKEN,
                          content=s.hf_token + "\n")
     else:
-        files.file(name="No Hugging Face token configured", path=BOX_HF_TOKEN, present=False)
-    files.directory(name=f"Create {s.weights_dir}", path=s.weights_dir, mode="755")
+        thor.absent(name="No Hugging Face token configured", path=BOX_HF_TOKEN)
+    thor.directory(name=f"Create {s.weights_dir}", path=s.weights_dir, mode="755")
     copying = fleet.fleet_copy(s, inventory)
     if copying:
         peer_access(s)
+    else:  # the copy turned off (weights_source = "hub", or one box): nobody may read the box
+        thor.absent(name="No fleet copy access (the copy is off)",
+                    path=f"{BOX_PEER_HOME}/.ssh/authorized_keys")
+        thor.absent(name="No fleet copy key (the copy is off)", path=BOX_PEER_KEY)
     first = fleet.first_of_run(inventory, state)
     checkpoints = (
         ("checkpoint (~71 GB; this takes a while)", s.weights_model_repo, s.model_dir,
@@ -60,6 +62,7 @@ def run(s):
         "token_file": BOX_HF_TOKEN if s.hf_token else None,
         "peers": fleet.sources(host.name, inventory, state) if copying else (),
         "root": s.weights_dir,
+        "progress_every": s.weights_progress_interval_s,
     }
     for label, repo, folder, revision in checkpoints:
         if not copying or host.name == first:
@@ -76,13 +79,13 @@ def peer_access(s):
     """What the boxes copy weights with: a user that may only read weights_dir (rrsync -ro), the
     fleet's shared key authorized for it, and that key for this box's own copies."""
     private, public = fleet.key_pair(s.weights_peer_key_file)
-    server.user(name=f"Create {PEER_USER}, who may only read {s.weights_dir}", user=PEER_USER,
-                home=BOX_PEER_HOME, shell="/bin/sh", system=True)
-    files.directory(name=f"Create {BOX_PEER_HOME}/.ssh", path=f"{BOX_PEER_HOME}/.ssh",
-                    user="root", group="root", mode="755")
+    thor.system_user(name=f"Create {PEER_USER}, who may only read {s.weights_dir}",
+                     user=PEER_USER, home=BOX_PEER_HOME, shell="/bin/sh")
+    thor.directory(name=f"Create {BOX_PEER_HOME}/.ssh", path=f"{BOX_PEER_HOME}/.ssh",
+                   mode="755")
     thor.whole_file(name="Authorize the fleet's copy key, read-only",
                     path=f"{BOX_PEER_HOME}/.ssh/authorized_keys",
                     src=StringIO(f'command="{RRSYNC} -ro {s.weights_dir}",restrict {public}\n'))
     thor.secret_file(name="Install the fleet's copy key (root-only)", path=BOX_PEER_KEY,
                      content=private)
-    files.directory(name=f"Create {BOX_MANIFESTS}", path=BOX_MANIFESTS, mode="755")
+    thor.directory(name=f"Create {BOX_MANIFESTS}", path=BOX_MANIFESTS, mode="755")

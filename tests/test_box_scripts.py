@@ -9,8 +9,10 @@ in the folder the server mounts, what stays in staging, what is fetched again.
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -177,6 +179,62 @@ def test_a_failed_download_leaves_the_folder_alone_and_keeps_what_finished(hub, 
     assert verify(folder, revision)["complete"] and not staging.exists()
 
 
+def test_a_slow_fetch_says_how_far_it_is_as_it_goes(hub, tmp_path):
+    # the hub sends the draft slowly (200 kB/s per response): a line every 0.2 s, on stdout
+    revision = hub[1][DRAFT_REPO]
+    faults = HubFaults(hub[0])
+    with faults.injected("slow", path="*.safetensors", repo=DRAFT_REPO, rate=200_000):
+        done = subprocess.run(
+            [sys.executable, str(TOOL), "fetch", "--dir", str(tmp_path / "eagle" / revision),
+             "--repo", DRAFT_REPO, "--revision", revision, "--endpoint", hub[0],
+             "--progress-every", "0.2"],
+            capture_output=True, text=True, timeout=120, check=False,
+            env={**os.environ, "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("thorfleet: ")]
+    name = DRAFT_REPO.rsplit("/", 1)[1]
+    assert lines and all(line.startswith(f"thorfleet: {name} ") for line in lines), done.stdout
+    # the total comes from the hub's file list: a share of it, a rate, and the time left
+    assert any(re.search(r" of \d+\.\d MB \(\d+%\), \d+\.\d MB/s, about \d+ s left$", line)
+               for line in lines), lines
+    fetched(hub)
+
+
+def test_a_progress_line_reads_done_total_rate_and_time_left():
+    tool = load_tool()
+    assert tool.progress_line("M", 12.3e9, 71e9, 98e6) == \
+        "thorfleet: M 12.3 of 71.0 GB (17%), 98.0 MB/s, about 10 min left"
+    assert tool.progress_line("M", 70e9, 71e9, 50e6).endswith("about 20 s left")
+    assert tool.progress_line("M", 1e9, 71e9, 1e6).endswith("about 19.4 h left")
+    assert tool.progress_line("M", 1e9, None, 0) == "thorfleet: M 1.0 GB, 0.0 MB/s"  # no total
+    assert tool.progress_line("D", 0.2e9, 0.4e9, 1e6) == \
+        "thorfleet: D 200.0 of 400.0 MB (50%), 1.0 MB/s, about 3 min left"
+    assert tool.progress_line("M", 5e9, 71e9, 0).endswith("0.0 MB/s")  # stalled: no guess
+
+
+def test_progress_counts_the_bytes_arriving_in_staging(tmp_path, capsys):
+    tool = load_tool()
+    (tmp_path / ".cache").mkdir()
+    with tool.Progress("M", tmp_path, 4_000_000, 0.1):
+        for _ in range(4):  # unfinished files under .cache count: they are bytes already had
+            with open(tmp_path / ".cache" / "x.incomplete", "ab") as growing:
+                growing.write(b"\0" * 1_000_000)
+            time.sleep(0.15)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) >= 3 and lines[-1].startswith("thorfleet: M 4.0 of 4.0 MB (100%)"), lines
+
+
+def load_tool():
+    """thorfleet-weights as a module (it is a script without .py)."""
+    from importlib.machinery import SourceFileLoader
+    from importlib.util import module_from_spec, spec_from_loader
+
+    loader = SourceFileLoader("thorfleet_weights", str(TOOL))
+    module = module_from_spec(spec_from_loader("thorfleet_weights", loader))
+    loader.exec_module(module)
+    return module
+
+
 def test_bytes_that_do_not_match_their_sha256_never_reach_the_folder(hub, tmp_path):
     folder = tmp_path / "eagle" / hub[1][DRAFT_REPO]
     with HubFaults(hub[0]).injected("bad-sha", path="consolidated.safetensors", repo=DRAFT_REPO):
@@ -236,7 +294,8 @@ def copy(fleet, *peers):
     folder.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, str(TOOL), "copy", "--dir", str(folder), "--revision", REVISION,
             "--expected", str(fleet / "expected.json"), "--root", str(fleet / "box"),
-            "--key", str(fleet / "key"), "--known-hosts", str(fleet / "known_hosts")]
+            "--key", str(fleet / "key"), "--known-hosts", str(fleet / "known_hosts"),
+            "--user", "thorfleet-peer"]
     for name in peers:
         argv += ["--peer", name]
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)

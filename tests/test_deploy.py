@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.helpers import deploy, downloads, hub
+from tests.helpers import changed_on, deploy, downloads, hub
 
 pytestmark = pytest.mark.fleet
 
@@ -45,6 +45,10 @@ def test_first_run_converges_every_host_and_they_answer_chat(sim_fleet, my_boxes
         assert ask(sim_fleet, host) == "200"
         assert ask(sim_fleet, host, key=False) == "401"  # the API key guards /v1/*
         assert ask(sim_fleet, host, path="/health", body="") == "200"
+        # bare boxes serve nothing, so there is nothing to roll: they start together, not by batch
+        started = changed_on(first, host)
+        assert any("| First installs: start" in op for op in started), started
+        assert not any("| Batch " in op for op in started), started
 
 
 def test_the_weights_cross_the_wan_once(my_boxes, converged):

@@ -10,6 +10,7 @@ also proves the previous re-run left the box converged.
 """
 
 import json
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -42,6 +43,7 @@ class Drift:
     may_redo: set = field(default_factory=set)  # ...except these, which it may change
     restart: bool = False  # the re-run restarts the server
     fetched: list = field(default_factory=list)  # the only files the hub may send
+    shown: str = ""  # a line the operator sees (without -v) while it is put right
 
 
 VERIFY = "serve the rendered version and prove it"
@@ -60,9 +62,14 @@ DRIFTS = [
           "chmod 644 /etc/thorfleet/secrets.env && chown thor:thor /etc/thorfleet/secrets.env",
           {"Write the service secrets"}),
     Drift("service disabled", f"systemctl disable {SERVICE}", {f"Enable {SERVICE} at boot"}),
-    Drift("derived image deleted", "docker rmi -f {image}", {"unless it exists"}),
+    Drift("config folder opened to all", "chmod 777 /etc/thorfleet",
+          {"Create /etc/thorfleet"}),
+    Drift("build context edited", "for f in /opt/thorfleet/image/*/Dockerfile; do echo '# drift' >> $f; done",
+          {"Upload the image build context"}),
+    Drift("derived image deleted", "docker rmi -f {image}", {"unless it exists"},
+          shown="==> self-check of thorfleet-candidate"),
     Drift("weight shard deleted", "rm {model}/" + SHARD.format(3), {"Fetch and verify the checkpoint"},
-          fetched=[SHARD.format(3)]),
+          fetched=[SHARD.format(3)], shown="complete and verified in"),
     Drift("weight shard truncated", "truncate -s 1000 {model}/" + SHARD.format(5),
           {"Fetch and verify the checkpoint"}, fetched=[SHARD.format(5)]),
     Drift("weight shard corrupted",
@@ -82,6 +89,32 @@ def drift_box(sim_fleet, my_boxes, tmp_path_factory):
     first = deploy(inventory)
     assert first.returncode == 0, first.stderr[-4000:]
     return host, inventory
+
+
+def test_a_converged_rerun_reads_the_box_in_one_round_trip(sim_fleet, drift_box):
+    # every command the SSH user sends goes through sudo, which logs it: count them
+    host, inventory = drift_box
+    time.sleep(1)  # the journal's --since counts whole seconds
+    since = box(sim_fleet, host, "date '+%Y-%m-%d %H:%M:%S'")
+    time.sleep(1)
+    run = deploy(inventory)
+    assert run.returncode == 0 and changed_on(run, host) == [], run.stderr[-4000:]
+    logged = box(sim_fleet, host, f"journalctl _COMM=sudo --since '{since}' -o cat")
+    sent = [line.split("COMMAND=", 1)[1][:160] for line in logged.splitlines()
+            if line.lstrip().startswith("thor :") and "COMMAND=" in line]
+    # the operations' reads in one command; `sudo -n true`, the preflight's check of sudo itself
+    assert len(sent) == 2 and "/usr/bin/true" in sent, "\n".join(sent)
+
+
+def test_a_lone_box_lets_no_box_read_it(sim_fleet, drift_box):
+    # one box, so no fleet copy: what an earlier fleet run left (copy key, authorization) goes
+    host, inventory = drift_box
+    access = "/etc/thorfleet/peer_key /var/lib/thorfleet-peer/.ssh/authorized_keys"
+    box(sim_fleet, host, f"mkdir -p /var/lib/thorfleet-peer/.ssh && touch {access}")
+    run = deploy(inventory)
+    changed = changed_on(run, host)
+    assert len(changed) == 2 and all("(the copy is off)" in name for name in changed), changed
+    assert box(sim_fleet, host, f"ls {access} 2>&1 || true").count("No such file") == 2
 
 
 def rerun_after(sim_fleet, drift_box, drift):
@@ -115,6 +148,7 @@ def test_one_rerun_repairs_only_what_drifted(sim_fleet, drift_box, drift):
     else:
         assert container_started(sim_fleet, host) == before["started"]
     assert before["fetched"] == drift.fetched
+    assert drift.shown in run.stderr
 
 
 def test_container_removed_behind_systemds_back_comes_back_by_itself(sim_fleet, drift_box):

@@ -96,6 +96,15 @@ def test_image_labels():
         "thorfleet.patches": "a=applied"}
 
 
+def test_image_id():
+    # `docker image inspect --format '{{.Id}}'` here (Docker 20.10); nothing when it is absent
+    real = "sha256:3746115537fb36e11ee0194531abd53cfeeb4a16cb29a53eda87ad3c04b1c637"
+    assert parse(facts.DockerImageId, [real]) == real
+    assert parse(facts.DockerImageId, []) is None
+    assert facts.DockerImageId().command("r/x:$(id)") == (
+        "docker image inspect --format '{{.Id}}' 'r/x:$(id)' 2>/dev/null || true")
+
+
 # --- the commands: every value quoted, the box's paths from layout.py ----------------------------
 
 def test_fact_commands_quote_what_they_are_given():

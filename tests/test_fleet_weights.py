@@ -4,10 +4,11 @@ and asks the hub only for what no box gives.
 
 Boxes 1 and 7 (tests/conftest.py BOXES), converged by tests/test_deploy.py, where 7 already
 copied its weights from 1. Each story runs the deploy limited to box 7, as an operator adding a
-box does (with -vvv, so the box-side tool's lines are in pyinfra's output), and reads the hub's
-log of what it sent box 7.
+box does (without -v: a transfer's lines, the box-side tool's and its progress, are shown as they
+come), and reads the hub's log of what it sent box 7.
 """
 
+import re
 import threading
 import time
 
@@ -29,7 +30,7 @@ def pair(sim_fleet, my_boxes, tmp_path_factory):
     seed, late = my_boxes
     folder = tmp_path_factory.mktemp("fleet-weights")
     inventory = sim_fleet.write_inventory(folder / "pair.py", hosts=my_boxes, extra_data={
-        "rollout_report_path": str(folder / "report.json")})
+        "rollout_report_path": str(folder / "report.json"), "weights_progress_interval_s": 1})
     run = deploy(inventory)
     assert run.returncode == 0, run.stderr[-4000:]
     return seed, late, inventory
@@ -51,7 +52,7 @@ def test_a_box_added_later_copies_from_the_fleet_not_the_hub(sim_fleet, pair):
     never_had_it(sim_fleet, late)
     faults = hub(sim_fleet, late)
     faults.forget_requests()
-    run = deploy(inventory, "--limit", late, "-vvv")
+    run = deploy(inventory, "--limit", late)
     assert run.returncode == 0, run.stderr[-4000:]
     assert f"complete and verified in {model_dir(sim_fleet)}, copied from the fleet" in run.stderr
     assert downloads(faults) == []  # the file list only: no byte of weights from the hub
@@ -67,7 +68,7 @@ def test_a_corrupted_peer_copy_is_refused_and_fetched_from_the_hub(sim_fleet, pa
     faults = hub(sim_fleet, late)
     faults.forget_requests()
     try:
-        run = deploy(inventory, "--limit", late, "-vvv")
+        run = deploy(inventory, "--limit", late)
     finally:
         box(sim_fleet, seed, FLIP.format(rotten))  # flipped back: the seed's own copy is whole
     assert run.returncode == 0, run.stderr[-4000:]
@@ -86,8 +87,7 @@ def test_a_seed_that_fails_mid_copy_does_not_stall_the_box(sim_fleet, pair):
     faults = hub(sim_fleet, late)
     faults.forget_requests()
     result = []
-    worker = threading.Thread(target=lambda: result.append(deploy(inventory, "--limit", late,
-                                                                  "-vvv")))
+    worker = threading.Thread(target=lambda: result.append(deploy(inventory, "--limit", late)))
     worker.start()
     copied = []
     try:
@@ -105,6 +105,10 @@ def test_a_seed_that_fails_mid_copy_does_not_stall_the_box(sim_fleet, pair):
     run = result[0]
     assert run.returncode == 0, run.stderr[-4000:]
     assert f"rsync from thorfleet-{seed} stopped" in run.stderr
+    # the operator saw it going, under the box's name: done, total, rate (and time left)
+    progress = re.compile(rf"\[{late}\]\s+thorfleet: \S+ from thorfleet-{seed} "
+                          r"[\d.]+ of [\d.]+ MB \(\d+%\), [\d.]+ MB/s")
+    assert progress.search(run.stderr), run.stderr[-4000:]
     assert complete(sim_fleet, late) and serves(sim_fleet, late, timeout=60)
     fetched = downloads(faults)
     assert fetched, "the hub gave nothing: the seed was not cut mid-copy"

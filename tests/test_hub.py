@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -352,6 +353,32 @@ def test_byte_ranges_and_a_slow_transfer(hub):
     with urllib.request.urlopen(url) as response:
         assert response.read() == whole
     assert time.monotonic() - started >= 0.4
+
+
+def test_an_uplink_is_shared_by_every_response_it_carries(hub):
+    # The bench's WAN: boxes behind one office uplink share its rate, where "slow" holds each
+    # response to it on its own (so eight parallel downloads would get eight times the link).
+    pinned = hub.revisions[MODEL_REPO][0]
+    urls = [f"{hub.endpoint}/_sim/lfs/{MODEL_REPO}/{pinned}/{name}" for name in SHARD_NAMES[:2]]
+    sizes = []
+
+    def fetch(url):
+        with urllib.request.urlopen(url) as response:
+            sizes.append(len(response.read()))
+
+    for mode, least, most in (("slow", 0.4, 0.9), ("uplink", 0.9, 3)):
+        with urllib.request.urlopen(urls[0]) as response:
+            rate = len(response.read()) * 2  # each file alone: about half a second
+        hub.faults.add(mode, path="*", rate=rate)
+        started = time.monotonic()
+        workers = [threading.Thread(target=fetch, args=(url,)) for url in urls]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        took = time.monotonic() - started
+        hub.faults.clear()
+        assert least <= took <= most, (mode, took, sizes)
 
 
 def test_repos_are_deterministic_and_not_rebuilt(tmp_path):

@@ -206,9 +206,14 @@ def test_checkpoint_complete_is_a_noop_and_missing_is_fetched():
     w = layout.BOX_WEIGHTS
     assert commands == [(f"docker rm -f thorfleet-fetch-aaaaaaaaaaaa >/dev/null 2>&1; "
                          "docker run --rm --name thorfleet-fetch-aaaaaaaaaaaa --network host "
-                         f"-e HF_HUB_DISABLE_XET=1 -v /m:/m -v {w}:{w}:ro -v /etc/t:/etc/t:ro "
+                         "-e HF_HUB_DISABLE_XET=1 -e HF_HUB_DISABLE_PROGRESS_BARS=1 "
+                         f"-v /m:/m -v {w}:{w}:ro -v /etc/t:/etc/t:ro "
                          f"--entrypoint python3 img:1 {w} fetch --dir /m/r --repo mistralai/x "
-                         f"--revision {'a' * 40} --endpoint http://hub:8000 --token-file /etc/t")]
+                         f"--revision {'a' * 40} --endpoint http://hub:8000 --token-file /etc/t "
+                         "--progress-every 10")]
+    # shown as it comes, under the host's name, without -v: the transfer's progress lines
+    (command,), _ = plan(thor.checkpoint, {facts.WeightsState: {"complete": False}}, **kwargs)
+    assert isinstance(command, thor.ShownCommand)
 
 
 def test_checkpoint_with_peers_copies_first_and_asks_the_hub_only_for_what_is_left():
@@ -217,18 +222,20 @@ def test_checkpoint_with_peers_copies_first_and_asks_the_hub_only_for_what_is_le
                       peers=["thor-1.lan", "thor-3.lan:2222"], root="/m", **kwargs)
     w, listed = layout.BOX_WEIGHTS, f"{layout.BOX_MANIFESTS}/{'a' * 40}.json"
     manifest = (f"docker run --rm --name thorfleet-fetch-aaaaaaaaaaaa --network host "
-                f"-e HF_HUB_DISABLE_XET=1 -v /m:/m -v {w}:{w}:ro "
-                f"-v {layout.BOX_MANIFESTS}:{layout.BOX_MANIFESTS} --entrypoint python3 img:1 {w} "
+                "-e HF_HUB_DISABLE_XET=1 -e HF_HUB_DISABLE_PROGRESS_BARS=1 -v /m:/m "
+                f"-v {w}:{w}:ro -v {layout.BOX_MANIFESTS}:{layout.BOX_MANIFESTS} --entrypoint python3 img:1 {w} "
                 f"manifest --repo mistralai/x --revision {'a' * 40} --out {listed}")
     copy = (f"python3 {w} copy --dir /m/r --revision {'a' * 40} --expected {listed} --root /m "
             f"--key {layout.BOX_PEER_KEY} --known-hosts {layout.BOX_PEER_KNOWN_HOSTS} "
-            "--peer thor-1.lan --peer thor-3.lan:2222")
+            f"--user {layout.PEER_USER} --progress-every 10 --peer thor-1.lan "
+            "--peer thor-3.lan:2222")
     [command] = commands
     # the file list from the hub (metadata only), the copy on the box (rsync), then the hub fetch
     # only if the copy left something missing
     assert command.startswith(f"docker rm -f thorfleet-fetch-aaaaaaaaaaaa >/dev/null 2>&1; "
                               f"{{ {manifest} && {copy}; }} || docker run ")
-    assert command.endswith(f"fetch --dir /m/r --repo mistralai/x --revision {'a' * 40}")
+    assert command.endswith(f"fetch --dir /m/r --repo mistralai/x --revision {'a' * 40} "
+                            "--progress-every 10")
 
 
 def settings(**extra):
@@ -299,6 +306,35 @@ def test_a_failed_restart_fails_the_host_and_stops_the_later_batches():
     assert run.errors["thor-2"] == ["not restarted: the rollout stopped after thor-1 failed"]
 
 
+def test_a_host_that_never_served_starts_before_the_batches_and_one_that_did_waits():
+    activate = (f"{SERVE} activate --service thorfleet-vllm --port 8002 --timeout 1200 "
+                f"--fingerprint {'f' * 64}")
+    commands, fake = plan(thor.serving, {facts.ServerState: {"active": "inactive"}}, s=settings(),
+                          first_install=True, shell=lambda command: (True, None))
+    assert execute(commands[0], fake) is True and fake.ran == [activate]
+    assert run_state(fake.state).first_starts == {"thor-1"}
+    # one that proved a version is its batch's: changed, or the same one still loading after a
+    # reboot (proven there, not here)
+    for proven in ("e" * 64, "f" * 64):
+        loading = {"active": "active", "proven_fingerprint": proven, "healthy": False}
+        commands, noops = run(thor.serving, {facts.ServerState: loading}, s=settings(),
+                              first_install=True)
+        assert commands == [] and "its batch restarts or proves it" in noops[0]
+
+
+def test_a_failed_first_install_holds_even_the_first_batch():
+    output = SimpleNamespace(stdout_lines=["FAILED: start-up log shows marlin_utils_fp4"],
+                             stderr_lines=[])
+    commands, fake = plan(thor.serving, {facts.ServerState: {}}, s=settings(), first_install=True,
+                          shell=lambda command: (False, output))
+    assert execute(commands[0], fake) is False
+    # a serving host of batch 1 (nothing before it) keeps what it serves
+    served = {"active": "active", "proven_fingerprint": "e" * 64, "healthy": True}
+    later, _ = plan(thor.serving, {facts.ServerState: served}, state=fake.state, s=settings())
+    assert [text(c) for c in later] == [
+        "call note", f"{SERVE} hold --service thorfleet-vllm --port 8002 --timeout 1200"]
+
+
 def test_each_run_has_its_own_run_state():
     one, other = SimpleNamespace(), SimpleNamespace()
     run_state(one).failed_restarts.add("thor-1")
@@ -326,8 +362,11 @@ def test_leftovers_are_removed_one_command_each_kind_and_none_is_a_noop():
 
 def test_with_a_registry_the_first_host_pulls_what_an_earlier_run_pushed_else_builds_and_pushes():
     s = settings(image_registry="reg:5000/team", image_shared_ref="reg:5000/team/mistral-small4:abc")
-    [command], _ = run(thor.derived_image, {facts.DockerImageLabels: lambda ref: None}, s=s,
-                       context="/ctx", push=True)
+    built_id = "sha256:" + "9" * 64
+    commands, fake = plan(thor.derived_image, {facts.DockerImageLabels: lambda ref: None}, s=s,
+                          context="/ctx", push=True,
+                          shell=lambda c: (True, SimpleNamespace(stdout_lines=[built_id])))
+    command, remember = (text(c) for c in commands)
     pulled, built = command.split("; else ")
     # already in the registry (a box added later, a fleet that ran before): pulled, not built
     assert pulled.startswith("if docker pull -q reg:5000/team/mistral-small4:abc")
@@ -336,6 +375,15 @@ def test_with_a_registry_the_first_host_pulls_what_an_earlier_run_pushed_else_bu
     assert built.endswith("docker tag thorfleet/mistral-small4:abc reg:5000/team/mistral-small4:abc"
                           " && docker push -q reg:5000/team/mistral-small4:abc && "
                           "docker rmi reg:5000/team/mistral-small4:abc >/dev/null; fi")
+    # then what it built (or pulled) is the image the run's other hosts must pull, by ID
+    assert remember == "call remember" and execute(commands[1], fake) is True
+    assert run_state(fake.state).image_ids == {"thorfleet/mistral-small4:abc": built_id}
+    # a first host that has it already: nothing to do, but its ID is the one to pull
+    commands, fake = plan(thor.derived_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"},
+                                               facts.DockerImageId: built_id},
+                          s=s, context="/ctx", push=True)
+    assert commands == [] and run_state(fake.state).image_ids == {
+        "thorfleet/mistral-small4:abc": built_id}
 
 
 def test_the_other_hosts_pull_check_the_inputs_label_and_build_only_without_it():
@@ -353,3 +401,75 @@ def test_the_other_hosts_pull_check_the_inputs_label_and_build_only_without_it()
     assert "docker tag reg:5000/team/mistral-small4:abc thorfleet/mistral-small4:abc" in pulled
     # not in the registry (the builder is down, or its build failed): built here, base first
     assert "docker pull r/vllm@sha256:" in built and "sh /ctx/build-image.sh" in built
+    # when the run's first host built (or holds) it, what arrives must be that image, by ID
+    state = SimpleNamespace()
+    run_state(state).image_ids["thorfleet/mistral-small4:abc"] = "sha256:" + "9" * 64
+    [command], _ = run(thor.shared_image, {facts.DockerImageLabels: lambda ref: None}, s=s,
+                       context="/ctx", state=state)
+    pulled = command.split("; else ")[0]
+    assert ("[ \"$(docker inspect --format '{{.Id}}' reg:5000/team/mistral-small4:abc)\" = "
+            f"sha256:{'9' * 64} ] && docker tag ") in pulled
+
+
+def test_directory_is_made_put_right_or_left_alone():
+    right = {"type": "directory", "mode": "755", "user": "root", "group": "root"}
+    assert run(thor.directory, {facts.PathState: right}, path="/etc/t")[0] == []
+    assert run(thor.directory, {facts.PathState: None}, path="/etc/t b", mode="700")[0] == [
+        "mkdir -p '/etc/t b'", "chown root:root '/etc/t b' && chmod 700 '/etc/t b'"]
+    loose = {**right, "mode": "777", "user": "thor"}
+    assert run(thor.directory, {facts.PathState: loose}, path="/etc/t")[0] == [
+        "chown root:root /etc/t && chmod 755 /etc/t"]
+    # a file in the way is not replaced: the host fails, naming it
+    (command,), _ = plan(thor.directory, {facts.PathState: {**right, "type": "regular file"}},
+                         path="/etc/t")
+    assert isinstance(command, FunctionCommand)
+
+
+def test_absent_removes_only_what_is_there():
+    assert run(thor.absent, {facts.PathState: None}, path="/opt/v")[0] == []
+    assert run(thor.absent, {facts.PathState: {"type": "directory"}}, path="/opt/v")[0] == [
+        "rm -rf -- /opt/v"]
+
+
+def test_a_unit_is_enabled_once():
+    assert run(thor.unit_enabled, {facts.UnitEnabled: "enabled"}, unit="u.service")[0] == []
+    assert run(thor.unit_enabled, {facts.UnitEnabled: "disabled"}, unit="u.service")[0] == [
+        "systemctl enable u.service"]
+
+
+def test_the_system_user_is_made_or_put_right():
+    known = {facts.PasswdEntry: {"uid": 998, "home": "/var/lib/p", "shell": "/bin/sh"}}
+    assert run(thor.system_user, known, user="p", home="/var/lib/p")[0] == []
+    assert run(thor.system_user, {facts.PasswdEntry: None}, user="p", home="/var/lib/p")[0] == [
+        "useradd --system --home-dir /var/lib/p --no-create-home --shell /bin/sh p"]
+    assert run(thor.system_user, known, user="p", home="/home/p")[0] == [
+        "usermod --home /home/p --shell /bin/sh p"]
+
+
+def test_a_tree_uploads_only_the_files_that_differ_and_removes_the_extra(tmp_path):
+    import hashlib
+
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "Dockerfile").write_text("FROM base\n")
+    (tmp_path / "patches" / "a.diff").write_text("diff\n")
+    (tmp_path / "build.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "build.sh").chmod(0o755)
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "x.pyc").write_bytes(b"\0")
+
+    def on_box(name, mode="644"):
+        return {"sha256": hashlib.sha256((tmp_path / name).read_bytes()).hexdigest(), "mode": mode}
+
+    same = {"Dockerfile": on_box("Dockerfile"), "patches/a.diff": on_box("patches/a.diff"),
+            "build.sh": on_box("build.sh", "755")}
+    commands, noops = run(thor.tree, {facts.TreeState: same}, src=str(tmp_path), dest="/c")
+    assert commands == [] and noops == [f"/c already holds {tmp_path}"]
+    drifted = {**same, "build.sh": on_box("build.sh", "644"), "old.diff": on_box("Dockerfile")}
+    commands, _ = run(thor.tree, {facts.TreeState: drifted}, src=str(tmp_path), dest="/c")
+    assert commands[0] == "mkdir -p /c /c/patches"
+    assert "sudo install -m 755 -o root -g root" in commands[3] and "/c/build.sh" in commands[3]
+    assert commands[4:] == ["rm -f -- /c/old.diff"]  # only build.sh was uploaded again
+    # a fresh box: the folder is absent, which the fact reads as no file (its default)
+    commands, _ = run(thor.tree, {facts.TreeState: facts.TreeState().default()},
+                      src=str(tmp_path), dest="/c")
+    assert len(commands) == 1 + 3 * 3

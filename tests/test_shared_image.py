@@ -1,6 +1,7 @@
 """The image is built once per run and shipped to the other boxes through the registry the operator
 names (issue 12, item 2): the run's first host builds and pushes, the others pull, check the image
-on arrival and tag it; a box that has it gets nothing; every box ends with the same image ID.
+on arrival (inputs label, and the ID the first host built) and tag it; a box that has it gets
+nothing; every box ends with the same image ID.
 
 Uses the rollout boxes (3-5) and gives them back as they were. The edit that breaks it: no
 image_registry handling in tasks/image.py (every box builds).
@@ -38,6 +39,9 @@ def test_one_box_builds_the_others_pull_the_same_image_and_a_rerun_changes_nothi
         ids = {h: box(sim_fleet, h, f"docker images -q --no-trunc {tag}") for h in hosts}
         # one image, by ID: a box that fell back to building its own would have another
         assert len(set(ids.values())) == 1 and "" not in ids.values(), ids
+        # and each box checked that ID on arrival: the one the first host pushed in this run
+        for h in hosts[1:]:
+            assert f"{tag} pulled from {REGISTRY}, ID {ids[h][7:19]}" in run.stderr, run.stderr[-3000:]
         assert all(serves(sim_fleet, h, timeout=5) for h in hosts)
         again = deploy(shared)
         assert [changed_on(again, h) for h in hosts] == [[], [], []]

@@ -179,6 +179,17 @@ class DockerImageLabels(FactBase):
         return None if text == "absent" else (json.loads(text) or {})
 
 
+class DockerImageId(FactBase):
+    """The ID of a local Docker image (sha256 of its config, the same on every box that has those
+    bytes), or None when the image is not there."""
+
+    def command(self, ref):
+        return f"docker image inspect --format '{{{{.Id}}}}' {q(ref)} 2>/dev/null || true"
+
+    def process(self, output):
+        return output[-1].strip() if output and output[-1].strip() else None
+
+
 class WeightsState(FactBase):
     """Offline check of one pinned checkpoint folder: {"complete": bool, "problems": [...]}."""
 
@@ -210,3 +221,60 @@ class ServerState(FactBase):
 
     def process(self, output):
         return json.loads(output[-1])
+
+
+class PathState(FactBase):
+    """What is at `path`: {"type": "directory" | "regular file" | ..., "mode", "user", "group"},
+    or None when nothing is."""
+
+    def command(self, path):
+        return f"if [ -e {q(path)} ] || [ -L {q(path)} ]; then stat -c '%a %U %G %F' {q(path)}; fi"
+
+    def process(self, output):
+        mode, user, group, kind = output[0].split(" ", 3)
+        return {"type": kind, "mode": mode, "user": user, "group": group}
+
+
+class UnitEnabled(FactBase):
+    """`systemctl is-enabled` of a unit: "enabled", "disabled", "static", ... ("" when unknown)."""
+
+    def command(self, unit):
+        return f"systemctl is-enabled {q(unit)} 2>/dev/null || true"
+
+    def process(self, output):
+        return output[-1].strip() if output else ""
+
+
+class PasswdEntry(FactBase):
+    """A user's passwd entry as {"uid", "home", "shell"}, or None when there is no such user."""
+
+    def command(self, user):
+        return f"getent passwd {q(user)} || true"
+
+    def process(self, output):
+        fields = output[-1].split(":")
+        return {"uid": int(fields[2]), "home": fields[5], "shell": fields[6]}
+
+
+class TreeState(FactBase):
+    """Every file under `path` as {relative path: {"sha256", "mode"}} ({} when `path` is absent)."""
+
+    @staticmethod
+    def default():
+        return {}
+
+    def command(self, path):
+        return (f"if [ -d {q(path)} ]; then cd {q(path)} && "
+                "find . -type f -exec stat -c 'mode %a %n' {} + && "
+                "find . -type f -exec sha256sum {} +; fi")
+
+    def process(self, output):
+        tree = {}
+        for line in output:
+            if line.startswith("mode "):
+                _, mode, name = line.split(" ", 2)
+                tree.setdefault(name[2:], {})["mode"] = mode
+            else:
+                digest, name = line.split("  ", 1)
+                tree.setdefault(name[2:], {})["sha256"] = digest
+        return tree

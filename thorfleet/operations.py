@@ -13,6 +13,7 @@ import shlex
 import statistics
 import time
 from io import BytesIO, StringIO
+from pathlib import Path, PurePosixPath
 
 from packaging.version import Version
 from pyinfra import host
@@ -31,10 +32,12 @@ from thorfleet.layout import (
     BOX_SERVE,
     BOX_UPLOAD_STAGING,
     BOX_WEIGHTS,
+    PEER_USER,
     RRSYNC,
     box_unit,
 )
 from thorfleet.runstate import run_state
+from thorfleet.snapshot import read, reads
 
 q = shlex.quote
 
@@ -42,6 +45,16 @@ q = shlex.quote
 def _command(*args):
     """One shell command from its words, each quoted."""
     return " ".join(q(str(a)) for a in args)
+
+
+class ShownCommand(StringCommand):
+    """A shell command whose output the operator sees as it comes, under the host's name, without
+    -v: the progress of a long transfer or build. Fails the operation as any command does."""
+
+    def execute(self, state, host, connector_arguments):
+        connector_arguments.update(self.connector_arguments)
+        return host.run_shell_command(self, print_output=True, print_input=state.print_input,
+                                      **connector_arguments)
 
 
 def _fail(message):
@@ -53,6 +66,15 @@ def _fail(message):
     return FunctionCommand(fail, (), {})
 
 
+def _ready_reads(s, fleet_copy):
+    wanted = [(facts.L4TRelease, {}), (facts.MemTotalGiB, {}),
+              (facts.FreeDiskGiB, {"path": s.weights_dir}),
+              (facts.PinnedWeightsGiB, {"folders": [s.model_dir, s.draft_dir]}),
+              (facts.DockerRuntimes, {})]
+    return wanted + [(Which, {"command": c}) for c in ("rsync", RRSYNC) if fleet_copy]
+
+
+@reads(_ready_reads)
 @operation()
 def thor_ready(s, fleet_copy=False):
     """Refuse a box that cannot run the model: not a Thor, too little memory or disk, no nvidia
@@ -63,35 +85,35 @@ def thor_ready(s, fleet_copy=False):
         thor_ready(name="Check the box is a Thor ready for the model", s=settings)
     """
     problems = []
-    release = host.get_fact(facts.L4TRelease)
+    release = read(facts.L4TRelease)
     if release is None:
         problems.append("/etc/nv_tegra_release is missing: not a Jetson running L4T (JetPack)")
     elif Version(release) < Version(str(s.preflight_min_l4t_release)):
         problems.append(f"L4T R{release} is older than R{s.preflight_min_l4t_release}: "
                         "flash JetPack 7 (L4T r38) or newer")
-    memory = host.get_fact(facts.MemTotalGiB)
+    memory = read(facts.MemTotalGiB)
     if memory < s.preflight_min_memory_gib:
         problems.append(f"{memory:.1f} GiB of memory, the model needs {s.preflight_min_memory_gib}"
                         " (preflight_min_memory_gib)")
-    disk = host.get_fact(facts.FreeDiskGiB, path=s.weights_dir)
+    disk = read(facts.FreeDiskGiB, path=s.weights_dir)
     # what the pinned weights already take counts as theirs: a converged box passes its re-run
-    present = host.get_fact(facts.PinnedWeightsGiB, folders=[s.model_dir, s.draft_dir])
+    present = read(facts.PinnedWeightsGiB, folders=[s.model_dir, s.draft_dir])
     if disk + present < s.preflight_min_free_disk_gib:
         have = f" + {present:.1f} GiB of the pinned weights already there" if present else ""
         problems.append(f"{disk:.1f} GiB free under {s.weights_dir}{have}, need "
                         f"{s.preflight_min_free_disk_gib} (preflight_min_free_disk_gib): free space "
                         "or point weights_dir at a larger disk")
-    if not host.get_fact(facts.SudoWorks, _sudo=False):
+    if not host.get_fact(facts.SudoWorks, _sudo=False):  # as the SSH user: never in the snapshot
         problems.append(f"`sudo -n true` fails for {host.data.get('ssh_user') or 'the SSH user'}: "
                         "give it passwordless sudo (thorfleet cannot answer password prompts)")
-    runtimes = host.get_fact(facts.DockerRuntimes)
+    runtimes = read(facts.DockerRuntimes)
     if runtimes is None:
         problems.append("docker is not installed: install JetPack's Docker with nvidia-container-toolkit")
     elif "nvidia" not in runtimes:
         problems.append(f"Docker offers runtimes {runtimes} but not `nvidia`: install "
                         "nvidia-container-toolkit and run `nvidia-ctk runtime configure`")
     if fleet_copy:
-        missing = [c for c in ("rsync", RRSYNC) if not host.get_fact(Which, command=c)]
+        missing = [c for c in ("rsync", RRSYNC) if not read(Which, command=c)]
         if missing:
             problems.append(f"{' and '.join(missing)} not installed: weights_source copies the "
                             "weights between boxes with them: `apt-get install rsync` on the "
@@ -102,6 +124,7 @@ def thor_ready(s, fleet_copy=False):
         host.noop(f"Thor ready: L4T R{release}, {memory:.0f} GiB, {disk:.0f} GiB free")
 
 
+@reads(lambda **_: [(facts.PowerMode, {})])
 @operation()
 def power_mode(mode, allow_reboot=False, reboot_timeout=900):
     """Set the nvpmodel power mode, never hanging on its reboot prompt.
@@ -114,7 +137,7 @@ def power_mode(mode, allow_reboot=False, reboot_timeout=900):
 
         power_mode(name="Set power mode 1 (120 W)", mode=1)
     """
-    current = host.get_fact(facts.PowerMode)
+    current = read(facts.PowerMode)
     if current is None:
         yield _fail("nvpmodel not found: this box is not a Jetson with JetPack")
         return
@@ -160,6 +183,7 @@ def _reboot_for_mode(state, host, mode, timeout):
         "(power_reboot_timeout_s)")
 
 
+@reads(lambda **_: [(facts.ClocksLocked, {})])
 @operation()
 def clocks_locked():
     """Lock the clocks at the power mode's maximum with jetson_clocks, unless they already are.
@@ -168,7 +192,7 @@ def clocks_locked():
 
         clocks_locked(name="Lock clocks")
     """
-    locked = host.get_fact(facts.ClocksLocked)
+    locked = read(facts.ClocksLocked)
     if locked is None:
         yield _fail("jetson_clocks not found: this box is not a Jetson with JetPack")
         return
@@ -186,6 +210,7 @@ def _text_of(src):
         return f.read()
 
 
+@reads(lambda path, **_: [(facts.FileState, {"path": path})])
 @operation()
 def whole_file(path, src, mode="644"):
     """A root-owned file at `path` with the content of `src` (a local path or a StringIO), only
@@ -203,14 +228,19 @@ def whole_file(path, src, mode="644"):
     """
     content = _text_of(src)
     wanted = hashlib.sha256(content).hexdigest()
-    current = host.get_fact(facts.FileState, path=path, _sudo=True)
+    current = read(facts.FileState, path=path)
     if current == {"sha256": wanted, "mode": mode, "user": "root", "group": "root"}:
         host.noop(f"{path} is already in place")
         return
     if current and current["sha256"] == wanted:
         yield f"{_command('chown', 'root:root', path)} && {_command('chmod', mode, path)}"
         return
-    staged = f"{BOX_UPLOAD_STAGING}/{wanted[:16]}"
+    yield from _replace(path, content, wanted, mode)
+
+
+def _replace(path, content, digest, mode):
+    """The commands that put `content` (whose sha256 is `digest`) at `path` whole (whole_file)."""
+    staged = f"{BOX_UPLOAD_STAGING}/{digest[:16]}"
     tmp = f"{path}.thorfleet-tmp"
     yield StringCommand(_command("install", "-d", "-m", "700", BOX_UPLOAD_STAGING), _sudo=False)
     yield FileUploadCommand(BytesIO(content), staged, _sudo=False)
@@ -225,9 +255,121 @@ def secret_file(path, content, **kwargs):
     return whole_file(path=path, src=StringIO(content), mode="600", **kwargs)
 
 
+@reads(lambda path, **_: [(facts.PathState, {"path": path})])
+@operation()
+def directory(path, mode="755", user="root", group="root"):
+    """A directory at `path` (and its parents) with `mode` and owner; refuses to replace a file.
+
+    .. code:: python
+
+        directory(name="Create the weights folder", path=s.weights_dir)
+    """
+    current = read(facts.PathState, path=path)
+    wanted = {"type": "directory", "mode": mode, "user": user, "group": group}
+    if current == wanted:
+        host.noop(f"{path} is already a directory ({mode} {user}:{group})")
+        return
+    if current and current["type"] != "directory":
+        yield _fail(f"{path} is a {current['type']}, not a directory: move it away")
+        return
+    if current is None:
+        yield _command("mkdir", "-p", path)
+    yield f"{_command('chown', f'{user}:{group}', path)} && {_command('chmod', mode, path)}"
+
+
+@reads(lambda path, **_: [(facts.PathState, {"path": path})])
+@operation()
+def absent(path):
+    """Nothing at `path` (a file, or a directory and all it holds).
+
+    .. code:: python
+
+        absent(name="Remove the old venv", path=layout.BOX_OLD_VENV)
+    """
+    if read(facts.PathState, path=path) is None:
+        host.noop(f"{path} is already absent")
+        return
+    yield _command("rm", "-rf", "--", path)
+
+
+@reads(lambda unit, **_: [(facts.UnitEnabled, {"unit": unit})])
+@operation()
+def unit_enabled(unit):
+    """A systemd unit enabled at boot (started or not: that is another operation's business).
+
+    .. code:: python
+
+        unit_enabled(name="Enable the clocks unit", unit="thorfleet-clocks.service")
+    """
+    if read(facts.UnitEnabled, unit=unit) == "enabled":
+        host.noop(f"{unit} is already enabled")
+        return
+    yield _command("systemctl", "enable", unit)
+
+
+@reads(lambda user, **_: [(facts.PasswdEntry, {"user": user})])
+@operation()
+def system_user(user, home, shell="/bin/sh"):
+    """A system user with `home` (not created here) and `shell`.
+
+    .. code:: python
+
+        system_user(name="Create the copy user", user=layout.PEER_USER,
+                    home=layout.BOX_PEER_HOME)
+    """
+    current = read(facts.PasswdEntry, user=user)
+    if current is None:
+        yield _command("useradd", "--system", "--home-dir", home, "--no-create-home",
+                       "--shell", shell, user)
+    elif (current["home"], current["shell"]) != (home, shell):
+        yield _command("usermod", "--home", home, "--shell", shell, user)
+    else:
+        host.noop(f"{user} already exists")
+
+
+def _tree(src):
+    """{relative path: (content, {"sha256", "mode"})} of every file under the local folder `src`:
+    each file's content and what facts.TreeState reads of it on the box."""
+    tree = {}
+    for path in sorted(Path(src).rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            content = path.read_bytes()
+            tree[str(path.relative_to(src))] = (content, {
+                "sha256": hashlib.sha256(content).hexdigest(),
+                "mode": "755" if path.stat().st_mode & 0o111 else "644"})
+    return tree
+
+
+@reads(lambda dest, **_: [(facts.TreeState, {"path": dest})])
+@operation()
+def tree(src, dest):
+    """The folder `dest` holds exactly the files of the local folder `src` (their content and
+    whether they are executable), each file replaced whole; files `src` does not have are removed.
+
+    .. code:: python
+
+        tree(name="Upload the build context", src="files/image", dest=f"{context}")
+    """
+    wanted = _tree(src)
+    current = read(facts.TreeState, path=dest)
+    if current == {name: state for name, (_, state) in wanted.items()}:
+        host.noop(f"{dest} already holds {src}")
+        return
+    folders = sorted({str(PurePosixPath(dest, name).parent) for name in wanted})
+    yield _command("mkdir", "-p", *folders)
+    for name, (content, state) in wanted.items():
+        if current.get(name) != state:
+            yield from _replace(f"{dest}/{name}", content, state["sha256"], state["mode"])
+    extra = sorted(set(current) - set(wanted))
+    if extra:
+        yield _command("rm", "-f", "--", *(f"{dest}/{name}" for name in extra))
+
+
+@reads(lambda folder, revision, **_: [
+    (facts.WeightsState, {"folder": folder, "revision": revision})])
 @operation()
 def checkpoint(folder, repo, revision, image, endpoint=None, token_file=None, peers=(),
-               root=None):
+               root=None, progress_every=10):
     """A complete, verified checkpoint of `repo` at `revision` in `folder`.
 
     Checked offline (the box's python3) against huggingface_hub's download metadata; only missing
@@ -235,7 +377,8 @@ def checkpoint(folder, repo, revision, image, endpoint=None, token_file=None, pe
     verified. The fetch runs huggingface_hub inside `image` (the vLLM image ships it): nothing is
     installed on the box from apt or PyPI. With `peers` (addresses of other boxes, best first) the
     box first copies what they have under `root` (their weights_dir) with rsync, each file checked
-    against the hub's file list for `revision`; the hub gives only what no peer did.
+    against the hub's file list for `revision`; the hub gives only what no peer did. The transfer
+    shows a progress line every `progress_every` seconds.
 
     .. code:: python
 
@@ -243,7 +386,7 @@ def checkpoint(folder, repo, revision, image, endpoint=None, token_file=None, pe
                    repo="mistralai/Mistral-Small-4-119B-2603-eagle", revision="<rev>",
                    image=s.image_tag, peers=["thor-1.lan"], root=s.weights_dir)
     """
-    state = host.get_fact(facts.WeightsState, folder=folder, revision=revision, _sudo=True)
+    state = read(facts.WeightsState, folder=folder, revision=revision)
     if state["complete"]:
         host.noop(f"{repo}@{revision[:12]} is complete in {folder}")
         return
@@ -252,6 +395,7 @@ def checkpoint(folder, repo, revision, image, endpoint=None, token_file=None, pe
     name = f"thorfleet-fetch-{revision[:12]}"
     run = ["docker", "run", "--rm", "--name", name, "--network", "host",
            "-e", "HF_HUB_DISABLE_XET=1",  # the seed's setting: plain HTTPS downloads
+           "-e", "HF_HUB_DISABLE_PROGRESS_BARS=1",  # carriage returns: thorfleet-weights' lines instead
            "-v", f"{parent}:{parent}", "-v", f"{BOX_WEIGHTS}:{BOX_WEIGHTS}:ro"]
     hub = []
     if endpoint:
@@ -260,9 +404,10 @@ def checkpoint(folder, repo, revision, image, endpoint=None, token_file=None, pe
         run += ["-v", f"{token_file}:{token_file}:ro"]
         hub += ["--token-file", token_file]
     fetch = _command(*run, "--entrypoint", "python3", image, BOX_WEIGHTS, "fetch", "--dir",
-                     folder, "--repo", repo, "--revision", revision, *hub)
+                     folder, "--repo", repo, "--revision", revision, *hub,
+                     "--progress-every", progress_every)
     if not peers:
-        yield f"docker rm -f {q(name)} >/dev/null 2>&1; {fetch}"
+        yield ShownCommand(f"docker rm -f {q(name)} >/dev/null 2>&1; {fetch}")
         return
     expected = f"{BOX_MANIFESTS}/{revision}.json"
     manifest = _command(*run, "-v", f"{BOX_MANIFESTS}:{BOX_MANIFESTS}", "--entrypoint", "python3",
@@ -270,16 +415,18 @@ def checkpoint(folder, repo, revision, image, endpoint=None, token_file=None, pe
                         "--out", expected, *hub)
     copy = _command("python3", BOX_WEIGHTS, "copy", "--dir", folder, "--revision", revision,
                     "--expected", expected, "--root", root, "--key", BOX_PEER_KEY,
-                    "--known-hosts", BOX_PEER_KNOWN_HOSTS,
+                    "--known-hosts", BOX_PEER_KNOWN_HOSTS, "--user", PEER_USER,
+                    "--progress-every", progress_every,
                     *[arg for peer in peers for arg in ("--peer", peer)])
     # The hub fetch runs only when the copy left files missing (or no file list was had).
-    yield f"docker rm -f {q(name)} >/dev/null 2>&1; {{ {manifest} && {copy}; }} || {fetch}"
+    yield ShownCommand(f"docker rm -f {q(name)} >/dev/null 2>&1; "
+                       f"{{ {manifest} && {copy}; }} || {fetch}")
 
 
 def _build(s, context):
     """The shell commands that build the derived image from `context` (the base pulled first)."""
     commands = []
-    if host.get_fact(facts.DockerImageLabels, ref=s.image_base) is None:
+    if read(facts.DockerImageLabels, ref=s.image_base) is None:
         commands.append(_command("docker", "pull", s.image_base))
     commands.append(_command("sh", f"{context}/build-image.sh", "--base", s.image_base, "--tag",
                              s.image_tag, "--think-prefill", int(bool(s.image_think_prefill)),
@@ -287,17 +434,42 @@ def _build(s, context):
     return commands
 
 
-def _pulled(s):
+def _pulled(s, image_id=None):
     """Shell that pulls the image from image_registry, checks on arrival that its thorfleet.inputs
-    label is this run's hash of every input (the registry's digests check the bytes), and tags it
-    under the local name; false when the registry does not have it."""
+    label is this run's hash of every input and, when the run's first host built or holds it,
+    that its ID is that image's (the registry's digests check the bytes), and tags it under the
+    local name; false when the registry does not have it as this run expects."""
     remote = s.image_shared_ref
     label = "{{index .Config.Labels \"thorfleet.inputs\"}}"
+    same = (f" && [ \"$(docker inspect --format '{{{{.Id}}}}' {q(remote)})\" = {q(image_id)} ]"
+            if image_id else "")
     return (f"docker pull -q {q(remote)} >/dev/null 2>&1 && "
-            f"[ \"$(docker inspect --format '{label}' {q(remote)})\" = {q(s.image_inputs_hash)} ] "
-            f"&& docker tag {q(remote)} {q(s.image_tag)} && docker rmi {q(remote)} >/dev/null")
+            f"[ \"$(docker inspect --format '{label}' {q(remote)})\" = {q(s.image_inputs_hash)} ]"
+            f"{same} && docker tag {q(remote)} {q(s.image_tag)} && "
+            f"docker rmi {q(remote)} >/dev/null")
 
 
+def _image_reads(s, push=False, **_):
+    # the base is read only to build, which is slow anyway: not worth a query in every run
+    return [(facts.DockerImageLabels, {"ref": s.image_tag}),
+            *([(facts.DockerImageId, {"ref": s.image_tag})] if push else [])]
+
+
+def _remember_id(tag):
+    """Record the ID of `tag` on this host as the one the run's other hosts must pull."""
+
+    def remember(state, host):
+        fact = facts.DockerImageId()  # its command and parsing, run after the build
+        ok, output = host.run_shell_command(fact.command(tag), _sudo=True)
+        held = fact.process(output.stdout_lines) if ok else None
+        if held:
+            run_state(state).image_ids[tag] = held
+        return bool(held)
+
+    return FunctionCommand(remember, (), {})
+
+
+@reads(_image_reads)
 @operation()
 def derived_image(s, context, push=False):
     """The derived vLLM image for these inputs: built from `context` on the box when absent, and
@@ -312,22 +484,27 @@ def derived_image(s, context, push=False):
         derived_image(name="Build the derived image", s=settings,
                       context=f"{layout.BOX_IMAGE_CONTEXT}/<hash>")
     """
-    labels = host.get_fact(facts.DockerImageLabels, ref=s.image_tag)
+    labels = read(facts.DockerImageLabels, ref=s.image_tag)
     if labels is not None:
+        if push and (held := read(facts.DockerImageId, ref=s.image_tag)):
+            run_state(host.state).image_ids[s.image_tag] = held
         host.noop(f"{s.image_tag} is already built ({labels.get('thorfleet.patches', '?')})")
         return
     if not push:
-        yield from _build(s, context)
+        for command in _build(s, context):
+            yield ShownCommand(command)  # the build's steps as they come
         return
     remote = s.image_shared_ref
     built = " && ".join(_build(s, context))
     # the registry's tag is only a way to ship it: untagged once pushed
     shared = (f"docker tag {q(s.image_tag)} {q(remote)} && docker push -q {q(remote)} && "
               f"docker rmi {q(remote)} >/dev/null")
-    yield (f"if {_pulled(s)}; then echo 'thorfleet: {s.image_tag} pulled from "
-           f"{s.image_registry}'; else {built} && {shared}; fi")
+    yield ShownCommand(f"if {_pulled(s)}; then echo 'thorfleet: {s.image_tag} pulled from "
+                       f"{s.image_registry}'; else {built} && {shared}; fi")
+    yield _remember_id(s.image_tag)
 
 
+@reads(_image_reads)
 @operation()
 def shared_image(s, context):
     """The derived image from `image_registry`, where the run's first host pushed it: pulled,
@@ -338,35 +515,55 @@ def shared_image(s, context):
 
         shared_image(name="Pull the derived image", s=settings, context=f"{...}/<hash>")
     """
-    labels = host.get_fact(facts.DockerImageLabels, ref=s.image_tag)
+    labels = read(facts.DockerImageLabels, ref=s.image_tag)
     if labels is not None:
         host.noop(f"{s.image_tag} is already here ({labels.get('thorfleet.patches', '?')})")
         return
     built = " && ".join(_build(s, context))
-    yield (f"if {_pulled(s)}; then echo 'thorfleet: {s.image_tag} pulled from {s.image_registry}'; "
-           f"else echo 'thorfleet: {s.image_shared_ref} is not in the registry: building here'; "
-           f"{built}; fi")
+    image_id = run_state(host.state).image_ids.get(s.image_tag)
+    arrived = f"pulled from {s.image_registry}" + (f", ID {image_id[7:19]}" if image_id else "")
+    yield ShownCommand(
+        f"if {_pulled(s, image_id)}; then echo 'thorfleet: {s.image_tag} {arrived}'; "
+        f"else echo 'thorfleet: {s.image_shared_ref} is not in the registry as this run expects: "
+        f"building here'; {built}; fi")
 
 
+@reads(lambda s, **_: [
+    (facts.ServerState, {"service": s.service_name, "port": s.service_port})])
 @operation()
-def serving(s, wait_for=()):
+def serving(s, wait_for=(), first_install=False):
     """The service runs the version rendered from group data and passes its checks.
 
     A different fingerprint (unit, config, secrets, image) or a stopped service is restarted and
     proven, and rolled back to the last good version if the proof fails. A running but unhealthy
     one (still loading after a reboot) is waited for. A healthy one is left alone. When a host of an
-    earlier batch (`wait_for`) failed its restart in this run, this one is not restarted.
+    earlier batch (`wait_for`) or a first install failed its start in this run, this one is not
+    restarted. With `first_install`, only a host that never proved a version is started: no
+    serving capacity is at stake there, so such hosts start together, before the batches.
 
     .. code:: python
 
+        serving(name="Start the first installs", s=settings, first_install=True)
         serving(name="Serve and prove it", s=settings)
     """
-    state = host.get_fact(facts.ServerState, service=s.service_name, port=s.service_port,
-                          _sudo=True)
+    state = read(facts.ServerState, service=s.service_name, port=s.service_port)
+    run = run_state(host.state)
+    # before this run restarts anything: a host with no proven version is a first install
+    run.proven_before.setdefault(host.name, state.get("proven_fingerprint"))
 
     def serve(command, *extra):
         return _command("python3", BOX_SERVE, command, "--service", s.service_name,
                         "--port", s.service_port, "--timeout", s.service_health_timeout_s, *extra)
+
+    if first_install:
+        # a host that proved a version before (serving, loading after a reboot, or stopped) is
+        # restarted or proven in its batch: only a bare one starts here
+        if state.get("proven_fingerprint"):
+            host.noop("it has proven a version before: its batch restarts or proves it")
+            return
+        run.first_starts.add(host.name)
+        yield _checked(serve("activate", "--fingerprint", s.fingerprint))
+        return
 
     if state.get("proven_fingerprint") == s.fingerprint and state.get("active") == "active":
         if state.get("healthy"):
@@ -374,7 +571,7 @@ def serving(s, wait_for=()):
         else:
             yield _checked(serve("prove"))
         return
-    stopped_by = sorted(run_state(host.state).failed_restarts.intersection(wait_for))
+    stopped_by = sorted(run.failed_restarts.intersection({*wait_for, *run.first_starts}))
     if stopped_by:
         # The new unit and config are already on disk: put the serving version's back, so a crash
         # or reboot before the next run does not start what was never proven. The host is held,
@@ -411,16 +608,27 @@ def _checked(command):
     return FunctionCommand(run, (), {})
 
 
+def wants_benchmark(when, proven_before):
+    """Whether a host is benchmarked: `when` is rollout_benchmark ("always", "never" or
+    "first-install"), `proven_before` the fingerprint it had proven before the run (None on a
+    first install)."""
+    return when == "always" or (when == "first-install" and not proven_before)
+
+
 @operation()
-def benchmark(port):
+def benchmark(port, when="always"):
     """Measure the host's decode rate the seed's way (thorfleet-bench: /v1/completions, 512 tokens,
     a warm-up then 3 runs) and record tok/s, time to first token and EAGLE's acceptance for the
-    fleet gate and the report. A benchmark that cannot run fails the host.
+    fleet gate and the report, when `when` (rollout_benchmark) asks for it; "first-install" reads
+    what `serving`, run before it, found. A benchmark that cannot run fails the host.
 
     .. code:: python
 
-        benchmark(name="Benchmark the decode rate", port=8002)
+        benchmark(name="Benchmark the decode rate", port=8002, when="first-install")
     """
+    if not wants_benchmark(when, run_state(host.state).proven_before.get(host.name)):
+        host.noop(f"not benchmarked: it served a proven version before this run ({when})")
+        return
 
     def measure(state, host):
         ok, output = host.run_shell_command(_command("python3", BOX_BENCH, "--port", port),
@@ -469,6 +677,10 @@ def benchmark_gate(min_fraction, floor):
         benchmark_gate(name="Fleet benchmark gate", min_fraction=0.8, floor=27)
     """
 
+    if host.name not in run_state(host.state).benchmarks:
+        host.noop("not benchmarked in this run: nothing to judge")
+        return
+
     def gate(state, host):
         results = run_state(state).benchmarks
         mine = results.get(host.name) or {}
@@ -488,6 +700,14 @@ def benchmark_gate(min_fraction, floor):
     yield FunctionCommand(gate, (), {})
 
 
+def _leftover_query(s):
+    return {"models": s.weights_dir, "contexts": BOX_IMAGE_CONTEXT, "image_name": s.image_name,
+            "keep_context": s.image_inputs_hash[:12], "keep_dirs": [s.model_dir, s.draft_dir],
+            "keep_images": [s.image_tag],
+            "units": [box_unit(s.service_name), BOX_LAST_GOOD_UNIT]}
+
+
+@reads(lambda s, **_: [(facts.Leftovers, _leftover_query(s))])
 @operation()
 def leftovers_removed(s):
     """Old checkpoint revisions, derived images and build contexts removed: everything but the
@@ -497,11 +717,7 @@ def leftovers_removed(s):
 
         leftovers_removed(name="Remove what nothing serves any more", s=settings)
     """
-    found = host.get_fact(
-        facts.Leftovers, models=s.weights_dir, contexts=BOX_IMAGE_CONTEXT,
-        image_name=s.image_name, keep_context=s.image_inputs_hash[:12],
-        keep_dirs=[s.model_dir, s.draft_dir], keep_images=[s.image_tag],
-        units=[box_unit(s.service_name), BOX_LAST_GOOD_UNIT], _sudo=True)
+    found = read(facts.Leftovers, **_leftover_query(s))
     paths = [*found["dirs"], *found["contexts"]]
     if not paths and not found["images"]:
         host.noop("nothing old to remove: only the served and last good versions are on disk")

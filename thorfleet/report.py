@@ -30,6 +30,7 @@ from pyinfra.api.state import BaseStateCallback, StateStage
 from thorfleet import facts
 from thorfleet.runstate import run_state
 from thorfleet.settings import settings_for_run
+from thorfleet.snapshot import read, reads
 
 # Every row has exactly these keys, in this order.
 FIELDS = ("l4t_release", "power_mode", "clocks_locked", "weights", "image", "patches", "service",
@@ -40,22 +41,28 @@ BENCH_FIELDS = ("tok_s", "ttft_s", "eagle_acceptance", "vs_median")
 TABLE_WIDTH = 120  # the terminal table never needs more: long values stay in the JSON
 
 
+def _weights(s):
+    return (("model", s.weights_model_repo, s.model_dir, s.weights_model_revision),
+            ("draft", s.weights_draft_repo, s.draft_dir, s.weights_draft_revision))
+
+
+def _server_query(s):
+    return {"service": s.service_name, "port": s.service_port, "chat": True}
+
+
 def observe(target, s):
-    """Read what `target` looks like now (facts only; never a change) into the report."""
+    """Read what `target` looks like now (facts only; never a change) into the report: from the
+    run's first read of the box when the run changed nothing on it (snapshot.py)."""
     weights = {}
-    for role, repo, folder, revision in (
-        ("model", s.weights_model_repo, s.model_dir, s.weights_model_revision),
-        ("draft", s.weights_draft_repo, s.draft_dir, s.weights_draft_revision),
-    ):
-        state = target.get_fact(facts.WeightsState, folder=folder, revision=revision, _sudo=True)
+    for role, repo, folder, revision in _weights(s):
+        state = read(facts.WeightsState, target, folder=folder, revision=revision)
         weights[role] = {"repo": repo, "revision": revision, "verified": state["complete"]}
-    labels = target.get_fact(facts.DockerImageLabels, ref=s.image_tag, _sudo=True) or {}
-    server = target.get_fact(facts.ServerState, service=s.service_name, port=s.service_port,
-                             chat=True, _sudo=True)
+    labels = read(facts.DockerImageLabels, target, ref=s.image_tag) or {}
+    server = read(facts.ServerState, target, **_server_query(s))
     run_state(target.state).observed[target.name] = {
-        "l4t_release": target.get_fact(facts.L4TRelease),
-        "power_mode": target.get_fact(facts.PowerMode, _sudo=True),
-        "clocks_locked": target.get_fact(facts.ClocksLocked, _sudo=True),
+        "l4t_release": read(facts.L4TRelease, target),
+        "power_mode": read(facts.PowerMode, target),
+        "clocks_locked": read(facts.ClocksLocked, target),
         "weights": weights,
         "image": s.image_tag if labels else None,
         "patches": labels.get("thorfleet.patches"),
@@ -68,6 +75,11 @@ def observe(target, s):
     }
 
 
+@reads(lambda s, **_: [
+    *((facts.WeightsState, {"folder": folder, "revision": revision})
+      for _, _, folder, revision in _weights(s)),
+    (facts.DockerImageLabels, {"ref": s.image_tag}), (facts.ServerState, _server_query(s)),
+    (facts.L4TRelease, {}), (facts.PowerMode, {}), (facts.ClocksLocked, {})])
 @operation()
 def observed(s):
     """Record what the host looks like now for the report (reads facts; never a change)."""

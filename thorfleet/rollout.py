@@ -1,6 +1,7 @@
 """Rolling restarts: which hosts restart together.
 
-The slow steps run on every host at once (pyinfra's default). Only the restart rolls: the canary
+The slow steps run on every host at once (pyinfra's default), and so do the first starts of hosts
+that never served a version (operations.serving, first_install). Only the restart rolls: the canary
 group first, then the rest in inventory order, `rollout_batch` hosts at a time. Each batch is its own
 operation, so pyinfra finishes (and proves) one batch on every host before the next starts. A batch
 whose restart failed stops the later ones: the run state's `failed_restarts` (runstate.py), read by

@@ -19,12 +19,25 @@ class RunState:
     # Hosts whose restart failed its checks in this run: the hosts of later batches are not
     # restarted (rollout.py makes the batches, operations.serving reads this).
     failed_restarts: set[str] = field(default_factory=set)
+    # Hosts started before the batches because they never served a version (operations.serving,
+    # first_install): one of them failing stops every batch, as a failed canary would.
+    first_starts: set[str] = field(default_factory=set)
     # Why each host failed, in the words the operator reads in the report.
     errors: dict[str, list[str]] = field(default_factory=dict)
     # What each host looked like at the end of the run (report.observe).
     observed: dict[str, dict] = field(default_factory=dict)
     # Each benchmarked host's figures (operations.benchmark), then the fleet gate's verdict on them.
     benchmarks: dict[str, dict] = field(default_factory=dict)
+    # What each host's operations read, declared as they are planned, and the answers read in one
+    # round trip, per stage (snapshot.py).
+    planned_reads: dict[str, dict] = field(default_factory=dict)
+    held_reads: dict[str, dict] = field(default_factory=dict)
+    # Each host's proven fingerprint before this run restarted anything (operations.serving): a
+    # host with none is a first install (the benchmark's "first-install").
+    proven_before: dict[str, str | None] = field(default_factory=dict)
+    # The ID of each derived image tag as the run's first host built or holds it (operations.
+    # derived_image with push): the other hosts check what they pull against it.
+    image_ids: dict[str, str] = field(default_factory=dict)
     # Where the report is written once the run ends (None until report.install).
     report_path: str | None = None
 

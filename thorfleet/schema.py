@@ -231,6 +231,9 @@ class Schema(BaseModel):
     weights_peer_address: Annotated[StrictStr, Field(pattern=_PEER)] | None = setting(
         None, "host[:port] the other boxes reach this one at over SSH (None: its ssh_hostname)",
         "is not a host name or address with an optional :port")
+    weights_progress_interval_s: Positive = setting(
+        10, "seconds between the progress lines of a weights transfer (done, rate, time left)",
+        "must be a number of seconds above 0")
     weights_peer_key_file: Annotated[StrictStr, Field(min_length=1)] = setting(
         "~/.config/thorfleet/peer_ed25519", "laptop path of the boxes' shared copy key (may only "
         "read weights_dir); made when missing", "must be a file path on the laptop")

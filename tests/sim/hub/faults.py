@@ -22,8 +22,9 @@ class HubFaults:
     def add(
         self, mode: str, path: str = "*", repo: str = "*", count: int | None = None, **options
     ) -> dict:
-        """Add a fault: mode is cut, bad-sha, slow, 401 or 404; path and repo are globs; count is
-        how many responses it spoils (None: until cleared); options: at (cut), rate (slow)."""
+        """Add a fault: mode is cut, bad-sha, slow, uplink, 401 or 404; path and repo are globs;
+        count is how many responses it spoils (None: until cleared); options: at (cut), rate
+        (slow: each response; uplink: all of them together)."""
         return self._call(
             "POST",
             "/_sim/faults",

@@ -24,6 +24,8 @@ Fault knobs, switched at run time (no token needed):
                      the connection closes
            "bad-sha" full length, but bytes differ from the advertised sha256/etag
            "slow"    body trickles at "rate" bytes/s (default 65536)
+           "uplink"  every response it spoils shares "rate" bytes/s (default 65536): one office
+                     uplink in front of the hub, as boxes on one site see it
            "401" / "404"  refuse (404 is EntryNotFound). API calls match path "" (path "*" refuses
                      the whole repo, "*.safetensors" only the shards).
     count: how many responses the fault spoils before it lapses; null = until cleared.
@@ -34,6 +36,7 @@ Fault knobs, switched at run time (no token needed):
 import argparse
 import collections
 import fnmatch
+import itertools
 import json
 import socket
 import sys
@@ -44,7 +47,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 CHUNK = 64 * 1024
-BODY_FAULTS = ("cut", "bad-sha", "slow")
+BODY_FAULTS = ("cut", "bad-sha", "slow", "uplink")
 REFUSALS = ("401", "404")
 
 
@@ -56,6 +59,8 @@ class Hub:
         self.token_file = token_file
         self.lock = threading.Lock()
         self.faults: list[dict] = []
+        self._fault_ids = itertools.count(1)
+        self._uplink_free_at: dict[int, float] = {}  # per uplink fault: when its link is free
         self.requests: collections.deque = collections.deque(maxlen=5000)
         self._manifest, self._manifest_mtime = None, None
 
@@ -91,11 +96,21 @@ class Hub:
             "count": fault.get("count"),
             # The address a fault spoils (a glob): several stories share one hub, each on its box.
             "client": fault.get("client") or "*",
+            "id": next(self._fault_ids),
             **{k: v for k, v in fault.items() if k in ("at", "rate")},
         }
         with self.lock:
             self.faults.append(fault)
         return fault
+
+    def uplink_wait(self, fault_id: int, size: int, rate: float) -> float:
+        """Seconds until `size` bytes have crossed an uplink fault's link, which every response
+        it spoils shares at `rate` bytes/s, first come first served."""
+        with self.lock:
+            now = time.monotonic()
+            done = max(now, self._uplink_free_at.get(fault_id, now)) + size / rate
+            self._uplink_free_at[fault_id] = done
+        return done - now
 
     def take_fault(self, repo: str, path: str, modes: tuple, client: str) -> dict | None:
         """The first active fault of one of `modes` that matches, spending one of its count."""
@@ -390,7 +405,7 @@ class Handler(BaseHTTPRequestHandler):
         stop = length
         if mode == "cut":
             stop = min(int(fault.get("at", length // 2)), length - 1)
-        rate = float(fault.get("rate", 65536)) if mode == "slow" else None
+        rate = float(fault.get("rate", 65536)) if mode in ("slow", "uplink") else None
         # bad-sha flips 16 bytes in the middle of the file, wherever the requested range falls.
         bad = range(size // 2, min(size // 2 + 16, size)) if mode == "bad-sha" else range(0)
         with open(blob, "rb") as handle:
@@ -408,7 +423,9 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(chunk)
                 self._sent += len(chunk)
                 offset += len(chunk)
-                if rate:
+                if mode == "uplink":
+                    time.sleep(self.hub.uplink_wait(fault["id"], len(chunk), rate))
+                elif rate:
                     time.sleep(len(chunk) / rate)
         if mode == "cut":
             # Headers promised `length` bytes; closing now is what a dropped transfer looks like.

@@ -1,0 +1,20 @@
+"""The fleet benchmark's own arithmetic (bench/rollout.py): where a converge's time went."""
+
+import pytest
+
+from bench.rollout import sections
+
+pytestmark = pytest.mark.fast
+
+
+def test_each_operation_lasts_until_the_next_starts_and_counts_for_its_section():
+    # pyinfra's stderr, as (seconds since the CLI started, line)
+    lines = [(0.4, "--> Loading config...\n"),
+             (1.5, "--> Starting operation: Preflight | Check the box \n"),
+             (1.6, "    [thor-3] Success\n"),
+             (2.0, "--> Starting operation: Weights | Fetch the checkpoint \n"),
+             (9.0, "--> Starting operation: Weights | Fetch the draft \n"),
+             (10.0, "--> Starting operation: Record the host's state for the report \n")]
+    assert sections(lines, total=10.5) == {
+        "start": 1.5, "Preflight": 0.5, "Weights": 8.0, "other": 0.5}
+    assert sections([], total=3.0) == {"start": 3.0}
