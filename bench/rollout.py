@@ -6,8 +6,10 @@
 1. First converge of fresh boxes and a no-change re-run, for one host and for all of them
    (the boxes are re-created: their containers and disks are removed, then `up`). For each first
    converge: the bytes the hub served, as a multiple of one copy of the two pinned checkpoints,
-   and how many boxes built the derived image (--image-registry shares it; --wan-rate throttles
-   each hub response to that many bytes/s, the stand-in hub's "slow" knob, the LAN unthrottled).
+   and how many boxes built the derived image (--image-registry shares it; --wan-rate puts one
+   uplink of that many bytes/s in front of the hub, shared by every box's download, the stand-in
+   hub's "uplink" knob; the LAN unthrottled), and where the time went: each deploy section's
+   share, from when pyinfra started its operations.
 2. A rolling config change through all of them per --batches value, while a prober inside each box
    hits /health every 0.5 s: the most hosts down at once, and each host's outage against its own
    restart (systemd stopping the service -> thorfleet-serve writing the proven fingerprint).
@@ -19,7 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -28,7 +34,7 @@ import docker
 
 from tests.sim import fleet
 from tests.sim.hub.faults import HubFaults
-from tests.sim.operator import deploy
+from tests.sim.operator import ROOT, Run
 from tests.sim.prober import Prober, restart_window
 
 
@@ -69,6 +75,45 @@ def built_on(run, hosts):
     """The hosts whose run built the derived image (its Build operation changed something)."""
     return [h for h in hosts if any(op["name"].startswith("Image | Build") and h in op["success"]
                                     for op in run.json["results"]["operations"])]
+
+
+def deploy(inventory):
+    """`pyinfra -y --json INVENTORY deploy.py` (as tests.sim.operator.deploy), also timing each
+    operation from its "--> Starting operation" line: .sections is {deploy section: seconds},
+    with "start" the time before the first operation (start-up, connecting, planning)."""
+    argv = [sys.executable, "-m", "pyinfra", "-y", "--json", str(inventory), "deploy.py"]
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()))
+    reader.start()
+    err, marks = [], []
+    for line in proc.stderr:
+        err.append(line)
+        marks.append((time.monotonic() - started, line))
+    proc.wait()
+    reader.join()
+    run = Run(proc.returncode, "".join(out), "".join(err), time.monotonic() - started)
+    run.sections = sections(marks, run.seconds)
+    return run
+
+
+def sections(lines, total):
+    """{deploy section: seconds} from pyinfra's stderr `lines` as (seconds since start, line):
+    each operation lasts until the next one starts (the last one until `total`), and counts
+    toward the section before " | " in its name ("other" without one); "start" is the time
+    before the first operation."""
+    marks = []
+    for at, line in lines:
+        if line.startswith("--> Starting operation: "):
+            name = line.split(": ", 1)[1].strip()
+            marks.append((at, name.split(" | ")[0] if " | " in name else "other"))
+    split = {"start": round(marks[0][0] if marks else total, 1)}
+    ends = [t for t, _ in marks[1:]] + [total] if marks else []
+    for (begun, section), end in zip(marks, ends, strict=True):
+        split[section] = round(split.get(section, 0) + end - begun, 1)
+    return split
 
 
 def timed_deploy(sim, workdir, name, hosts, extra=None):
@@ -115,9 +160,12 @@ def main():
                         help="skip the fresh-box converges (measure re-runs and rollouts only)")
     parser.add_argument("--image-registry", help="share the image through this registry path "
                         "(in the sim: thorfleet-registry:5000/thorfleet)")
-    parser.add_argument("--wan-rate", type=int, help="bytes/s each hub response is held to")
+    parser.add_argument("--wan-rate", type=int, help="bytes/s of the one uplink every hub "
+                        "response shares (an office's WAN)")
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 2],
                         help="rollout_batch values to roll a change through (one run each)")
+    parser.add_argument("--reruns", type=int, default=3,
+                        help="no-change re-runs per group (the median is reported)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     hosts = parse_range(args.hosts)
@@ -137,7 +185,7 @@ def main():
             sim = recreate(client, group, up_to)
             hub.forget_requests()
             if args.wan_rate:
-                hub.add("slow", path="*", rate=args.wan_rate)
+                hub.add("uplink", path="*", rate=args.wan_rate)
             try:
                 first = timed_deploy(sim, workdir, f"first-{len(group)}", group, extra)
             finally:
@@ -146,10 +194,15 @@ def main():
             results["converge"].setdefault(label, {}).update({
                 "first_s": round(first.seconds, 1), "hub_bytes": served,
                 "hub_copies": round(served / one_copy, 2),
-                "image_built_on": built_on(first, group)})
-        again = timed_deploy(sim, workdir, f"rerun-{len(group)}", group, extra)
-        results["converge"].setdefault(label, {}).update(
-            {"rerun_s": round(again.seconds, 1), "rerun_changed": again.changed})
+                "image_built_on": built_on(first, group),
+                "first_sections_s": first.sections})
+        # a few: one run's figure moves by tenths of a second with whatever else the machine does
+        again = [timed_deploy(sim, workdir, f"rerun-{len(group)}", group, extra)
+                 for _ in range(args.reruns)]
+        results["converge"].setdefault(label, {}).update({
+            "rerun_s": round(statistics.median(r.seconds for r in again), 1),
+            "rerun_samples_s": [round(r.seconds, 2) for r in again],
+            "rerun_changed": max(r.changed for r in again)})
 
     for number, batch in enumerate(args.batches):
         results["rollouts"].append(rolling_change(sim, workdir, hosts, batch, f"bench-{number}"))
@@ -176,6 +229,18 @@ def print_table(results):
                       f"{row['hub_copies']}x" if "hub_copies" in row else "-",
                       str(len(row["image_built_on"])) if "image_built_on" in row else "-")
     console.print(table)
+    split = {label: row["first_sections_s"] for label, row in results["converge"].items()
+             if "first_sections_s" in row}
+    if split:
+        table = Table(title="Where each first converge went (s, from pyinfra's operation starts)")
+        table.add_column("section")
+        for label in split:
+            table.add_column(label)
+        for section in dict.fromkeys(name for row in split.values() for name in row):
+            table.add_row(section, *(str(row.get(section, "-")) for row in split.values()))
+        console.print(table)
+    if not results["rollouts"]:  # --batches with no value: converges only
+        return
     table = Table(title="Rolling config change, /health probed every 0.5 s in every box")
     for column in ("rollout_batch", "wall time", "most down at once", "host", "down",
                    "its restart", "outage inside restart"):
