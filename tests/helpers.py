@@ -16,6 +16,14 @@ def changed_on(run, host):
     return [op["name"] for op in run.json["results"]["operations"] if host in op["success"]]
 
 
+def outcome(run, host):
+    """For a failed assertion: each operation's outcome on `host` in pyinfra's --json results, and
+    the end of what the run printed."""
+    rows = [f"{next((k for k in ('success', 'no_change', 'error') if host in op[k]), 'absent')}: "
+            f"{op['name']}" for op in run.json["results"]["operations"]]
+    return "\n".join([*rows, "--- stderr:", run.stderr[-3000:]])
+
+
 def failed_on(run, host):
     return [op["name"] for op in run.json["results"]["operations"] if host in op["error"]]
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.helpers import changed_on, deploy, downloads, hub
+from tests.helpers import SERVICE, changed_on, deploy, downloads, hub, outcome
 
 pytestmark = pytest.mark.fleet
 
@@ -29,6 +29,10 @@ def converged(sim_fleet, my_boxes, tmp_path_factory):
     inventory = sim_fleet.write_inventory(
         tmp_path_factory.mktemp("deploy") / "fleet.py", hosts=my_boxes,
         extra_data={"rollout_report_path": str(tmp_path_factory.mktemp("report") / "report.json")})
+    for host in my_boxes:  # the story is a first install: say so if a box is not bare
+        _, there = sim_fleet.exec(host, f"ls -d /etc/systemd/system/{SERVICE}.service "
+                                        "/var/lib/thorfleet /opt/thorfleet 2>/dev/null; true")
+        assert not there.strip(), f"{host} is not bare before its first install: {there}"
     logs = {host: hub(sim_fleet, host) for host in my_boxes}
     for log in logs.values():
         log.forget_requests()
@@ -47,14 +51,15 @@ def test_first_run_converges_every_host_and_they_answer_chat(sim_fleet, my_boxes
         assert ask(sim_fleet, host, path="/health", body="") == "200"
         # bare boxes serve nothing, so there is nothing to roll: they start together, not by batch
         started = changed_on(first, host)
-        assert any("| First installs: start" in op for op in started), started
-        assert not any("| Batch " in op for op in started), started
+        assert any("| First installs: start" in op for op in started), outcome(first, host)
+        assert not any("| Batch " in op for op in started), outcome(first, host)
 
 
 def test_the_weights_cross_the_wan_once(my_boxes, converged):
     _, first = converged
     # the run's first host fetched every file; the other copied them all from it
-    assert first.fetched[my_boxes[0]] and first.fetched[my_boxes[1]] == [], first.fetched
+    assert first.fetched[my_boxes[0]] and first.fetched[my_boxes[1]] == [], (
+        first.fetched, first.stderr[-3000:])
 
 
 def test_second_run_changes_nothing(converged):

@@ -60,8 +60,11 @@ class Hub:
         self.lock = threading.Lock()
         self.faults: list[dict] = []
         self._fault_ids = itertools.count(1)
+        self.served = itertools.count(1)
         self._uplink_free_at: dict[int, float] = {}  # per uplink fault: when its link is free
-        self.requests: collections.deque = collections.deque(maxlen=5000)
+        # per client: a box's log holds its own last 5000, however busy the others keep the hub
+        self.requests: dict[str, collections.deque] = collections.defaultdict(
+            lambda: collections.deque(maxlen=5000))
         self._manifest, self._manifest_mtime = None, None
 
     def manifest(self) -> dict:
@@ -187,8 +190,9 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             if not admin:
                 with self.hub.lock:
-                    self.hub.requests.append(
+                    self.hub.requests[self.client_address[0]].append(
                         {
+                            "n": next(self.hub.served),  # the order across clients
                             "method": self.command,
                             "path": url.path,
                             "range": self.headers.get("Range"),
@@ -220,11 +224,11 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(200, active)
         if parts == ["requests"]:
             with self.hub.lock:
+                logs = [self.hub.requests[client]] if client else list(self.hub.requests.values())
                 if self.command == "DELETE":
-                    kept = [r for r in self.hub.requests if others(r)]
-                    self.hub.requests.clear()
-                    self.hub.requests.extend(kept)
-                served = [r for r in self.hub.requests if not others(r)]
+                    for log in logs:
+                        log.clear()
+                served = sorted((r for log in logs for r in log), key=lambda r: r["n"])
             return self._json(200, served)
         raise HubError(404, None, "no such admin endpoint")
 
