@@ -6,6 +6,7 @@ assert what huggingface_hub really does when the transfer goes wrong.
 """
 
 import hashlib
+import http.client
 import json
 import os
 import socket
@@ -379,6 +380,27 @@ def test_an_uplink_is_shared_by_every_response_it_carries(hub):
         took = time.monotonic() - started
         hub.faults.clear()
         assert least <= took <= most, (mode, took, sizes)
+
+
+def test_a_busy_box_cannot_push_another_boxs_requests_out_of_its_log(hub):
+    # Nine boxes share the fleet's hub; a story reads its own box's log (by address), so a box
+    # busy elsewhere must not evict it: each box keeps its own last 5000.
+    port = int(hub.endpoint.rsplit(":", 1)[1])
+
+    def get(source, path):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10,
+                                                source_address=(source, 0))
+        connection.request("GET", path)
+        connection.getresponse().read()
+        connection.close()
+
+    get("127.0.0.2", f"/api/models/{MODEL_REPO}")
+    for _ in range(5001):
+        get("127.0.0.1", "/busy")
+    quiet = HubFaults(hub.endpoint, client="127.0.0.2")
+    assert [r["path"] for r in quiet.requests()] == [f"/api/models/{MODEL_REPO}"]
+    quiet.forget_requests()  # and forgetting one box's log leaves the others'
+    assert quiet.requests() == [] and len(HubFaults(hub.endpoint, client="127.0.0.1").requests())
 
 
 def test_repos_are_deterministic_and_not_rebuilt(tmp_path):
