@@ -8,7 +8,7 @@ import pytest
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand
 from pyinfra.context import ctx_host
 
-from thorfleet import facts, layout
+from thorfleet import facts, layout, snapshot
 from thorfleet import operations as thor
 from thorfleet.runstate import run_state
 
@@ -381,9 +381,46 @@ def test_with_a_registry_the_first_host_pulls_what_an_earlier_run_pushed_else_bu
     # a first host that has it already: nothing to do, but its ID is the one to pull
     commands, fake = plan(thor.derived_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"},
                                                facts.DockerImageId: built_id},
-                          s=s, context="/ctx", push=True)
+                          s=s, context="/ctx", push=True, state=fleet_state({"thor-2": True}))
     assert commands == [] and run_state(fake.state).image_ids == {
         "thorfleet/mistral-small4:abc": built_id}
+
+
+class OtherHost:
+    """Another host of the run, as an operation on this one sees it (hashable, as pyinfra's)."""
+
+    def __init__(self, name, state):
+        self.name, self.state = name, state
+
+
+def fleet_state(has_image):
+    """A run's state whose other hosts ({name: whether it has the image}) declared their image
+    read and have had their one-round-trip read of the box."""
+    state = SimpleNamespace(current_stage=3, ops={})
+    others = [OtherHost(name, state) for name in has_image]
+    state.inventory, state.active_hosts = others, set(others)
+    key = snapshot.key_of(facts.DockerImageLabels, {"ref": "thorfleet/mistral-small4:abc"})
+    run = run_state(state)
+    for other in others:
+        run.planned_reads[other.name] = {key: (facts.DockerImageLabels, {})}
+        run.held_reads[other.name] = {"stage": 3, "tried": {key}, "values": {
+            key: {"thorfleet.patches": "p"} if has_image[other.name] else None}}
+    return state
+
+
+def test_a_first_host_that_has_the_image_pushes_it_for_the_boxes_of_the_run_that_lack_it():
+    # a fleet converged before image_registry was set, then a box added: that box pulls, no build
+    s = settings(image_registry="reg:5000/team", image_shared_ref="reg:5000/team/mistral-small4:abc")
+    have = {facts.DockerImageLabels: {"thorfleet.patches": "p"}, facts.DockerImageId: "sha256:9"}
+    [command], _ = run(thor.derived_image, have, s=s, context="/ctx", push=True,
+                       state=fleet_state({"thor-2": True, "thor-3": False}))
+    assert command == ("docker tag thorfleet/mistral-small4:abc reg:5000/team/mistral-small4:abc && "
+                       "docker push -q reg:5000/team/mistral-small4:abc && docker rmi "
+                       "reg:5000/team/mistral-small4:abc >/dev/null && echo 'thorfleet: "
+                       "thorfleet/mistral-small4:abc pushed to reg:5000/team for thor-3'")
+    # every box of the run has it: nothing to ship, nothing sent
+    assert run(thor.derived_image, have, s=s, context="/ctx", push=True,
+               state=fleet_state({"thor-2": True, "thor-3": True}))[0] == []
 
 
 def test_the_other_hosts_pull_check_the_inputs_label_and_build_only_without_it():

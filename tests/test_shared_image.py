@@ -4,7 +4,8 @@ on arrival (inputs label, and the ID the first host built) and tag it; a box tha
 nothing; every box ends with the same image ID.
 
 Uses the rollout boxes (3-5) and gives them back as they were. The edit that breaks it: no
-image_registry handling in tasks/image.py (every box builds).
+image_registry handling in tasks/image.py (every box builds); for a box added later, a first host
+that never pushes an image it already has (that box builds its own).
 """
 
 import pytest
@@ -45,6 +46,22 @@ def test_one_box_builds_the_others_pull_the_same_image_and_a_rerun_changes_nothi
         assert all(serves(sim_fleet, h, timeout=5) for h in hosts)
         again = deploy(shared)
         assert [changed_on(again, h) for h in hosts] == [[], [], []]
+
+        # A registry that does not have it (the fleet was converged before image_registry was
+        # set), and a box without the image (a box added later): the first host, which has it,
+        # pushes it for that box, which pulls it; nobody builds.
+        later = sim_fleet.write_inventory(tmp_path / "later.py", hosts=hosts, extra_data={
+            **report, "image_registry": f"{REGISTRY}-later", "image_think_prefill": False})
+        box(sim_fleet, hosts[2], f"docker rmi -f {tag} >/dev/null")  # its server keeps running
+        run = deploy(later)
+        assert run.returncode == 0, run.stderr[-4000:]
+        changed = {h: " ".join(changed_on(run, h)) for h in hosts}
+        assert "Image | Build" in changed[hosts[0]] and changed[hosts[1]] == "", changed
+        assert changed[hosts[2]].startswith("Image | Pull"), changed  # nothing restarted
+        assert f"pushed to {REGISTRY}-later for {hosts[2]}" in run.stderr, run.stderr[-3000:]
+        assert f"{tag} pulled from {REGISTRY}-later, ID {ids[hosts[0]][7:19]}" in run.stderr
+        assert "==> building" not in run.stderr
+        assert box(sim_fleet, hosts[2], f"docker images -q --no-trunc {tag}") == ids[hosts[0]]
     finally:
         back = deploy(sim_fleet.write_inventory(tmp_path / "back.py", hosts=hosts,
                                                 extra_data=report))

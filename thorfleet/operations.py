@@ -37,7 +37,7 @@ from thorfleet.layout import (
     box_unit,
 )
 from thorfleet.runstate import run_state
-from thorfleet.snapshot import read, reads
+from thorfleet.snapshot import key_of, read, reads
 
 q = shlex.quote
 
@@ -488,20 +488,42 @@ def derived_image(s, context, push=False):
     if labels is not None:
         if push and (held := read(facts.DockerImageId, ref=s.image_tag)):
             run_state(host.state).image_ids[s.image_tag] = held
+            # built before image_registry was set, or the registry lost it: the run's boxes
+            # that lack it pull it rather than build their own
+            lacking = _lacking(s.image_tag)
+            if lacking:
+                yield ShownCommand(f"{_push(s)} && echo 'thorfleet: {s.image_tag} pushed to "
+                                   f"{s.image_registry} for {', '.join(lacking)}'")
+                return
         host.noop(f"{s.image_tag} is already built ({labels.get('thorfleet.patches', '?')})")
         return
     if not push:
         for command in _build(s, context):
             yield ShownCommand(command)  # the build's steps as they come
         return
-    remote = s.image_shared_ref
     built = " && ".join(_build(s, context))
-    # the registry's tag is only a way to ship it: untagged once pushed
-    shared = (f"docker tag {q(s.image_tag)} {q(remote)} && docker push -q {q(remote)} && "
-              f"docker rmi {q(remote)} >/dev/null")
     yield ShownCommand(f"if {_pulled(s)}; then echo 'thorfleet: {s.image_tag} pulled from "
-                       f"{s.image_registry}'; else {built} && {shared}; fi")
+                       f"{s.image_registry}'; else {built} && {_push(s)}; fi")
     yield _remember_id(s.image_tag)
+
+
+def _push(s):
+    """Shell that pushes the local image to image_registry; the registry's tag is only a way to
+    ship it, so it is untagged once pushed."""
+    remote = s.image_shared_ref
+    return (f"docker tag {q(s.image_tag)} {q(remote)} && docker push -q {q(remote)} && "
+            f"docker rmi {q(remote)} >/dev/null")
+
+
+def _lacking(tag):
+    """The run's other active hosts that will look for `tag` (their image operation declared the
+    read) and do not have it: read from their own one-round-trip reads, no extra query."""
+    key = key_of(facts.DockerImageLabels, {"ref": tag})
+    run = run_state(host.state)
+    return sorted(other.name for other in host.state.inventory
+                  if other is not host and other in host.state.active_hosts
+                  and key in run.planned_reads.get(other.name, {})
+                  and read(facts.DockerImageLabels, target=other, ref=tag) is None)
 
 
 @reads(_image_reads)
