@@ -22,19 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import docker
 
-from tests.sim import fleet
+from tests.sim import fleet, operator
 from tests.sim.hub.faults import HubFaults
-from tests.sim.operator import ROOT, Run
 from tests.sim.prober import Prober, restart_window
 
 
@@ -78,24 +74,11 @@ def built_on(run, hosts):
 
 
 def deploy(inventory):
-    """`pyinfra -y --json INVENTORY deploy.py` (as tests.sim.operator.deploy), also timing each
-    operation from its "--> Starting operation" line: .sections is {deploy section: seconds},
-    with "start" the time before the first operation (start-up, connecting, planning)."""
-    argv = [sys.executable, "-m", "pyinfra", "-y", "--json", str(inventory), "deploy.py"]
-    started = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    out = []
-    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()))
-    reader.start()
-    err, marks = [], []
-    for line in proc.stderr:
-        err.append(line)
-        marks.append((time.monotonic() - started, line))
-    proc.wait()
-    reader.join()
-    run = Run(proc.returncode, "".join(out), "".join(err), time.monotonic() - started)
-    run.sections = sections(marks, run.seconds)
+    """`pyinfra -y --json INVENTORY deploy.py`, each operation timed from its "--> Starting
+    operation" line: .sections is {deploy section: seconds}, with "start" the time before the
+    first operation (start-up, connecting, planning)."""
+    run = operator.deploy(inventory, timed=True)
+    run.sections = sections(run.marks, run.seconds)
     return run
 
 

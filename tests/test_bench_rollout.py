@@ -3,6 +3,7 @@
 import pytest
 
 from bench.rollout import sections
+from tests.sim import operator
 
 pytestmark = pytest.mark.fast
 
@@ -18,3 +19,13 @@ def test_each_operation_lasts_until_the_next_starts_and_counts_for_its_section()
     assert sections(lines, total=10.5) == {
         "start": 1.5, "Preflight": 0.5, "Weights": 8.0, "other": 0.5}
     assert sections([], total=3.0) == {"start": 3.0}
+
+
+def test_a_timed_deploy_keeps_each_line_with_when_it_came(tmp_path):
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text("hosts = ['thor-1']\n")  # no group data: refused before connecting
+    run = operator.deploy(inventory, as_json=False, timed=True, timeout=120)
+    assert run.returncode != 0 and "refusing to run" in run.stderr, run.stderr[-2000:]
+    assert "".join(line for _, line in run.marks) == run.stderr
+    times = [at for at, _ in run.marks]
+    assert times == sorted(times) and 0 < times[-1] <= run.seconds

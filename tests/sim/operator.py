@@ -6,8 +6,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: tests/sim/operator.py
@@ -19,6 +20,7 @@ class Run:
     stdout: str
     stderr: str
     seconds: float
+    marks: list = field(default_factory=list)  # with timed=True: (seconds since start, line)
 
     @property
     def json(self):
@@ -38,17 +40,32 @@ class Run:
         return self.json["results"].get("failed_hosts", [])
 
 
-def deploy(inventory, *args, as_json=True, timeout=1800, env=None, root=ROOT):
+def deploy(inventory, *args, as_json=True, timeout=1800, env=None, root=ROOT, timed=False):
     """`pyinfra -y [--json] INVENTORY deploy.py ARGS`, from the repo root (or another checkout's:
-    its own thorfleet package is imported, not the installed one)."""
+    its own thorfleet package is imported, not the installed one). With `timed`, .marks holds
+    each line pyinfra printed with when it came (the benchmark times the deploy's sections)."""
     if root != ROOT:
         env = {**(env or os.environ), "PYTHONPATH": str(root)}
     argv = [sys.executable, "-m", "pyinfra", "-y", *(["--json"] if as_json else []), *args,
             str(inventory), "deploy.py"]
     started = time.monotonic()
-    done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=timeout,
-                          env=env, stdin=subprocess.DEVNULL, check=False)
-    return Run(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+    if not timed:
+        done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=timeout,
+                              env=env, stdin=subprocess.DEVNULL, check=False)
+        return Run(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+    proc = subprocess.Popen(argv, cwd=root, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    out = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()))
+    reader.start()
+    marks = [(time.monotonic() - started, line) for line in proc.stderr]
+    proc.wait()
+    reader.join()
+    killer.cancel()
+    return Run(proc.returncode, "".join(out), "".join(line for _, line in marks),
+               time.monotonic() - started, marks)
 
 
 def edited_checkout(dest, edits):
