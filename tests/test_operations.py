@@ -399,11 +399,11 @@ def fleet_state(has_image):
     state = SimpleNamespace(current_stage=3, ops={})
     others = [OtherHost(name, state) for name in has_image]
     state.inventory, state.active_hosts = others, set(others)
-    key = snapshot.key_of(facts.DockerImageLabels, {"ref": "thorfleet/mistral-small4:abc"})
-    run = run_state(state)
+    query = (facts.DockerImageLabels, {"ref": "thorfleet/mistral-small4:abc"})
+    key = snapshot.key_of(*query)
     for other in others:
-        run.planned_reads[other.name] = {key: (facts.DockerImageLabels, {})}
-        run.held_reads[other.name] = {"stage": 3, "tried": {key}, "values": {
+        snapshot.plan(other, [query])
+        run_state(state).held_reads[other.name] = {"stage": 3, "tried": {key}, "values": {
             key: {"thorfleet.patches": "p"} if has_image[other.name] else None}}
     return state
 
