@@ -414,8 +414,14 @@ class StandInCore:
         max_tokens = request.sampling_params.max_tokens or 16
         filler = self.encode(FILLER)[0]
         drafts, left_in_step = 0, 0
+        loop = asyncio.get_running_loop()
+        begun = loop.time()
         for step in range(max_tokens):
-            await asyncio.sleep(1 / self.rate)
+            # each token at its own time from the start, not a pause after the last one: vLLM V1's
+            # EngineCore is a process of its own (v1/engine/core_client.py, MPClient), so the API
+            # server's work on a token never slows the decode; a token it is late to take is
+            # waiting for it, as in the engine's output queue
+            await asyncio.sleep(max(0.0, begun + (step + 1) / self.rate - loop.time()))
             token = ids[step] if step < len(ids) else filler
             finish = None
             if natural and step == len(ids) - 1:
