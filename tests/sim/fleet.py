@@ -423,12 +423,23 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None,
         _write_known_hosts(client)
 
         names = [host_name(i) for i in range(1, hosts + 1)]
-        if inventory == state_dir() / "inventory.py":  # the fleet itself, not a story's view of it
-            _replace(state_dir() / "fleet.json", json.dumps(
-                {"hosts": names, "image_base": image_base, "hub": hub}, indent=2) + "\n")
+        _record(names, image_base, hub, own_inventory=inventory == state_dir() / "inventory.py")
         write_inventory(inventory, names)
         log(f"{hosts} box(es) up in {time.monotonic() - started:.0f}s; inventory: {inventory}")
     return Fleet(client, names, inventory, image_base, hub)
+
+
+def _record(names: list, image_base: str | None, hub: dict | None, own_inventory: bool) -> None:
+    """fleet.json, what every inventory's group data is written from (sim_group_data): the base
+    image and the hub as this `up` found them, whatever inventory it writes (the hub's published
+    port may have moved). The host list is the fleet's own, attach()'s: only an `up` that writes
+    the fleet's own inventory replaces it, not a story's view of the fleet."""
+    path = state_dir() / "fleet.json"
+    record = json.loads(path.read_text()) if path.exists() else {}
+    if own_inventory or "hosts" not in record:
+        record["hosts"] = names
+    record.update(image_base=image_base, hub=hub)
+    _replace(path, json.dumps(record, indent=2) + "\n")
 
 
 def attach(client=None) -> Fleet:
@@ -511,7 +522,9 @@ def sim_group_data() -> dict:
     """The group data a sim inventory carries, from the last `up` (fleet.json)."""
     state = state_dir()
     fleet_file = state / "fleet.json"
-    fleet = json.loads(fleet_file.read_text()) if fleet_file.exists() else {}
+    if not fleet_file.exists():  # an inventory without the hub and pins would be refused later
+        raise FileNotFoundError(f"{fleet_file}: no fleet recorded here: `python -m tests.sim up`")
+    fleet = json.loads(fleet_file.read_text())
     data = {
         "ssh_user": "thor",
         "ssh_key": str(state / "id_ed25519"),
