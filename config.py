@@ -8,9 +8,10 @@ which the CLI calls right after loading the inventory (deploy.py checks again, f
 
 import sys
 
+import click
 from pyinfra.context import ctx_state
 
-from thorfleet.settings import SettingsError, settings_for_run
+from thorfleet.settings import SettingsError, no_hosts, settings_for_run
 from thorfleet.ssh import install_keepalive
 
 _state = ctx_state.get()
@@ -19,6 +20,11 @@ _init = _state.init
 
 def _init_then_check(inventory, *args, **kwargs):
     _init(inventory, *args, **kwargs)
+    if not list(inventory):  # pyinfra would run nothing, print an empty table and exit 0
+        context = click.get_current_context(silent=True)
+        source = context.params.get("inventory") if context else None
+        print(f"thorfleet: {no_hosts(source or 'the inventory')}", file=sys.stderr)
+        sys.exit(2)
     try:
         settings_for_run(_state)  # checked once per run, held by the run's state
     except SettingsError as error:

@@ -83,7 +83,7 @@ def cmd_pin(args) -> int:
 
 def cmd_check(args) -> int:
     from thorfleet.pin import PinError, load_inventory
-    from thorfleet.settings import SettingsError, settings_for_inventory
+    from thorfleet.settings import SettingsError, no_hosts, settings_for_inventory
 
     try:
         inventory = load_inventory(args.inventory)
@@ -92,8 +92,7 @@ def cmd_check(args) -> int:
         return EXIT_PROBLEMS
     hosts = len(list(inventory))
     if hosts == 0:
-        _err(f"{args.inventory}: no hosts: list your boxes in a group "
-             "(uncomment the examples in inventory/example.py)")
+        _err(no_hosts(args.inventory))
         return EXIT_PROBLEMS
     try:
         settings_for_inventory(inventory)

@@ -15,7 +15,14 @@ from pathlib import Path
 from thorfleet.render import Settings, image_files_hash
 from thorfleet.schema import SettingsError, check
 
-__all__ = ["Settings", "SettingsError", "settings_for", "settings_for_inventory", "settings_for_run"]
+__all__ = ["Settings", "SettingsError", "no_hosts", "settings_for", "settings_for_inventory",
+           "settings_for_run"]
+
+
+def no_hosts(source) -> str:
+    """What `check` and a deploy say of an inventory with no host in it (the example as shipped)."""
+    return (f"{source}: no hosts: list your boxes in a group "
+            "(uncomment the examples in inventory/example.py)")
 
 
 def _read_secret(path, env_name):

@@ -5,7 +5,10 @@ Shared names (the contract between the sim's parts): the docker network, where s
 
 import contextlib
 import fcntl
+import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
 NETWORK = "thorfleet-sim"
@@ -38,3 +41,46 @@ def ensure_network(client) -> None:
     with locked("network"):
         if not client.networks.list(names=[NETWORK]):
             client.networks.create(NETWORK, driver="bridge", labels={"thorfleet.sim": "network"})
+
+
+def log(message: str) -> None:
+    """A progress line of the sim's, on stdout as it happens."""
+    print(f"[sim] {message}", flush=True)
+
+
+def build_image(client, what: str, log_path: Path, **build) -> None:
+    """`docker build` (the SDK's low-level build, `build` its arguments) with each Dockerfile step
+    shown as it starts (`what: Step 3/9 : RUN ...`) and the whole output kept in `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    log(f"{what}: docker build (full output: {log_path})")
+    with open(log_path, "w") as out:
+        for event in client.api.build(decode=True, rm=True, forcerm=True, **build):
+            text = event.get("stream")
+            out.write(text if text is not None else json.dumps(event) + "\n")
+            if text and text.startswith("Step "):
+                log(f"{what}: {_shorten(text.strip())}")
+            if "error" in event:
+                raise RuntimeError(f"{what}: build failed: {event['error']} (see {log_path})")
+    log(f"{what}: built in {time.monotonic() - started:.0f}s")
+
+
+def run_logged(what: str, argv: list, log_path: Path, shown=lambda line: False) -> None:
+    """Run a long command with its output kept in `log_path`, showing the lines `shown` picks."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    log(f"{what}: {' '.join(argv[:2])} ... (full output: {log_path})")
+    with open(log_path, "w") as out, subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
+        for line in process.stdout:
+            out.write(line)
+            if shown(line):
+                log(f"{what}: {_shorten(line.strip())}")
+    if process.returncode != 0:
+        raise subprocess.CalledProcessError(process.returncode, argv[:2],
+                                            f"see {log_path}")
+    log(f"{what}: done in {time.monotonic() - started:.0f}s")
+
+
+def _shorten(line: str, width: int = 110) -> str:
+    return line if len(line) <= width else line[:width - 3] + "..."

@@ -22,7 +22,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from tests.sim import NETWORK, ensure_network, locked, registry, state_dir
+from tests.sim import NETWORK, build_image, ensure_network, locked, log, registry, state_dir
 from tests.sim.rootfs import ensure_rootfs
 
 BOX_DIR = Path(__file__).parent / "box"
@@ -48,10 +48,6 @@ BOX_RUN_FLAGS = [
 ]
 
 
-def log(message: str) -> None:
-    print(f"[sim] {message}", flush=True)
-
-
 # ---------------------------------------------------------------- images
 
 def ensure_thor_image(client) -> str:
@@ -67,13 +63,13 @@ def ensure_thor_image(client) -> str:
         try:
             client.images.get(tag)
         except docker.errors.ImageNotFound:
-            log(f"building {tag}")
             with tempfile.TemporaryDirectory(prefix="thor-box-") as context:
                 shutil.copytree(BOX_DIR, context, dirs_exist_ok=True,
                                 ignore=shutil.ignore_patterns("__pycache__"))
+                log("box image: compiling the stub libcuda.so.1 the box's nvidia runtime mounts")
                 build_libcuda_stub(Path(context) / "files" / "libcuda.so.1")
-                client.images.build(path=context, tag=tag, buildargs={"ROOTFS": rootfs},
-                                    rm=True, forcerm=True)
+                build_image(client, f"box image {tag}", state_dir() / "logs" / "thor-image.log",
+                            path=context, tag=tag, buildargs={"ROOTFS": rootfs})
     return tag
 
 
@@ -302,6 +298,7 @@ def _test_tokenizer(client, base_local: str | None) -> Path | None:
     path = state_dir() / "tokenizer" / image_id / "tekken.json"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
+        log("base image: exporting the v15 test tokenizer with its own mistral_common")
         export(client, base_local, path)
     return path
 
@@ -393,6 +390,7 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None,
         ssh_key()
         api_key_file()
         registry.ensure_registry(client, rootfs)
+        log("base image: the vLLM stand-in, pushed to the sim's registry")
         image_base, base_local = _ensure_base(client, rootfs)
         hub = _ensure_hub(client, rootfs, _test_tokenizer(client, base_local))
 
@@ -418,6 +416,8 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None,
             else:
                 heal(client, index)  # a box left cut by an interrupted test answers again
                 started_now.append(index)
+        if started_now:
+            log(f"waiting for {', '.join(host_name(i) for i in started_now)} to boot (systemd, sshd)")
         for index in started_now:
             wait_booted(client, index)
         _write_known_hosts(client)

@@ -9,7 +9,7 @@ import urllib.request
 
 import docker.errors
 
-from tests.sim import NETWORK, ensure_network, locked, state_dir
+from tests.sim import NETWORK, ensure_network, locked, log, state_dir
 
 NAME = "thorfleet-registry"
 REGISTRY_LOCAL_PORT = 25000
@@ -49,6 +49,7 @@ def _ensure_registry(client, rootfs: str):
         container.remove(force=True)
     except docker.errors.NotFound:
         pass
+    log(f"registry: starting {NAME} on 127.0.0.1:{REGISTRY_LOCAL_PORT}")
     container = client.containers.run(
         rootfs, [BINARY, "serve", "/etc/docker/registry/config.yml"],
         name=NAME, hostname=NAME, network=NETWORK, detach=True,

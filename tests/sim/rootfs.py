@@ -5,6 +5,8 @@ them share one set of layers and one trusted CA bundle.
 """
 
 import hashlib
+import inspect
+import json
 import shutil
 import subprocess
 import tempfile
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import docker.errors
 
-from tests.sim import locked, state_dir
+from tests.sim import locked, log, run_logged, state_dir
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -26,13 +28,17 @@ PACKAGES = [
 ]
 # The host's bundle trusts the site's TLS-intercepting proxy; without it pip inside cannot reach PyPI.
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+IMPORT_CHANGES = ["ENV LANG=C.UTF-8", 'CMD ["/bin/bash"]']
 
 
 def _inputs_hash() -> str:
     digest = hashlib.sha256()
     for part in (SUITE, MIRROR, " ".join(PACKAGES)):
         digest.update(part.encode() + b"\0")
-    digest.update(Path(__file__).read_bytes())
+    # What decides the tree: debootstrap's arguments above, what _finish does to the tree and how
+    # it is imported (IMPORT_CHANGES), not how progress is shown.
+    digest.update(inspect.getsource(_finish).encode())
+    digest.update(json.dumps(IMPORT_CHANGES).encode())
     digest.update(HOST_CA_BUNDLE.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -56,22 +62,36 @@ def _build(client, tag: str) -> None:
     cache = state / "cache" / "debootstrap"
     cache.mkdir(parents=True, exist_ok=True)
     log_path = state / "logs" / "rootfs.log"
-    log_path.parent.mkdir(exist_ok=True)
+    log(f"rootfs {tag}: debootstrap {SUITE} with {len(PACKAGES)} packages and what they need")
     with tempfile.TemporaryDirectory(dir=state, prefix="rootfs-") as work:
         target = Path(work) / "root"
-        with open(log_path, "w") as log:
-            subprocess.run(
-                ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
-                 f"--cache-dir={cache}", SUITE, str(target), MIRROR],
-                stdout=log, stderr=subprocess.STDOUT, check=True,
-            )
+        run_logged("rootfs", ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+                              f"--cache-dir={cache}", SUITE, str(target), MIRROR],
+                   log_path, shown=_new_phase())
         _finish(target)
+        log("rootfs: packing the tree and importing it into Docker")
         tarball = Path(work) / "rootfs.tar"
         subprocess.run(["tar", "--numeric-owner", "--xattrs", "-C", str(target), "-cf",
                         str(tarball), "."], check=True)
         repository, _, version = tag.partition(":")
         client.api.import_image(src=str(tarball), repository=repository, tag=version,
-                                changes=["ENV LANG=C.UTF-8", 'CMD ["/bin/bash"]'])
+                                changes=IMPORT_CHANGES)
+
+
+def _new_phase():
+    """debootstrap prints a line per package and step ("I: Retrieving libc6 2.36"): show the
+    first line of each step (Retrieving, Validating, Extracting, Installing, Configuring...)."""
+    last = [None]
+
+    def shown(line: str) -> bool:
+        words = line.split()
+        step = words[1] if len(words) > 1 and words[0] in ("I:", "W:", "E:") else None
+        if step is None or (step == last[0] and words[0] == "I:"):
+            return False
+        last[0] = step
+        return True
+
+    return shown
 
 
 def _finish(target: Path) -> None:

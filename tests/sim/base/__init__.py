@@ -12,7 +12,6 @@ The image is tagged by a hash of its inputs: a second call with nothing changed 
 """
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import docker.errors
 
-from tests.sim import locked, state_dir
+from tests.sim import build_image, locked, log, state_dir
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -62,6 +61,7 @@ def _wheels() -> Path:
     if (cache / ".complete").exists():
         return cache
     cache.mkdir(parents=True, exist_ok=True)
+    log(f"base image: downloading {VLLM_WHEEL} and its pinned wheels into {cache} (once)")
     # This machine's Python is the image's (3.11, x86_64, glibc): its wheels fit the image.
     pip = [sys.executable, "-m", "pip", "download", "-qq", "--dest", str(cache),
            "--only-binary=:all:"]
@@ -84,12 +84,8 @@ def _build(client, tag: str, rootfs_ref: str, wheels: Path) -> None:
         for wheel in wheels.iterdir():
             if wheel.name != ".complete":
                 os.link(wheel, context / "wheels" / wheel.name)  # same filesystem: no copy
-        with open(log_path, "w") as log:
-            for event in client.api.build(path=str(context), tag=tag, rm=True, forcerm=True,
-                                          buildargs={"ROOTFS": rootfs_ref}, decode=True):
-                log.write(event.get("stream") or json.dumps(event) + "\n")
-                if "error" in event:
-                    raise RuntimeError(f"building {tag} failed: {event['error']} (see {log_path})")
+        build_image(client, f"base image {tag}", log_path, path=str(context), tag=tag,
+                    buildargs={"ROOTFS": rootfs_ref})
 
 
 def export_v15_tokenizer(client, image_ref: str, dest_path) -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import docker.errors
 
-from tests.sim import NETWORK, ensure_network, locked
+from tests.sim import NETWORK, ensure_network, locked, log
 from tests.sim import state_dir as default_state_dir
 from tests.sim.hub.repos import build_repos
 
@@ -41,6 +41,7 @@ def start(
     {"endpoint_in_sim", "endpoint_local", "revisions"}. A running, current container is kept."""
     hub_dir = Path(state_dir or default_state_dir()) / "hub"
     with locked("hub"):
+        log(f"hub: the stand-in model repos under {hub_dir / 'repos'} (made once per input)")
         revisions = build_repos(hub_dir / "repos", tekken_json)
         _copy_if_changed(SERVER, hub_dir / "server.py")
         set_token(hub_dir.parent, token)
@@ -53,6 +54,7 @@ def start(
         )
         container = _current(client, config.hexdigest()[:16])
         if container is None:
+            log(f"hub: starting {CONTAINER} on {network}")
             container = _run(client, network, hub_dir, rootfs_ref, config.hexdigest()[:16])
         local = f"http://127.0.0.1:{_published_port(container)}"
         _wait_healthy(container, local)

@@ -1,0 +1,81 @@
+"""A newcomer's path: the README's first command, an inventory with no hosts, a fresh sim state.
+
+The first command itself runs in CI (.ci/run, read from the README, on a fresh sim state); these
+check what it relies on, in seconds.
+"""
+
+import json
+import runpy
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from tests.readme_commands import ROOT, try_it_commands
+from tests.sim import fleet
+
+pytestmark = pytest.mark.fast
+
+
+def test_the_readme_first_command_deploys_to_the_inventory_it_brings_up():
+    first, test = try_it_commands((ROOT / "README.md").read_text())
+    steps = [shlex.split(part) for part in first.split("&&")]
+    assert steps[0] == ["bash", ".ci/setup"]
+    up = next(words for words in steps if words[:4] == ["python", "-m", "tests.sim", "up"])
+    deploy = steps[-1]
+    assert deploy[0] == "pyinfra" and deploy[-1] == "deploy.py", first
+    assert up[up.index("--inventory") + 1] == deploy[-2], "the deploy must use the inventory up wrote"
+    assert "pytest" in test and "-m fast" in test
+
+
+def _stderr_line(argv):
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL, check=False)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("thorfleet: ")]
+    return done.returncode, lines
+
+
+def test_the_example_inventory_as_shipped_refuses_the_deploy_as_check_does():
+    check_code, check_lines = _stderr_line([sys.executable, "-m", "thorfleet", "check",
+                                            "inventory/example.py"])
+    deploy_code, deploy_lines = _stderr_line(["pyinfra", "-y", "inventory/example.py",
+                                              "deploy.py"])
+    assert check_code == 2
+    assert check_lines == [("thorfleet: inventory/example.py: no hosts: list your boxes in a "
+                            "group (uncomment the examples in inventory/example.py)")]
+    assert deploy_code == 2, deploy_lines
+    assert deploy_lines == check_lines
+
+
+HUB = {"endpoint_in_sim": "http://thorfleet-hub:8000", "endpoint_local": "http://127.0.0.1:4711",
+       "revisions": {fleet.MODEL_REPO: "a" * 40, fleet.DRAFT_REPO: "b" * 40}}
+
+
+def test_an_up_with_its_own_inventory_on_a_fresh_state_writes_the_pins(tmp_path, monkeypatch):
+    monkeypatch.setenv("THORFLEET_SIM_STATE", str(tmp_path / "state"))
+    fleet._record(["thor-1", "thor-2"], "registry:5000/vllm@sha256:" + "c" * 64, HUB,
+                  own_inventory=False)
+    inventory = fleet.write_inventory(tmp_path / "sim.py", ["thor-1", "thor-2"])
+    data = runpy.run_path(str(inventory))["sim_thors"][1]
+    assert data["weights_hf_endpoint"] == HUB["endpoint_in_sim"]
+    assert data["weights_model_revision"] == "a" * 40
+    assert data["weights_draft_revision"] == "b" * 40
+    assert data["image_base"].endswith("@sha256:" + "c" * 64)
+
+
+def test_an_up_with_another_inventory_refreshes_the_hub_but_keeps_the_fleets_hosts(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("THORFLEET_SIM_STATE", str(tmp_path))
+    fleet._record(["thor-1", "thor-2", "thor-3"], None, HUB, own_inventory=True)
+    moved = {**HUB, "endpoint_local": "http://127.0.0.1:4712"}
+    fleet._record(["thor-1"], None, moved, own_inventory=False)
+    recorded = json.loads((tmp_path / "fleet.json").read_text())
+    assert recorded["hub"]["endpoint_local"] == "http://127.0.0.1:4712"
+    assert recorded["hosts"] == ["thor-1", "thor-2", "thor-3"]
+
+
+def test_an_inventory_with_no_fleet_recorded_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("THORFLEET_SIM_STATE", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="tests.sim up"):
+        fleet.write_inventory(tmp_path / "sim.py", ["thor-1"])
