@@ -20,7 +20,9 @@ Never touches boxes outside --hosts (other engineers test on thor-1 and thor-2).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import resource
 import statistics
 import tempfile
@@ -74,13 +76,13 @@ def built_on(run, hosts):
                                     for op in run.json["results"]["operations"])]
 
 
-def deploy(inventory):
+def deploy(inventory, env=None):
     """`pyinfra -y --json INVENTORY deploy.py`, each operation timed from its "--> Starting
     operation" line: .sections is {deploy section: seconds}, with "start" the time before the
     first operation (start-up, connecting, planning); .cpu_s is the CPU pyinfra used on this
     machine (the laptop's side: the boxes' reads run in their containers, not counted)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    run = operator.deploy(inventory, timed=True)
+    run = operator.deploy(inventory, timed=True, env=env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     run.cpu_s = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     run.sections = sections(run.marks, run.seconds)
@@ -104,14 +106,45 @@ def sections(lines, total):
     return split
 
 
-def timed_deploy(sim, workdir, name, hosts, extra=None):
+def timed_deploy(sim, workdir, name, hosts, extra=None, env=None):
     inventory = sim.write_inventory(workdir / f"{name}.py", hosts=hosts, extra_data={
         "rollout_report_path": str(workdir / f"{name}-report.json"), **(extra or {})})
-    run = deploy(inventory)
+    run = deploy(inventory, env=env)
     if run.returncode != 0:
         raise SystemExit(f"{name}: deploy failed ({run.returncode}):\n{run.stderr[-3000:]}")
     print(f"[bench] {name}: {run.seconds:.1f} s, {run.changed} changed operations", flush=True)
     return run
+
+
+def reruns(sim, workdir, group, extra, count, mode):
+    """`count` no-change re-runs of `group` (a few: one run's figure moves by tenths of a second
+    with whatever else the machine does), the median reported; keys `rerun_*` for the batched
+    snapshot, `rerun_each_*` with each read its own fact command."""
+    env = {**os.environ, "THORFLEET_BATCH_READS": "1" if mode == "batched" else "0"}
+    again = [timed_deploy(sim, workdir, f"rerun-{len(group)}-{mode}", group, extra, env=env)
+             for _ in range(count)]
+    key = "rerun" if mode == "batched" else "rerun_each"
+    return {f"{key}_s": round(statistics.median(r.seconds for r in again), 1),
+            f"{key}_samples_s": [round(r.seconds, 2) for r in again],
+            f"{key}_laptop_cpu_s": round(statistics.median(r.cpu_s for r in again), 2),
+            f"{key}_changed": max(r.changed for r in again)}
+
+
+@contextlib.contextmanager
+def round_trip(client, hosts, ms):
+    """Each box's replies delayed `ms` (netem on its eth0): a round trip of `ms` to every box."""
+    if ms:
+        for host in hosts:
+            code, out = fleet.box_exec(client, host, f"tc qdisc replace dev eth0 root netem "
+                                                     f"delay {int(ms)}ms")
+            if code != 0:
+                raise SystemExit(f"{host}: tc netem: {out}")
+    try:
+        yield
+    finally:
+        if ms:
+            for host in hosts:
+                fleet.box_exec(client, host, "tc qdisc del dev eth0 root")
 
 
 def rolling_change(sim, workdir, hosts, batch, value):
@@ -154,6 +187,12 @@ def main():
                         help="rollout_batch values to roll a change through (one run each)")
     parser.add_argument("--reruns", type=int, default=3,
                         help="no-change re-runs per group (the median is reported)")
+    parser.add_argument("--rtt-ms", type=int, default=0,
+                        help="a round trip of this many ms between the laptop and each box for "
+                             "the re-runs (netem on the box's interface; a WAN or a busy VPN)")
+    parser.add_argument("--reads", choices=["batched", "each", "both"], default="batched",
+                        help="re-runs with the batched snapshot (one round trip per box), with "
+                             "each read its own fact command (THORFLEET_BATCH_READS=0), or both")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     hosts = parse_range(args.hosts)
@@ -162,7 +201,8 @@ def main():
     workdir = Path(tempfile.mkdtemp(prefix="thorfleet-bench-"))
     extra = {"image_registry": args.image_registry} if args.image_registry else {}
     results = {"hosts": hosts, "image_registry": args.image_registry, "wan_rate": args.wan_rate,
-               "converge": {}, "rollouts": []}
+               "rtt_ms": args.rtt_ms, "converge": {}, "rollouts": []}
+    modes = ["batched", "each"] if args.reads == "both" else [args.reads]
 
     sim = fleet.up(up_to, inventory=workdir / "all.py", client=client)
     hub = HubFaults(sim.hub["endpoint_local"])
@@ -184,14 +224,10 @@ def main():
                 "hub_copies": round(served / one_copy, 2),
                 "image_built_on": built_on(first, group),
                 "first_sections_s": first.sections})
-        # a few: one run's figure moves by tenths of a second with whatever else the machine does
-        again = [timed_deploy(sim, workdir, f"rerun-{len(group)}", group, extra)
-                 for _ in range(args.reruns)]
-        results["converge"].setdefault(label, {}).update({
-            "rerun_s": round(statistics.median(r.seconds for r in again), 1),
-            "rerun_samples_s": [round(r.seconds, 2) for r in again],
-            "rerun_laptop_cpu_s": round(statistics.median(r.cpu_s for r in again), 2),
-            "rerun_changed": max(r.changed for r in again)})
+        with round_trip(client, group, args.rtt_ms):
+            for mode in modes:
+                results["converge"].setdefault(label, {}).update(
+                    reruns(sim, workdir, group, extra, args.reruns, mode))
 
     for number, batch in enumerate(args.batches):
         results["rollouts"].append(rolling_change(sim, workdir, hosts, batch, f"bench-{number}"))
@@ -208,15 +244,21 @@ def print_table(results):
     from rich.table import Table
 
     console = Console(width=120)
-    table = Table(title="Converge wall time (pyinfra CLI, simulated Thors)")
-    for column in ("hosts", "first converge", "no-change re-run", "pyinfra CPU in re-run",
-                   "changed ops in re-run", "hub bytes (x one copy)", "boxes that built the image"):
+    rtt = f", {results['rtt_ms']} ms round trip" if results.get("rtt_ms") else ""
+    table = Table(title=f"Converge wall time (pyinfra CLI, simulated Thors{rtt})")
+    for column in ("hosts", "first converge", "no-change re-run", "re-run, each read alone",
+                   "pyinfra CPU in re-run", "changed ops in re-run", "hub bytes (x one copy)",
+                   "boxes that built the image"):
         table.add_column(column)
+
+    def cell(row, key, unit=" s"):
+        return f"{row[key]}{unit}" if key in row else "-"
+
     for label, row in results["converge"].items():
-        table.add_row(label, f"{row['first_s']} s" if "first_s" in row else "-",
-                      f"{row['rerun_s']} s", f"{row['rerun_laptop_cpu_s']} s",
-                      str(row["rerun_changed"]),
-                      f"{row['hub_copies']}x" if "hub_copies" in row else "-",
+        table.add_row(label, cell(row, "first_s"), cell(row, "rerun_s"),
+                      cell(row, "rerun_each_s"), cell(row, "rerun_laptop_cpu_s"),
+                      str(row.get("rerun_changed", row.get("rerun_each_changed"))),
+                      cell(row, "hub_copies", "x"),
                       str(len(row["image_built_on"])) if "image_built_on" in row else "-")
     console.print(table)
     split = {label: row["first_sections_s"] for label, row in results["converge"].items()
