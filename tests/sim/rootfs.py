@@ -37,7 +37,7 @@ def _inputs_hash() -> str:
         digest.update(part.encode() + b"\0")
     # What decides the tree: debootstrap's arguments above, what _finish does to the tree and how
     # it is imported (IMPORT_CHANGES), not how progress is shown.
-    digest.update(inspect.getsource(_finish).encode())
+    digest.update(_FINISH_SOURCE.encode())
     digest.update(json.dumps(IMPORT_CHANGES).encode())
     digest.update(HOST_CA_BUNDLE.read_bytes())
     return digest.hexdigest()[:16]
@@ -79,17 +79,19 @@ def _build(client, tag: str) -> None:
 
 
 def _new_phase():
-    """debootstrap prints a line per package and step ("I: Retrieving libc6 2.36"): show the
-    first line of each step (Retrieving, Validating, Extracting, Installing, Configuring...)."""
-    last = [None]
+    """debootstrap prints a line per package and step ("I: Retrieving libc6 2.36"): show its
+    phase lines ("I: Installing core packages..."), the first line of each step, and warnings."""
+    seen = set()
 
     def shown(line: str) -> bool:
         words = line.split()
-        step = words[1] if len(words) > 1 and words[0] in ("I:", "W:", "E:") else None
-        if step is None or (step == last[0] and words[0] == "I:"):
+        if len(words) < 2 or words[0] not in ("I:", "W:", "E:"):
             return False
-        last[0] = step
-        return True
+        if words[0] != "I:" or line.rstrip().endswith("..."):
+            return True
+        first = words[1] not in seen
+        seen.add(words[1])
+        return first
 
     return shown
 
@@ -108,3 +110,8 @@ def _finish(target: Path) -> None:
     (target / "etc/machine-id").write_text("")
     for path in (target / "etc/ssh").glob("ssh_host_*"):
         path.unlink()  # each box gets its own host keys at first boot (see box/)
+
+
+# Read once, at import: getsource reads the file again at each call, and an edit since would move
+# the lines it reads.
+_FINISH_SOURCE = inspect.getsource(_finish)
