@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from inspect import signature
 from shlex import quote as q
 
@@ -74,7 +75,7 @@ def read(fact, target=None, **kwargs):
     key = key_of(fact, kwargs)
     run = run_state(target.state)
     planned = run.planned_reads.get(target.name, {})
-    if key in planned and not _changed_in_run(target):
+    if key in planned and batched() and not _changed_in_run(target):
         held = _held(run, target)
         if key not in held["values"] and key not in held["tried"]:
             missing = {k: v for k, v in planned.items() if k not in held["tried"]}
@@ -83,6 +84,12 @@ def read(fact, target=None, **kwargs):
         if key in held["values"]:
             return held["values"][key]
     return target.get_fact(fact, _sudo=True, **kwargs)
+
+
+def batched() -> bool:
+    """False with THORFLEET_BATCH_READS=0: every read is its own fact command, as in pyinfra
+    (to measure what the one round trip saves, or to rule it out when debugging)."""
+    return os.environ.get("THORFLEET_BATCH_READS", "1") != "0"
 
 
 def _held(run, target):

@@ -53,7 +53,7 @@ def build_image(client, what: str, log_path: Path, **build) -> None:
     shown as it starts (`what: Step 3/9 : RUN ...`) and the whole output kept in `log_path`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    log(f"{what}: docker build (full output: {log_path})")
+    log(f"{what}: docker build {build.get('tag', '')} (full output: {log_path})")
     with open(log_path, "w") as out:
         for event in client.api.build(decode=True, rm=True, forcerm=True, **build):
             text = event.get("stream")

@@ -68,7 +68,7 @@ def ensure_thor_image(client) -> str:
                                 ignore=shutil.ignore_patterns("__pycache__"))
                 log("box image: compiling the stub libcuda.so.1 the box's nvidia runtime mounts")
                 build_libcuda_stub(Path(context) / "files" / "libcuda.so.1")
-                build_image(client, f"box image {tag}", state_dir() / "logs" / "thor-image.log",
+                build_image(client, "box image", state_dir() / "logs" / "thor-image.log",
                             path=context, tag=tag, buildargs={"ROOTFS": rootfs})
     return tag
 

@@ -84,7 +84,7 @@ def _build(client, tag: str, rootfs_ref: str, wheels: Path) -> None:
         for wheel in wheels.iterdir():
             if wheel.name != ".complete":
                 os.link(wheel, context / "wheels" / wheel.name)  # same filesystem: no copy
-        build_image(client, f"base image {tag}", log_path, path=str(context), tag=tag,
+        build_image(client, "base image", log_path, path=str(context), tag=tag,
                     buildargs={"ROOTFS": rootfs_ref})
 
 
