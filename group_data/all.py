@@ -13,6 +13,7 @@ ssh_keepalive_interval_s = 30  # SSH keepalive while a restart is proven, so NAT
 preflight_min_l4t_release = "38.0"  # oldest L4T release accepted, from /etc/nv_tegra_release (JetPack 7)
 preflight_min_memory_gib = 100  # least total memory (MemTotal) a box must have; a Thor has ~122 GiB
 preflight_min_free_disk_gib = 100  # least free disk under weights_dir for weights (~71 GB) and image
+preflight_lock_wait_s = 0  # how long a run waits for another thorfleet run holding a box (0: stop at once)
 
 # --- power: nvpmodel mode and locked clocks -------------------------------------------------------
 power_mode = 1  # nvpmodel mode; on the T5000 0=MAXN, 1=120W (the seed), 2=90W, 3=70W

@@ -108,3 +108,63 @@ def test_only_the_holding_run_releases_the_lock(tmp_path, session):
     assert json.loads(lock(tmp_path, "release", "run-a").stdout)["released"] is True
     assert not (tmp_path / "run.holder").exists()
     assert take(tmp_path, "run-c", session().pid).returncode == 0
+
+
+# --- the fact that takes the lock and the operation that holds the box ---------------------------
+
+def test_the_lock_fact_sends_the_tool_with_its_command_and_reads_what_it_said(tmp_path,
+                                                                               monkeypatch):
+    from thorfleet import facts
+
+    monkeypatch.setattr(facts, "BOX_RUN_LOCK_DIR", str(tmp_path / "run"))
+    command = facts.RunLock().command(holder="me@laptop pid 7", token="t", wait_s=0)
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30,
+                          check=False)
+    assert (tmp_path / "run" / "thorfleet-run-lock").read_text() == TOOL.read_text()
+    # no sshd above a local shell: the tool ran, and its line is what the fact returns
+    got = facts.RunLock().process(done.stdout.splitlines())
+    assert got == {"held": False, "why": "no sshd above this command: pass --session-pid"}
+
+
+@pytest.mark.parametrize(("output", "expected"), [
+    (['{"held": true, "holder": "me"}', "rc=0"], {"held": True, "why": None}),
+    (["thorfleet-run-lock: held by bob@desk pid 9, since 2026-12-01T09:00:00Z: waiting up to 3 s",
+      ("thorfleet-run-lock: this box is held by another thorfleet run: bob@desk pid 9, since "
+       "2026-12-01T09:00:00Z (waited 3 s; preflight_lock_wait_s sets how long a run waits)"),
+      "rc=3"],
+     {"held": False, "why": "this box is held by another thorfleet run: bob@desk pid 9, since "
+                            "2026-12-01T09:00:00Z (waited 3 s; preflight_lock_wait_s sets how "
+                            "long a run waits)"}),
+    (["sh: 1: python3: not found", "rc=127"],
+     {"held": False, "why": "the run lock failed (rc=127): sh: 1: python3: not found / rc=127"}),
+])
+def test_the_lock_fact_parses_the_tools_answers(output, expected):
+    from thorfleet import facts
+
+    assert facts.RunLock().process(output) == expected
+
+
+def test_a_held_box_is_a_noop_and_a_box_held_elsewhere_fails_naming_the_holder():
+    from tests.test_operations import plan
+    from thorfleet import facts
+    from thorfleet import operations as thor
+
+    asked = []
+
+    def answer(held):
+        def lock(holder, token, wait_s):
+            asked.append(wait_s)
+            return {"held": held, "why": None if held else "this box is held by another "
+                    "thorfleet run: bob@desk pid 9, since 2026-12-01T09:00:00Z (waited 3 s; ...)"}
+        return lock
+
+    commands, fake = plan(thor.run_held, {facts.RunLock: answer(True)}, holder="me", token="t")
+    assert commands == [] and fake.noops == ["held for this run (me)"]
+    commands, fake = plan(thor.run_held, {facts.RunLock: answer(False)}, holder="me", token="t",
+                          wait_s=600)
+    # a first look with the short grace, a line naming the holder, then the long wait
+    assert asked[-2:] == [thor.LOCK_GRACE_S, 600]
+    assert fake.logged[0][0].startswith("thorfleet: this box is held by another thorfleet run: "
+                                        "bob@desk pid 9, since 2026-12-01T09:00:00Z: waiting up "
+                                        "to 600 s")
+    assert len(commands) == 1  # the failing command (_fail): the host fails with that line

@@ -168,6 +168,7 @@ BAD_INPUTS = [
     ({"preflight_min_l4t_release": "R38"}, "preflight_min_l4t_release='R38' is not a version like 38.0"),
     ({"preflight_min_memory_gib": "100G"}, "preflight_min_memory_gib='100G' must be a non-negative"),
     ({"preflight_min_free_disk_gib": -1}, "preflight_min_free_disk_gib=-1 must be a non-negative"),
+    ({"preflight_lock_wait_s": -5}, "preflight_lock_wait_s=-5 must be a non-negative number"),
     ({"power_mode": 7}, "power_mode=7 is not a T5000 mode (0, 1, 2, 3)"),
     ({"power_mode": True}, "power_mode=True is not a T5000 mode"),
     ({"power_mode": "1"}, "power_mode='1' is not a T5000 mode"),

@@ -49,6 +49,9 @@ BOX_PEER_KNOWN_HOSTS = f"{BOX_STATE}/peer_known_hosts"  # peers' host keys, lear
 BOX_MANIFESTS = f"{BOX_STATE}/manifests"  # the hub's file list of each pinned revision
 RRSYNC = "/usr/bin/rrsync"  # rsync's own restricted-rsync wrapper (Debian and Ubuntu ship it)
 BOX_REBOOT_MARKER = "/run/thorfleet-before-reboot"  # /run is emptied by every boot
+# The run lock (files/bin/thorfleet-run-lock, sent with the command that takes it, so a bare box
+# is held too); on tmpfs: a reboot frees it with the keeper that held it.
+BOX_RUN_LOCK_DIR = "/run/thorfleet"
 BOX_UPLOAD_STAGING = ".thorfleet-upload"  # in the SSH user's home: uploads wait here, 0700
 CLOCKS_UNIT = "thorfleet-clocks.service"
 

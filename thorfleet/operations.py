@@ -66,6 +66,40 @@ def _fail(message):
     return FunctionCommand(fail, (), {})
 
 
+# A holder whose run just ended lets go within the keeper's poll (0.5 s): a run that "stops at
+# once" still waits this long, so back-to-back runs never trip on the one before.
+LOCK_GRACE_S = 3
+
+
+@operation()
+def run_held(holder, token, wait_s=0):
+    """Hold the box for this run: one thorfleet run at a time on a box (two runs at once would
+    kill each other's downloads and leave a proven fingerprint that is not the live files).
+
+    + holder: who this run is, for the run that finds the box held (user@laptop pid N)
+    + token: this run's own id (the same at planning and at execution)
+    + wait_s: how long to wait for another run that holds the box (0: stop at once)
+
+    Read before any other fact of the box, so a run never plans from a box another run is
+    changing. The lock goes when this run's SSH connection ends: nothing to release.
+
+    .. code:: python
+
+        run_held(name="Hold the box for this run", holder="me@laptop pid 7", token="a1b2", wait_s=0)
+    """
+    lock = host.get_fact(facts.RunLock, holder=holder, token=token, wait_s=LOCK_GRACE_S,
+                         _sudo=True)
+    if not lock["held"] and wait_s > LOCK_GRACE_S:
+        host.log_styled(f"thorfleet: {lock['why'].split(' (waited')[0]}: waiting up to "
+                        f"{wait_s:g} s (preflight_lock_wait_s)", fg="yellow")
+        lock = host.get_fact(facts.RunLock, holder=holder, token=token, wait_s=wait_s,
+                             _sudo=True)
+    if lock["held"]:
+        host.noop(f"held for this run ({holder})")
+    else:
+        yield _fail(lock["why"])
+
+
 def _ready_reads(s, fleet_copy):
     wanted = [(facts.L4TRelease, {}), (facts.MemTotalGiB, {}),
               (facts.FreeDiskGiB, {"path": s.weights_dir}),

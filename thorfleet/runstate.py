@@ -9,6 +9,10 @@ two runs in one process (the Python API, the tests) never see each other's failu
 
 from __future__ import annotations
 
+import getpass
+import os
+import socket
+import uuid
 from dataclasses import dataclass, field
 
 from pyinfra import logger
@@ -40,6 +44,10 @@ class RunState:
     image_ids: dict[str, str] = field(default_factory=dict)
     # Where the report is written once the run ends (None until report.install).
     report_path: str | None = None
+    # This run as the run lock names it to a run that finds a box held, and its own id there.
+    holder: str = field(default_factory=lambda: (
+        f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"))
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def note_error(self, host_name, message):
         """Record why `host_name` failed, for the report (without failing it)."""

@@ -174,6 +174,9 @@ class Schema(BaseModel):
     preflight_min_free_disk_gib: NonNegative = setting(
         100, "least free disk under weights_dir for weights (~71 GB) and image",
         "must be a non-negative number (GiB)")
+    preflight_lock_wait_s: NonNegative = setting(
+        0, "how long a run waits for another thorfleet run holding a box (0: stop at once)",
+        "must be a non-negative number of seconds")
 
     # --- power: nvpmodel mode and locked clocks --------------------------------------------------
     power_mode: Annotated[StrictInt, Field(ge=0, le=3)] = setting(
