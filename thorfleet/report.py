@@ -27,7 +27,7 @@ from pyinfra.api import operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback, StateStage
 
-from thorfleet import facts
+from thorfleet import facts, pyinfra_hooks
 from thorfleet.runstate import run_state
 from thorfleet.settings import settings_for_run
 from thorfleet.snapshot import read, reads
@@ -75,19 +75,20 @@ def observe(target, s):
     }
 
 
-@reads(lambda s, **_: [
+@reads(lambda settings, **_: [
     *((facts.WeightsState, {"folder": folder, "revision": revision})
-      for _, _, folder, revision in _weights(s)),
-    (facts.DockerImageLabels, {"ref": s.image_tag}), (facts.ServerState, _server_query(s)),
+      for _, _, folder, revision in _weights(settings)),
+    (facts.DockerImageLabels, {"ref": settings.image_tag}),
+    (facts.ServerState, _server_query(settings)),
     (facts.L4TRelease, {}), (facts.PowerMode, {}), (facts.ClocksLocked, {})])
 @operation()
-def observed(s):
+def observed(settings):
     """Record what the host looks like now for the report (reads facts; never a change)."""
     yield from ()  # reads only: never a command, so never a change
-    if host.state.current_stage != StateStage.Execute:
+    if not pyinfra_hooks.executing(host.state):
         host.noop("the report reads the host after the run")
         return
-    observe(host, s)
+    observe(host, settings)
     host.noop("state recorded for the report")
 
 
