@@ -25,4 +25,5 @@ def _refuse_bad_group_data(state):
 pyinfra_hooks.after_inventory_loaded(
     _refuse_bad_group_data,
     pyinfra_hooks.keep_ssh_sessions_alive,  # idle sessions survive a long health wait behind NAT
+    pyinfra_hooks.watch,  # what each operation did: the one-round-trip reads and the report
 )

@@ -104,6 +104,7 @@ def planned_box(tmp_path):
     state = SimpleNamespace(current_stage=StateStage.Execute, ops={}, print_fact_output=False,
                             print_fact_input=False, add_callback_handler=lambda handler: None)
     state.get_op_data_for_host = lambda host, op_hash: state.ops[host][op_hash]
+    pyinfra_hooks.watch(state)  # as config.py and report.install do for a run
     target = Box(state)
     state.ops[target] = {}
     paths = [str(tmp_path / name) for name in ("a", "b", "c")]

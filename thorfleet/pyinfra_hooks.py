@@ -161,8 +161,9 @@ class _Events(BaseStateCallback):
 
 
 def watch(state) -> _Events:
-    """The run's recorder of operation events, added to `state` on first use (before execution:
-    deploy.py plans every operation first)."""
+    """The run's recorder of operation events, added to `state` on first use. It must be added
+    before the first operation executes: config.py does it as the CLI loads the inventory, and
+    report.install from deploy.py (every deploy file runs before any operation executes)."""
     events = getattr(state, "thorfleet_events", None)
     if events is None:
         events = state.thorfleet_events = _Events()
@@ -193,9 +194,13 @@ def outcomes(state, host) -> list[Outcome]:
 
 
 def sent_commands(host) -> bool:
-    """True once an operation has sent `host` a command in this run."""
+    """True once an operation has sent `host` a command in this run. Also True in a run nobody
+    watched (`watch`: config.py and report.install do, before execution): the run's events were
+    not seen, so nothing read before it may be trusted."""
     events = getattr(host.state, "thorfleet_events", None)
-    finished = events.finished.get(host.name, {}) if events is not None else {}
+    if events is None:
+        return True
+    finished = events.finished.get(host.name, {})
     return any(meta.is_complete() and meta.executed for meta in finished.values())
 
 
