@@ -239,6 +239,11 @@ def in_limit(state, host) -> bool:
     return state.is_host_in_limit(host)
 
 
+def failed_hosts(state) -> set:
+    """The run's hosts that pyinfra failed."""
+    return state.failed_hosts
+
+
 def active_hosts(state) -> list:
     """The run's hosts that have not failed."""
     return state.inventory.get_active_hosts()
