@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -149,3 +150,56 @@ def test_a_limited_run_keeps_the_other_hosts_last_state_marked_stale(tmp_path, c
     assert rows["thor-3"]["stale"] is True and "no earlier report" in rows["thor-3"]["error"]
     assert all(tuple(sorted(row)) == tuple(sorted(FIELDS)) for row in rows.values())
     assert "stale: as of 2026-05-01T10:00:00+0000" in capsys.readouterr().err
+
+
+# --- the report file: replaced whole, and a broken one never merged -------------------------------
+
+
+class Cut(BaseException):
+    """The run stopped where it stood (a kill, a lost laptop lid)."""
+
+
+def test_a_run_cut_while_writing_leaves_the_last_report_whole(tmp_path, monkeypatch):
+    path = tmp_path / "report.json"
+    earlier = json.dumps({"finished": "earlier", "hosts": {"thor-1": {"health": True}}})
+    path.write_text(earlier)
+    path.chmod(0o640)
+    state = executed(fake_state(["thor-1"]))
+
+    def cut_half_way(value, f, **kwargs):  # a report written into the file as it goes
+        f.write(json.dumps(value, **kwargs)[:40])
+        raise Cut
+
+    def cut_before_the_rename(*args):
+        raise Cut
+
+    monkeypatch.setattr(report.json, "dump", cut_half_way)
+    monkeypatch.setattr(os, "replace", cut_before_the_rename)
+    with pytest.raises(Cut):
+        report.write(state, str(path))
+    assert path.read_text() == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]  # no half file left
+    monkeypatch.undo()
+    report.write(state, str(path))
+    assert json.loads(path.read_text())["hosts"]["thor-1"]["stale"] is False
+    assert path.stat().st_mode & 0o777 == 0o640  # the operator's mode is kept
+
+
+def test_a_last_report_that_does_not_parse_is_kept_beside_and_not_merged(tmp_path, capsys):
+    path = tmp_path / "report.json"
+    whole = json.dumps({"finished": "2026-05-01T10:00:00+0000",
+                        "hosts": {"thor-1": {"health": True}, "thor-2": {"health": True}}})
+    path.write_text(whole[:50])  # a run cut while writing it, before it was written atomically
+    state = executed(fake_state(["thor-1", "thor-2"]))
+    state.is_host_in_limit = lambda h: h.name == "thor-1"  # pyinfra --limit thor-1
+    report.write(state, str(path))  # the run itself goes on
+    broken = tmp_path / "report.json.broken"
+    assert broken.read_text() == whole[:50]
+    said = capsys.readouterr().err
+    assert f"the last report {path} does not parse (" in said
+    assert f"it is kept as {broken}" in said and "run without --limit" in said
+    rows = json.loads(path.read_text())["hosts"]
+    assert rows["thor-1"]["stale"] is False
+    assert rows["thor-2"]["stale"] is True and rows["thor-2"]["health"] is None
+    assert "the last report was not merged" in rows["thor-2"]["error"]
+    assert str(broken) in rows["thor-2"]["error"]
