@@ -2,19 +2,23 @@
 
 pyinfra is pinned (pyproject: pyinfra==3.10.*); tests/test_pyinfra_hooks.py checks every name and
 signature in `EXPECTED` against the installed pyinfra, so an upgrade that moves one fails the fast
-tests, not a run on the fleet. The rest of thorfleet asks this module, never pyinfra's State.
+tests, not a run on the fleet. Elsewhere thorfleet holds the run's State only to keep its own
+records on it (runstate.py, settings.py) and uses pyinfra's operation and fact API.
 
 Public API used where it exists:
 - the run's State is `host.state` (deploy.py, the operations);
 - what a host's operations did comes from the state callbacks' host events
   (`BaseStateCallback.operation_host_success` / `operation_host_error`), recorded by `_Events`, then
   read with OperationMeta's own `did_change()`, `did_error()`, `executed`, `stdout_lines`,
-  `stderr_lines`; the names with `State.get_op_order()` and `State.get_op_meta()`;
-- what a dry run would change is `OperationMeta.will_change`;
+  `stderr_lines`; their names with `State.get_op_order()` and `State.get_op_meta()`;
+- what a dry run would change is `OperationMeta.will_change`, known when pyinfra checked for
+  changes while planning (`State.should_check_for_changes()`: not under `-y`);
 - "the run's last operation has run" is the `operation_end` event;
-- SSH keepalives are set in the `host_connect` event, on the connection pyinfra just opened;
-- the hosts still in the run are `Inventory.get_active_hosts()`, a run's --limit
-  `State.is_host_in_limit()`, plan or execution `State.current_stage`.
+- SSH keepalives are set in the `host_connect` event, on the connection pyinfra just opened
+  (reconnections after a reboot included);
+- the hosts still in the run are `Inventory.get_active_hosts()`, the failed ones
+  `State.failed_hosts`, a run's --limit `State.is_host_in_limit()`, plan or execution
+  `State.current_stage`.
 
 Hooks, where pyinfra 3.10 has no public path:
 1. `after_inventory_loaded`: the CLI State's `init` is wrapped. thorfleet checks every host's group
@@ -33,6 +37,9 @@ Hooks, where pyinfra 3.10 has no public path:
 3. `operation_parameters`: `@reads` binds an operation's own arguments. It reads the generator's
    signature through `@operation()`'s `functools.wraps` (`__wrapped__`; pyinfra documents the
    generator itself as `_inner`, for calling one operation's commands from another).
+4. thorfleet's per-run records are attributes of the run's State (`thorfleet_events` here,
+   `thorfleet_run` in runstate.py, `thorfleet_settings` in settings.py): one set per run, so two
+   runs in one process never share them, and pyinfra has no place for a deploy's own data per run.
 """
 
 from __future__ import annotations
