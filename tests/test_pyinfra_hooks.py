@@ -2,6 +2,7 @@
 name and signature it relies on is there, and the events, stages and plans it reads mean what it
 expects, on a real pyinfra State (operations on @local: `true`, `false`, `echo`)."""
 
+import ast
 import importlib
 import inspect
 import io
@@ -159,3 +160,41 @@ def test_pin_loads_pyinfra_cli_without_gevents_monkey_patching(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           check=False)
     assert done.stdout.split() == ["1", str(hasattr(__import__("select"), "epoll"))], done.stderr
+
+
+# pyinfra's run machinery, by the names thorfleet would reach it with
+RUN_MACHINERY = {"current_stage", "get_op_meta", "get_op_order", "get_op_data_for_host", "ops",
+                 "op_meta", "_maybe_is_change", "will_change", "operation_meta", "active_hosts",
+                 "failed_hosts", "_get_module", "_connect", "init", "callback_handlers",
+                 "add_callback_handler", "is_executing", "should_check_for_changes"}
+RUN_IMPORTS = {"ctx_state", "SSHConnector", "BaseStateCallback", "StateStage", "State"}
+
+
+def touches(path):
+    """Where a file reaches pyinfra's run machinery other than through pyinfra_hooks."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in RUN_MACHINERY and not (
+                isinstance(node.value, ast.Name) and node.value.id == "pyinfra_hooks"):
+            found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pyinfra"):
+            names = {alias.name for alias in node.names}
+            if node.module.startswith("pyinfra_cli") or names & RUN_IMPORTS:
+                found.append(f"{path.name}:{node.lineno}: from {node.module} import {names}")
+    return found
+
+
+def test_only_pyinfra_hooks_reaches_pyinfras_run_machinery():
+    sources = [*(ROOT / "thorfleet").glob("*.py"), *(ROOT / "tasks").glob("*.py"),
+               ROOT / "deploy.py", ROOT / "config.py"]
+    found = [hit for path in sources if path.name != "pyinfra_hooks.py" for hit in touches(path)]
+    assert found == []
+
+
+def test_the_report_rows_and_table_are_pure():
+    for name in ("report_rows", "report_table"):
+        tree = ast.parse((ROOT / "thorfleet" / f"{name}.py").read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert not {m for m in imported if m.split(".")[0] in ("pyinfra", "thorfleet")}, name

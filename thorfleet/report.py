@@ -34,7 +34,14 @@ from pyinfra.api import operation
 from pyinfra.api.exceptions import PyinfraError
 
 from thorfleet import facts, pyinfra_hooks
-from thorfleet.report_rows import FIELDS, HostRun, dry_run_plan, host_rows, whole_report
+from thorfleet.report_rows import (
+    FIELDS,
+    NO_EARLIER_REPORT,
+    HostRun,
+    dry_run_plan,
+    host_rows,
+    whole_report,
+)
 from thorfleet.report_table import print_table
 from thorfleet.runstate import run_state
 from thorfleet.settings import settings_for_run
@@ -213,16 +220,16 @@ def write(state, path):
             print(f"thorfleet: could not write the plan to {dry}: {error}", file=sys.stderr)
         return
     previous, refused = read_previous(path)
-    kept = "in no earlier report"
-    if refused:
+    no_previous = NO_EARLIER_REPORT
+    if refused:  # the run still writes its own rows: the report is its record, not one of its steps
         print(f"thorfleet: the last report {path} {refused}: not merged, so the hosts outside "
               "this run's --limit have no row and earlier benchmark figures are not carried over; "
               "run without --limit to read every host again", file=sys.stderr)
-        kept = f"the last report was not merged ({path} {refused})"
+        no_previous = f"the last report was not merged ({path} {refused})"
     by_name = {h.name: h for h in state.inventory}
     recorded = run_state(state)
     rows = host_rows(host_runs(state), recorded, previous,
-                     probe=lambda name: _unreachable(by_name[name]), no_previous=kept)
+                     probe=lambda name: _unreachable(by_name[name]), no_previous=no_previous)
     report = whole_report(rows, recorded)
     try:
         replace_file(path, json.dumps(report, indent=2, sort_keys=True))
