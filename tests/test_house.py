@@ -12,7 +12,8 @@ from tests.helpers import ROOT
 pytestmark = pytest.mark.fast
 
 PACKAGE = ROOT / "thorfleet"
-# Modules that hold facts of the world, not logic: they import nothing of thorfleet's.
+# Modules that import nothing of thorfleet's: facts of the world, not logic, and the one module
+# that touches pyinfra's run machinery (pyinfra_hooks).
 LEAVES = {"layout", "pyinfra_hooks", "recipe", "runstate", "rollout"}
 # What the box-facing side (facts, operations) may import: never settings, schema or the report.
 BOX_SIDE = {"facts": {"layout"},
