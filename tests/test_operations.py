@@ -8,7 +8,7 @@ import pytest
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand
 from pyinfra.context import ctx_host
 
-from thorfleet import facts, layout, snapshot
+from thorfleet import facts, layout, pyinfra_hooks, snapshot
 from thorfleet import operations as thor
 from thorfleet.runstate import run_state
 
@@ -393,12 +393,18 @@ class OtherHost:
         self.name, self.state = name, state
 
 
+class Inventory(list):
+    def get_active_hosts(self):  # pyinfra's: the run's hosts that have not failed
+        return list(self)
+
+
 def fleet_state(has_image):
     """A run's state whose other hosts ({name: whether it has the image}) declared their image
     read and have had their one-round-trip read of the box."""
-    state = SimpleNamespace(current_stage=3, ops={})
+    state = SimpleNamespace(current_stage=3, add_callback_handler=lambda handler: None)
+    pyinfra_hooks.watch(state)  # nothing has run yet
     others = [OtherHost(name, state) for name in has_image]
-    state.inventory, state.active_hosts = others, set(others)
+    state.inventory = Inventory(others)
     query = (facts.DockerImageLabels, {"ref": "thorfleet/mistral-small4:abc"})
     key = snapshot.key_of(*query)
     for other in others:

@@ -2,14 +2,16 @@
 
 import io
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
 from pyinfra.api.state import StateStage
 from rich.console import Console
 
-from thorfleet import report
-from thorfleet.runstate import run_state
+from thorfleet import report, report_rows, report_table
+from thorfleet.report_rows import FIELDS, HostRun
+from thorfleet.runstate import RunState, run_state
 
 pytestmark = pytest.mark.fast
 
@@ -19,21 +21,23 @@ class FakeHost(SimpleNamespace):
 
 
 def fake_state(names, failed=()):
+    """pyinfra's State as the report reads it at the end of a run (through pyinfra_hooks)."""
     hosts = [FakeHost(name=n, data={}, connected=True) for n in names]
-    return SimpleNamespace(inventory=hosts, ops={h: {} for h in hosts}, get_op_order=list,
+    return SimpleNamespace(inventory=hosts, get_op_order=list, is_host_in_limit=lambda h: True,
+                           should_check_for_changes=lambda: True,
                            failed_hosts={h for h in hosts if h.name in failed},
                            handlers=[], add_callback_handler=lambda h: None)
 
 
 def test_rows_hold_what_the_run_recorded_and_every_field():
-    state = fake_state(["thor-1", "thor-2", "thor-3"], failed={"thor-1", "thor-3"})
-    run = run_state(state)
+    hosts = [HostRun("thor-1", failed=True), HostRun("thor-2"), HostRun("thor-3", failed=True)]
+    run = RunState()
     run.errors["thor-1"] = [("did not come back within 900s of the reboot for power mode 2 "
                             "(power_reboot_timeout_s)")]
     run.observed["thor-2"] = {"health": True, "chat": True, "service": "active"}
     run.observed["thor-3"] = {"health": False}
-    rows = report._host_rows(state)
-    assert all(tuple(sorted(row)) == tuple(sorted(report.FIELDS)) for row in rows.values())
+    rows = report_rows.host_rows(hosts, run)
+    assert all(tuple(sorted(row)) == tuple(sorted(FIELDS)) for row in rows.values())
     assert "power_reboot_timeout_s" in rows["thor-1"]["error"]
     assert rows["thor-2"]["health"] is True and rows["thor-2"]["error"] is None
     # failed, connected, read at the end, but nothing recorded why: said so, not left blank
@@ -64,48 +68,47 @@ def executed(state):
 
 
 def test_a_benchmarked_host_has_its_figures_in_the_row():
-    state = fake_state(["thor-1"])
-    run_state(state).benchmarks["thor-1"] = BENCH
-    row = report._host_rows(state)["thor-1"]
+    run = RunState()
+    run.benchmarks["thor-1"] = BENCH
+    row = report_rows.host_rows([HostRun("thor-1")], run)["thor-1"]
     assert (row["tok_s"], row["ttft_s"], row["eagle_acceptance"], row["vs_median"]) == \
         (33.62, 0.061, 0.71, 1.0)
     assert row["benchmark"]["runs"] == BENCH["runs"]  # every figure in the JSON
 
 
 def test_a_host_not_benchmarked_keeps_the_figures_of_the_version_it_still_serves():
-    state = fake_state(["thor-1", "thor-2"])
-    run = run_state(state)
+    run = RunState()
     run.observed["thor-1"] = {"serving_fingerprint": "aaaa" * 16}
     run.observed["thor-2"] = {"serving_fingerprint": "cccc" * 16}  # restarted with a new version
     previous = {"thor-1": {"serving_fingerprint": "aaaa" * 16, "benchmark": BENCH, "tok_s": 33.62},
                 "thor-2": {"serving_fingerprint": "bbbb" * 16, "benchmark": BENCH, "tok_s": 33.62}}
-    rows = report._host_rows(state, previous)
+    rows = report_rows.host_rows([HostRun("thor-1"), HostRun("thor-2")], run, previous)
     assert rows["thor-1"]["tok_s"] == 33.62 and rows["thor-1"]["benchmark"]["from_earlier_run"]
     assert rows["thor-2"]["tok_s"] is None and rows["thor-2"]["benchmark"] is None
 
 
-def rendered(rows, median=None, width=report.TABLE_WIDTH):
+def rendered(rows, median=None, width=report_table.TABLE_WIDTH):
     console = Console(width=width, file=io.StringIO(), record=True)
-    console.print(report.table(rows, median))
+    console.print(report_table.table(rows, median))
     return console.export_text().rstrip("\n").splitlines()
 
 
 def test_the_table_fits_120_columns_one_line_per_host():
     slow = dict(BENCH, tok_s=17.48, vs_median=0.52, eagle_acceptance=None, passed=False)
     rows = {
-        "thor-1": {**dict.fromkeys(report.FIELDS), "serving_fingerprint": "0123456789ab" * 5,
+        "thor-1": {**dict.fromkeys(FIELDS), "serving_fingerprint": "0123456789ab" * 5,
                    "health": True, "chat": True, "reasoning_split": True, "tok_s": 33.62,
                    "ttft_s": 0.061, "eagle_acceptance": 0.71, "vs_median": 1.0, "benchmark": BENCH,
                    "changed": ["a"] * 12, "patches": "chat-template,api-key-all-routes," * 6},
         "thor-rack-b-unit-07.lab.example.com": {
-            **dict.fromkeys(report.FIELDS), "serving_fingerprint": "fedcba9876543210" * 4,
+            **dict.fromkeys(FIELDS), "serving_fingerprint": "fedcba9876543210" * 4,
             "health": True, "chat": True, "tok_s": 17.48, "ttft_s": 0.114, "vs_median": 0.52,
             "benchmark": slow, "changed": [],
             "error": "too slow: 17.5 tok/s is below the floor of 27 tok/s (rollout_bench_min_toks); "
                      "17.5 tok/s is 0.52x the fleet median 33.6 tok/s, below 0.8 " * 3},
-        "thor-3": {**dict.fromkeys(report.FIELDS), "stale": True, "as_of": "2026-05-01T10:00:00+0000",
+        "thor-3": {**dict.fromkeys(FIELDS), "stale": True, "as_of": "2026-05-01T10:00:00+0000",
                    "health": True, "error": None, "changed": []},
-        "thor-4": {**dict.fromkeys(report.FIELDS), "changed": [],
+        "thor-4": {**dict.fromkeys(FIELDS), "changed": [],
                    "error": "could not connect to 10.0.0.4:22: Connection refused"},
     }
     lines = rendered(rows, median=33.62)
@@ -124,7 +127,7 @@ def test_a_dry_run_leaves_the_last_report_alone_and_writes_its_plan_beside_it(tm
     state = fake_state(["thor-1"])
     state.current_stage = StateStage.Prepare  # --dry stops before Execute
     state.get_op_meta = lambda op_hash: SimpleNamespace(names={"Install the benchmark tool"})
-    report._write(state, str(path))
+    report.write(state, str(path))
     assert path.read_text() == '{"finished": "earlier", "hosts": {}}'
     plan = json.loads((tmp_path / "report.json.dry.json").read_text())
     assert plan["dry_run"] is True and plan["would_change"] == {"thor-1": []}
@@ -140,10 +143,63 @@ def test_a_limited_run_keeps_the_other_hosts_last_state_marked_stale(tmp_path, c
     state = executed(fake_state(["thor-1", "thor-2", "thor-3"]))
     state.is_host_in_limit = lambda h: h.name == "thor-1"  # pyinfra --limit thor-1
     run_state(state).observed["thor-1"] = {"health": True, "chat": False}
-    report._write(state, str(path))
+    report.write(state, str(path))
     rows = json.loads(path.read_text())["hosts"]
     assert rows["thor-1"]["stale"] is False and rows["thor-1"]["chat"] is False
-    assert rows["thor-2"] == {**dict.fromkeys(report.FIELDS), **earlier, "stale": True}
+    assert rows["thor-2"] == {**dict.fromkeys(FIELDS), **earlier, "stale": True}
     assert rows["thor-3"]["stale"] is True and "no earlier report" in rows["thor-3"]["error"]
-    assert all(tuple(sorted(row)) == tuple(sorted(report.FIELDS)) for row in rows.values())
+    assert all(tuple(sorted(row)) == tuple(sorted(FIELDS)) for row in rows.values())
     assert "stale: as of 2026-05-01T10:00:00+0000" in capsys.readouterr().err
+
+
+# --- the report file: replaced whole, and a broken one never merged -------------------------------
+
+
+class Cut(BaseException):
+    """The run stopped where it stood (a kill, a lost laptop lid)."""
+
+
+def test_a_run_cut_while_writing_leaves_the_last_report_whole(tmp_path, monkeypatch):
+    path = tmp_path / "report.json"
+    earlier = json.dumps({"finished": "earlier", "hosts": {"thor-1": {"health": True}}})
+    path.write_text(earlier)
+    path.chmod(0o640)
+    state = executed(fake_state(["thor-1"]))
+
+    def cut_half_way(value, f, **kwargs):  # a report written into the file as it goes
+        f.write(json.dumps(value, **kwargs)[:40])
+        raise Cut
+
+    def cut_before_the_rename(*args):
+        raise Cut
+
+    monkeypatch.setattr(report.json, "dump", cut_half_way)
+    monkeypatch.setattr(os, "replace", cut_before_the_rename)
+    with pytest.raises(Cut):
+        report.write(state, str(path))
+    assert path.read_text() == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]  # no half file left
+    monkeypatch.undo()
+    report.write(state, str(path))
+    assert json.loads(path.read_text())["hosts"]["thor-1"]["stale"] is False
+    assert path.stat().st_mode & 0o777 == 0o640  # the operator's mode is kept
+
+
+def test_a_last_report_that_does_not_parse_is_kept_beside_and_not_merged(tmp_path, capsys):
+    path = tmp_path / "report.json"
+    whole = json.dumps({"finished": "2026-05-01T10:00:00+0000",
+                        "hosts": {"thor-1": {"health": True}, "thor-2": {"health": True}}})
+    path.write_text(whole[:50])  # a run cut while writing it, before it was written atomically
+    state = executed(fake_state(["thor-1", "thor-2"]))
+    state.is_host_in_limit = lambda h: h.name == "thor-1"  # pyinfra --limit thor-1
+    report.write(state, str(path))  # the run itself goes on
+    broken = tmp_path / "report.json.broken"
+    assert broken.read_text() == whole[:50]
+    said = capsys.readouterr().err
+    assert f"the last report {path} does not parse (" in said
+    assert f"it is kept as {broken}" in said and "run without --limit" in said
+    rows = json.loads(path.read_text())["hosts"]
+    assert rows["thor-1"]["stale"] is False
+    assert rows["thor-2"]["stale"] is True and rows["thor-2"]["health"] is None
+    assert "the last report was not merged" in rows["thor-2"]["error"]
+    assert str(broken) in rows["thor-2"]["error"]

@@ -9,7 +9,7 @@ import pytest
 from pyinfra.api.state import StateStage
 from pyinfra.facts.server import Which
 
-from thorfleet import facts, snapshot
+from thorfleet import facts, pyinfra_hooks, snapshot
 from thorfleet.runstate import run_state
 
 pytestmark = pytest.mark.fast
@@ -95,9 +95,16 @@ class Box:
         return "read alone"
 
 
+def finished(target, op_hash):
+    """pyinfra's event for an operation that ran on `target` (what snapshot learns it from)."""
+    pyinfra_hooks.watch(target.state).operation_host_success(target.state, target, op_hash)
+
+
 def planned_box(tmp_path):
     state = SimpleNamespace(current_stage=StateStage.Execute, ops={}, print_fact_output=False,
-                            print_fact_input=False)
+                            print_fact_input=False, add_callback_handler=lambda handler: None)
+    state.get_op_data_for_host = lambda host, op_hash: state.ops[host][op_hash]
+    pyinfra_hooks.watch(state)  # as config.py and report.install do for a run
     target = Box(state)
     state.ops[target] = {}
     paths = [str(tmp_path / name) for name in ("a", "b", "c")]
@@ -121,12 +128,14 @@ def test_once_the_host_was_sent_a_command_every_read_is_fresh(tmp_path):
     target, paths = planned_box(tmp_path)
     snapshot.read(facts.FileState, target, path=paths[0])
     target.state.ops[target]["an earlier operation"] = SimpleNamespace(operation_meta=Meta(True))
+    finished(target, "an earlier operation")
     assert snapshot.read(facts.FileState, target, path=paths[1]) == "read alone"
 
 
 def test_an_operation_that_sent_nothing_keeps_the_answers(tmp_path):
     target, paths = planned_box(tmp_path)
     target.state.ops[target]["a no-op"] = SimpleNamespace(operation_meta=Meta(False))
+    finished(target, "a no-op")
     snapshot.read(facts.FileState, target, path=paths[0])
     snapshot.read(facts.FileState, target, path=paths[1])
     assert (target.round_trips, target.alone) == (1, [])

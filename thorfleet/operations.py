@@ -20,7 +20,7 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
 from pyinfra.facts.server import Which
 
-from thorfleet import facts
+from thorfleet import facts, pyinfra_hooks
 from thorfleet.layout import (
     BOX_BENCH,
     BOX_IMAGE_CONTEXT,
@@ -555,7 +555,7 @@ def _lacking(tag):
     key = key_of(facts.DockerImageLabels, {"ref": tag})
     run = run_state(host.state)
     return sorted(other.name for other in host.state.inventory
-                  if other is not host and other in host.state.active_hosts
+                  if other is not host and other in pyinfra_hooks.active_hosts(host.state)
                   and key in run.planned_reads.get(other.name, {})
                   and read(facts.DockerImageLabels, target=other, ref=tag) is None)
 

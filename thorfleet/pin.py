@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import ast
 import difflib
-import importlib.util
 import json
 import os
 import re
-import sys
 import tempfile
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,40 +60,20 @@ def group_data_cwd() -> str:
     return str(here if (here / "group_data" / "all.py").exists() else ROOT)
 
 
-def _import_pyinfra_cli_quietly() -> None:
-    """Make pyinfra_cli's modules importable without running its package __init__, which only
-    monkey-patches the stdlib for gevent (the CLI's SSH concurrency). Patched, `select.epoll`
-    is gone and huggingface_hub's API cannot be imported; nothing here needs gevent."""
-    if "pyinfra_cli" in sys.modules:
-        return
-    spec = importlib.util.find_spec("pyinfra_cli")
-    package = types.ModuleType("pyinfra_cli")
-    package.__path__ = list(spec.submodule_search_locations)
-    package.__package__ = "pyinfra_cli"
-    sys.modules["pyinfra_cli"] = package
-
-
 def load_inventory(path):
     """pyinfra's own Inventory for an inventory file, group data included."""
     from click import ClickException
     from pyinfra.api.exceptions import PyinfraError
-    from pyinfra.api.state import State
-    from pyinfra.context import ctx_state
-    _import_pyinfra_cli_quietly()
-    from pyinfra_cli.inventory import make_inventory
-    from pyinfra_cli.util import PYTHON_CODES
+
+    from thorfleet.pyinfra_hooks import load_cli_inventory
 
     path = Path(path)
     if not path.is_file():
         raise PinError(f"{path}: no such inventory file (copy inventory/example.py and edit it)")
     cwd = group_data_cwd()
-    # pyinfra caches compiled files by name; a file pin just wrote must be read afresh.
-    for name in list(PYTHON_CODES):
-        if name == str(path) or name.startswith(str(Path(cwd) / "group_data")):
-            PYTHON_CODES.pop(name, None)
     try:
-        with ctx_state.use(State(check_for_changes=False)):  # the CLI's exec_file needs a state
-            return make_inventory(str(path), cwd=cwd)
+        # a file pin just wrote must be read afresh
+        return load_cli_inventory(path, cwd, fresh=(path, Path(cwd) / "group_data"))
     except (ClickException, PyinfraError, SyntaxError, NameError, TypeError, ValueError) as error:
         message = error.format_message() if isinstance(error, ClickException) else str(error)
         raise PinError(f"{path}: pyinfra cannot load it: {message}") from error

@@ -23,12 +23,12 @@ from __future__ import annotations
 import functools
 import json
 import os
-from inspect import signature
 from shlex import quote as q
 
 from pyinfra import host as context_host
 from pyinfra.api import StringCommand
 
+from thorfleet import pyinfra_hooks
 from thorfleet.runstate import run_state
 
 MARK = "@@thorfleet-read"
@@ -44,7 +44,7 @@ def reads(declare):
     Put it above @operation(); the operation's own arguments reach `declare`, pyinfra's do not."""
 
     def decorator(op):
-        params = signature(op._inner)
+        params = pyinfra_hooks.operation_parameters(op)
 
         @functools.wraps(op)
         def planned(*args, **kwargs):
@@ -54,8 +54,7 @@ def reads(declare):
             plan(context_host, declare(**own.arguments))
             return op(*args, **kwargs)
 
-        planned._inner = op._inner
-        return planned
+        return planned  # functools.wraps keeps the operation's `_inner`
 
     return decorator
 
@@ -95,7 +94,7 @@ def batched() -> bool:
 def _held(run, target):
     """The answers read for `target` in this stage of the run (pyinfra plans, then executes: the
     box is read again for the execution)."""
-    stage = target.state.current_stage
+    stage = pyinfra_hooks.stage(target.state)
     held = run.held_reads.get(target.name)
     if held is None or held["stage"] != stage:
         held = run.held_reads[target.name] = {"stage": stage, "values": {}, "tried": set()}
@@ -104,9 +103,7 @@ def _held(run, target):
 
 def _changed_in_run(target):
     """True once an operation has sent `target` a command in this run."""
-    ops = getattr(target.state, "ops", {}).get(target, {})
-    return any(data.operation_meta.is_complete() and data.operation_meta.executed
-               for data in ops.values())
+    return pyinfra_hooks.sent_commands(target)
 
 
 def script(queries):

@@ -1,0 +1,305 @@
+"""Every place thorfleet touches pyinfra's run machinery, in one module, each with why.
+
+pyinfra is pinned (pyproject: pyinfra==3.10.*); tests/test_pyinfra_hooks.py checks every name and
+signature in `EXPECTED` against the installed pyinfra, so an upgrade that moves one fails the fast
+tests, not a run on the fleet. Elsewhere thorfleet holds the run's State only to keep its own
+records on it (runstate.py, settings.py) and uses pyinfra's operation and fact API.
+
+Public API used where it exists:
+- the run's State is `host.state` (deploy.py, the operations);
+- what a host's operations did comes from the state callbacks' host events
+  (`BaseStateCallback.operation_host_success` / `operation_host_error`), recorded by `_Events`, then
+  read with OperationMeta's own `did_change()`, `did_error()`, `executed`, `stdout_lines`,
+  `stderr_lines`; their names with `State.get_op_order()` and `State.get_op_meta()`;
+- what a dry run would change is `OperationMeta.will_change`, known when pyinfra checked for
+  changes while planning (`State.should_check_for_changes()`: not under `-y`);
+- "the run's last operation has run" is the `operation_end` event;
+- SSH keepalives are set in the `host_connect` event, on the connection pyinfra just opened
+  (reconnections after a reboot included);
+- the hosts still in the run are `Inventory.get_active_hosts()`, the failed ones
+  `State.failed_hosts`, a run's --limit `State.is_host_in_limit()`, plan or execution
+  `State.current_stage`.
+
+Hooks, where pyinfra 3.10 has no public path:
+1. `after_inventory_loaded`: the CLI State's `init` is wrapped. thorfleet checks every host's group
+   data before the first SSH connection (bad input is refused, no host contacted). config.py is
+   the only code of ours the CLI runs before connecting, and it runs before the inventory is
+   loaded; pyinfra has no event between "inventory loaded" and "connecting" (the first callback,
+   `host_before_connect`, is per host, inside the connection pool, and callbacks can only be added
+   once `init` has made the list), so the check follows `State.init`, which the CLI calls right
+   after loading the inventory (pyinfra_cli/cli.py).
+2. `load_cli_inventory`: `thorfleet pin` loads an inventory exactly as the CLI does, with
+   `pyinfra_cli.inventory.make_inventory` (there is no API for it). The `pyinfra_cli` package's
+   `__init__` only applies gevent's monkey patching for the CLI's SSH concurrency; patched,
+   `select.epoll` is gone and huggingface_hub cannot be imported, and pin needs no gevent. So its
+   modules are imported without running that `__init__`. Its cache of compiled files
+   (`pyinfra_cli.util.PYTHON_CODES`) is emptied of the files pin rewrites, so they are read afresh.
+3. `operation_parameters`: `@reads` binds an operation's own arguments. It reads the generator's
+   signature through `@operation()`'s `functools.wraps` (`__wrapped__`; pyinfra documents the
+   generator itself as `_inner`, for calling one operation's commands from another).
+4. `cli_inventory_argument`: the INVENTORY the operator gave the CLI, read from click's current
+   context (the CLI is a click command; its State does not keep the path), so a refusal of the
+   inventory names the file as `thorfleet check` does.
+5. thorfleet's per-run records are attributes of the run's State (`thorfleet_events` here,
+   `thorfleet_run` in runstate.py, `thorfleet_settings` in settings.py): one set per run, so two
+   runs in one process never share them, and pyinfra has no place for a deploy's own data per run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+import types
+from typing import NamedTuple
+
+from pyinfra.api.state import BaseStateCallback, StateStage
+
+# "module:qualified name" -> its signature in pyinfra 3.10, or "property" / "attribute" (a class
+# attribute, or one declared on the class).
+EXPECTED = {
+    "pyinfra.api.state:State.init": "(self, inventory: 'Inventory', config: 'Config | None', "
+                                    "initial_limit=None)",
+    "pyinfra.api.state:State.add_callback_handler": "(self, handler)",
+    "pyinfra.api.state:State.get_op_order": "(self)",
+    "pyinfra.api.state:State.get_op_meta": "(self, op_hash: 'str') -> 'StateOperationMeta'",
+    "pyinfra.api.state:State.get_op_data_for_host":
+        "(self, host: 'Host', op_hash: 'str') -> 'StateOperationHostData'",
+    "pyinfra.api.state:State.is_host_in_limit": "(self, host: 'Host')",
+    "pyinfra.api.state:State.should_check_for_changes": "(self)",
+    "pyinfra.api.state:State.current_stage": "attribute",
+    "pyinfra.api.state:StateStage.Execute": "attribute",
+    "pyinfra.api.state:StateOperationMeta.names": "attribute",
+    "pyinfra.api.state:BaseStateCallback.host_connect": "(state: 'State', host: 'Host')",
+    "pyinfra.api.state:BaseStateCallback.operation_host_success":
+        "(state: 'State', host: 'Host', op_hash, retry_count: 'int' = 0)",
+    "pyinfra.api.state:BaseStateCallback.operation_host_error":
+        "(state: 'State', host: 'Host', op_hash, retry_count: 'int' = 0, max_retries: 'int' = 0)",
+    "pyinfra.api.state:BaseStateCallback.operation_end": "(state: 'State', op_hash)",
+    "pyinfra.api.operation:OperationMeta.will_change": "property",
+    "pyinfra.api.operation:OperationMeta.executed": "property",
+    "pyinfra.api.operation:OperationMeta.is_complete": "(self) -> 'bool'",
+    "pyinfra.api.operation:OperationMeta.did_change": "(self) -> 'bool'",
+    "pyinfra.api.operation:OperationMeta.did_error": "(self) -> 'bool'",
+    "pyinfra.api.operation:OperationMeta.stdout_lines": "property",
+    "pyinfra.api.operation:OperationMeta.stderr_lines": "property",
+    "pyinfra.api.inventory:Inventory.get_active_hosts": "(self) -> 'list[Host]'",
+    "pyinfra.api.host:Host.connect":
+        "(self, reason=None, show_errors: 'bool' = True, raise_exceptions: 'bool' = False)",
+    "pyinfra.connectors.ssh:SSHConnector.client": "attribute",
+    "pyinfra_cli.inventory:make_inventory": "(inventory: str, override_data=None, "
+                                            "cwd: str | None = None, group_data_directories=None)",
+    "pyinfra_cli.util:PYTHON_CODES": "attribute",
+}
+
+
+# --- before connecting (hook 1) and SSH keepalives ------------------------------------------------
+
+
+def cli_inventory_argument() -> str | None:
+    """The INVENTORY argument of the running `pyinfra` CLI, or None (the Python API)."""
+    import click
+
+    context = click.get_current_context(silent=True)
+    return context.params.get("inventory") if context is not None else None
+
+
+def after_inventory_loaded(*steps):
+    """Run each `step(state)` right after the CLI loads the inventory, before any connection
+    (config.py). A step may exit the process: no host has been contacted yet."""
+    from pyinfra.context import ctx_state
+
+    state = ctx_state.get()
+    init = state.init
+
+    def init_then_steps(inventory, *args, **kwargs):
+        init(inventory, *args, **kwargs)
+        for step in steps:
+            step(state)
+
+    state.init = init_then_steps
+
+
+class _Keepalive(BaseStateCallback):
+    """An SSH keepalive on every connection to a box, every `ssh_keepalive_interval_s` (paramiko's
+    Transport.set_keepalive). A restart is proven for up to service_health_timeout_s while the
+    laptop's session sits idle, and NAT and firewalls drop idle connections. pyinfra only takes a
+    keepalive from an ssh_config file's ServerAliveInterval, and pointing it at a file of ours
+    would hide the operator's own ~/.ssh/config."""
+
+    @staticmethod
+    def host_connect(state, host):
+        seconds = host.data.get("ssh_keepalive_interval_s")
+        client = getattr(host.connector, "client", None)  # SSH only
+        transport = client.get_transport() if client is not None else None
+        if seconds and transport is not None:
+            transport.set_keepalive(int(seconds))
+
+
+def keep_ssh_sessions_alive(state):
+    """Set keepalives on every connection `state` opens, reconnections after a reboot included."""
+    state.add_callback_handler(_Keepalive())
+
+
+# --- what the run did, from the state callbacks ---------------------------------------------------
+
+
+class Outcome(NamedTuple):
+    """One operation on one host, once it ran."""
+
+    name: str
+    changed: bool
+    failed: bool
+    output: tuple[str, ...]  # its stdout lines, then its stderr lines
+
+
+class _Events(BaseStateCallback):
+    """Each host's finished operations (their OperationMeta, complete once the event's operation
+    returns), and what to do once the run's last operation has run."""
+
+    def __init__(self):
+        self.finished: dict[str, dict] = {}  # host name -> {op_hash: OperationMeta}
+        self.after_last: list = []  # each called with the State
+
+    def _finished(self, state, host, op_hash):
+        meta = state.get_op_data_for_host(host, op_hash).operation_meta
+        self.finished.setdefault(host.name, {})[op_hash] = meta
+
+    def operation_host_success(self, state, host, op_hash, retry_count=0):
+        self._finished(state, host, op_hash)
+
+    def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):
+        self._finished(state, host, op_hash)
+
+    def operation_end(self, state, op_hash):
+        if op_hash == state.get_op_order()[-1]:
+            for then in self.after_last:
+                then(state)
+
+
+def watch(state) -> _Events:
+    """The run's recorder of operation events, added to `state` on first use. It must be added
+    before the first operation executes: config.py does it as the CLI loads the inventory, and
+    report.install from deploy.py (every deploy file runs before any operation executes)."""
+    events = getattr(state, "thorfleet_events", None)
+    if events is None:
+        events = state.thorfleet_events = _Events()
+        state.add_callback_handler(events)
+    return events
+
+
+def after_last_operation(state, then):
+    """Call `then(state)` once the run's last operation has run on every host."""
+    watch(state).after_last.append(then)
+
+
+def operation_name(state, op_hash) -> str:
+    return min(state.get_op_meta(op_hash).names)
+
+
+def outcomes(state, host) -> list[Outcome]:
+    """What each operation that ran on `host` did, in the run's operation order."""
+    finished = watch(state).finished.get(host.name, {})
+    found = []
+    for op_hash in state.get_op_order():
+        meta = finished.get(op_hash)
+        if meta is None or not meta.is_complete():
+            continue
+        found.append(Outcome(operation_name(state, op_hash), meta.did_change(), meta.did_error(),
+                             tuple(meta.stdout_lines + meta.stderr_lines)))
+    return found
+
+
+def sent_commands(host) -> bool:
+    """True once an operation has sent `host` a command in this run. Also True in a run nobody
+    watched (`watch`: config.py and report.install do, before execution): the run's events were
+    not seen, so nothing read before it may be trusted."""
+    events = getattr(host.state, "thorfleet_events", None)
+    if events is None:
+        return True
+    finished = events.finished.get(host.name, {})
+    return any(meta.is_complete() and meta.executed for meta in finished.values())
+
+
+def planned_changes(state, host) -> list[str]:
+    """The operations a dry run planned to change on `host`, in order. Only a run that checked
+    for changes while planning knows (`pyinfra -y` skips it): otherwise none are listed."""
+    if not state.should_check_for_changes():
+        return []
+    planned = []
+    for op_hash in state.get_op_order():
+        try:
+            meta = state.get_op_data_for_host(host, op_hash).operation_meta
+        except KeyError:  # not an operation of this host
+            continue
+        if meta.will_change:
+            planned.append(operation_name(state, op_hash))
+    return planned
+
+
+# --- stages and hosts -------------------------------------------------------------------------------
+
+
+def stage(state):
+    """The run's stage (StateStage): pyinfra plans every operation, then executes them, and runs
+    each body once in each."""
+    return state.current_stage
+
+
+def executing(state) -> bool:
+    """True once pyinfra executes the operations (it runs each body once to plan it first)."""
+    return state.current_stage >= StateStage.Execute
+
+
+def in_limit(state, host) -> bool:
+    """True when `host` is in this run (its --limit)."""
+    return state.is_host_in_limit(host)
+
+
+def failed_hosts(state) -> set:
+    """The run's hosts that pyinfra failed."""
+    return state.failed_hosts
+
+
+def active_hosts(state) -> list:
+    """The run's hosts that have not failed."""
+    return state.inventory.get_active_hosts()
+
+
+# --- operations (hook 3) ----------------------------------------------------------------------------
+
+
+def operation_parameters(op) -> inspect.Signature:
+    """The parameters of the generator under an `@operation()` (its own, not pyinfra's `_sudo`...)."""
+    return inspect.signature(op)  # @operation() wraps it with functools.wraps
+
+
+# --- loading an inventory as the CLI does (hook 2) --------------------------------------------------
+
+
+def _import_pyinfra_cli_quietly() -> None:
+    if "pyinfra_cli" in sys.modules:
+        return
+    spec = importlib.util.find_spec("pyinfra_cli")
+    package = types.ModuleType("pyinfra_cli")
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__package__ = "pyinfra_cli"
+    sys.modules["pyinfra_cli"] = package
+
+
+def load_cli_inventory(path: str, cwd: str, fresh=()):
+    """pyinfra's own Inventory for the file at `path`, with `cwd`'s group_data, as the CLI loads
+    it. Files at `fresh` (paths, or folders: every file under them) are compiled afresh. Raises
+    what the CLI raises (click.ClickException, PyinfraError, the file's own errors)."""
+    from pyinfra.api.state import State
+    from pyinfra.context import ctx_state
+
+    _import_pyinfra_cli_quietly()
+    make_inventory = importlib.import_module("pyinfra_cli.inventory").make_inventory
+    compiled = importlib.import_module("pyinfra_cli.util").PYTHON_CODES
+    for name in list(compiled):
+        if any(name == str(f) or name.startswith(f"{f}/") for f in fresh):
+            compiled.pop(name, None)
+    with ctx_state.use(State(check_for_changes=False)):  # the CLI's exec_file needs a state
+        return make_inventory(str(path), cwd=cwd)
