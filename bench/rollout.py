@@ -32,6 +32,7 @@ from pathlib import Path
 
 import docker
 
+from bench import latency
 from tests.sim import fleet, operator
 from tests.sim.hub.faults import HubFaults
 from tests.sim.prober import Prober, restart_window
@@ -131,20 +132,20 @@ def reruns(sim, workdir, group, extra, count, mode):
 
 
 @contextlib.contextmanager
-def round_trip(client, hosts, ms):
-    """Each box's replies delayed `ms` (netem on its eth0): a round trip of `ms` to every box."""
-    if ms:
-        for host in hosts:
-            code, out = fleet.box_exec(client, host, f"tc qdisc replace dev eth0 root netem "
-                                                     f"delay {int(ms)}ms")
-            if code != 0:
-                raise SystemExit(f"{host}: tc netem: {out}")
-    try:
-        yield
-    finally:
-        if ms:
-            for host in hosts:
-                fleet.box_exec(client, host, "tc qdisc del dev eth0 root")
+def delayed(sim, workdir, group, rtt_ms):
+    """(the hosts as inventory entries, extra group data) that reach `group` with a round trip
+    of `rtt_ms` (bench/latency.py's proxies; their ports in a known_hosts of their own), or the
+    hosts as they are with rtt_ms 0."""
+    if not rtt_ms:
+        yield group, {}
+        return
+    with latency.round_trip({h: sim.ssh_port(h) for h in group}, rtt_ms) as ports:
+        lines = sim.known_hosts.read_text().splitlines()
+        known = workdir / f"known_hosts-rtt{rtt_ms}"
+        known.write_text("".join(
+            line.replace(f"[127.0.0.1]:{sim.ssh_port(h)} ", f"[127.0.0.1]:{ports[h]} ") + "\n"
+            for h in group for line in lines if line.startswith(f"[127.0.0.1]:{sim.ssh_port(h)} ")))
+        yield [(h, {"ssh_port": ports[h]}) for h in group], {"ssh_known_hosts_file": str(known)}
 
 
 def rolling_change(sim, workdir, hosts, batch, value):
@@ -189,7 +190,7 @@ def main():
                         help="no-change re-runs per group (the median is reported)")
     parser.add_argument("--rtt-ms", type=int, default=0,
                         help="a round trip of this many ms between the laptop and each box for "
-                             "the re-runs (netem on the box's interface; a WAN or a busy VPN)")
+                             "the re-runs (a delaying proxy, bench/latency.py: a WAN or a VPN)")
     parser.add_argument("--reads", choices=["batched", "each", "both"], default="batched",
                         help="re-runs with the batched snapshot (one round trip per box), with "
                              "each read its own fact command (THORFLEET_BATCH_READS=0), or both")
@@ -224,10 +225,10 @@ def main():
                 "hub_copies": round(served / one_copy, 2),
                 "image_built_on": built_on(first, group),
                 "first_sections_s": first.sections})
-        with round_trip(client, group, args.rtt_ms):
+        with delayed(sim, workdir, group, args.rtt_ms) as (entries, reach):
             for mode in modes:
                 results["converge"].setdefault(label, {}).update(
-                    reruns(sim, workdir, group, extra, args.reruns, mode))
+                    reruns(sim, workdir, entries, {**extra, **reach}, args.reruns, mode))
 
     for number, batch in enumerate(args.batches):
         results["rollouts"].append(rolling_change(sim, workdir, hosts, batch, f"bench-{number}"))

@@ -217,3 +217,37 @@ def test_a_first_install_is_benchmarked_unless_told_otherwise():
     assert not thor.wants_benchmark("first-install", "abc123")
     assert thor.wants_benchmark("always", "abc123")
     assert not thor.wants_benchmark("never", None)
+
+
+def test_the_latency_proxy_delays_each_way_and_keeps_the_bytes_in_order():
+    import socket
+    import threading
+    import time
+
+    from bench.latency import DelayProxy
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def echo():
+        connection, _ = server.accept()
+        with connection:
+            data = connection.recv(65536)
+            while data:
+                connection.sendall(data)
+                data = connection.recv(65536)
+
+    threading.Thread(target=echo, daemon=True).start()
+    proxy = DelayProxy(server.getsockname()[1], one_way_ms=60)
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as client:
+            started = time.monotonic()
+            client.sendall(b"ping-" * 1000)
+            got = b""
+            while len(got) < 5000:
+                got += client.recv(65536)
+            took = time.monotonic() - started
+        assert got == b"ping-" * 1000
+        assert took >= 0.12, took  # one round trip: 60 ms there, 60 ms back
+    finally:
+        proxy.close()
+        server.close()
