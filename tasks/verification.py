@@ -23,17 +23,18 @@ from thorfleet.layout import BOX_BENCH, FILES
 def run(s):
     thor.whole_file(name="Install the benchmark tool", src=str(FILES / "bin" / "thorfleet-bench"),
                     path=BOX_BENCH, mode="755")
+    service = {"service": s.service_name, "port": s.service_port, "fingerprint": s.fingerprint,
+               "health_timeout": s.service_health_timeout_s}
     thor.serving(name="First installs: start every host that never served a version, together "
-                      "(no serving capacity at stake)", s=s, first_install=True)
-    plan = rollout.batches(inventory, s.rollout_batch, s.rollout_canary_group)
-    for index in host.loop(range(len(plan))):
-        if host.name in plan[index]:
+                      "(no serving capacity at stake)", first_install=True, **service)
+    # what each turn does, and what a failed one means for the later batches: rollout.py
+    plan = rollout.plan(inventory, s.rollout_batch, s.rollout_canary_group)
+    for index in host.loop(range(len(plan.batches))):
+        if host.name in plan.batches[index]:
             thor.serving(
-                name=f"Batch {index + 1}/{len(plan)}: serve the rendered version and prove it "
-                     "(health, kernels, chat, reasoning, tools)",
-                s=s,
-                wait_for=[name for batch in plan[:index] for name in batch],
-            )
+                name=f"Batch {index + 1}/{len(plan.batches)}: serve the rendered version and prove "
+                     "it (health, kernels, chat, reasoning, tools)",
+                earlier=plan.before(index), **service)
     if s.rollout_benchmark != "never":
         thor.benchmark(name="Benchmark the decode rate (the seed's method: /v1/completions, "
                             "512 tokens, warm-up + 3 runs)", port=s.service_port,

@@ -15,7 +15,8 @@ PACKAGE = ROOT / "thorfleet"
 # Modules that hold facts of the world, not logic: they import nothing of thorfleet's.
 LEAVES = {"layout", "recipe", "runstate", "rollout", "ssh"}
 # What the box-facing side (facts, operations) may import: never settings, schema or the report.
-BOX_SIDE = {"facts": {"layout"}, "operations": {"facts", "layout", "runstate", "snapshot"},
+BOX_SIDE = {"facts": {"layout"},
+            "operations": {"facts", "layout", "rollout", "runstate", "snapshot"},
             "snapshot": {"runstate"}}
 
 
