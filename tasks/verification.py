@@ -2,8 +2,9 @@
 
 Hosts that never served a version start first, all together: none of them takes serving capacity
 away. Restarts then roll through the fleet: a batch at a time (rollout_batch), the canary group
-first; a batch (or a first install) that fails its checks stops the rollout and the hosts after it
-keep their current version.
+first; a batch (or a first install) that fails its checks, or a canary that drops out before
+proving the change, stops the rollout and the hosts after it keep their current version
+(thorfleet/rollout.py says what each turn does, and why).
 
 The benchmark (the seed's method, files/bin/thorfleet-bench) runs after the proof when
 rollout_benchmark asks for it: "always", "never", or "first-install" (the default: a host with no
@@ -34,7 +35,7 @@ def run(s):
             thor.serving(
                 name=f"Batch {index + 1}/{len(plan.batches)}: serve the rendered version and prove "
                      "it (health, kernels, chat, reasoning, tools)",
-                earlier=plan.before(index), **service)
+                earlier=plan.before(index), canaries=plan.canaries, **service)
     if s.rollout_benchmark != "never":
         thor.benchmark(name="Benchmark the decode rate (the seed's method: /v1/completions, "
                             "512 tokens, warm-up + 3 runs)", port=s.service_port,

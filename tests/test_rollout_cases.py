@@ -5,8 +5,10 @@ A case holds:
 - story: the operator's question it answers;
 - step: "batch" (the host's batch) or "first install" (the step before the batches);
 - served: what the box serves (facts.ServerState); rendered: the fingerprint of group data;
-- earlier: {host: what its turn did in this run} for the hosts of earlier batches, and
+- earlier: {host: what its turn did in this run} for the hosts of earlier batches ("passed",
+  "failed", "dropped": pyinfra failed it before its turn, "outside": not in the run), and
   first_installs: the same for the hosts started as first installs ("passed" or "failed");
+- canaries: the canary group's hosts;
 - decision, why: what rollout.decide says;
 - box: how the box answers thorfleet-serve ("ok", or the lines of a failure);
 - commands: what reaches the box, in order; fails: whether the turn fails the host;
@@ -40,6 +42,7 @@ def load(path):
     case.setdefault("step", "batch")
     case.setdefault("earlier", {})
     case.setdefault("first_installs", {})
+    case.setdefault("canaries", [])
     case.setdefault("box", "ok")
     case.setdefault("fails", False)
     case["recorded"] = {"first_start": False, "failed_restart": False, "error": None,
@@ -73,10 +76,21 @@ class TurnHost:
         return False, SimpleNamespace(stdout_lines=self.case["box"], stderr_lines=[])
 
 
+class Other:
+    """Another host of the inventory, as pyinfra's State holds it."""
+
+    def __init__(self, name):
+        self.name = name
+
+
 def the_run(case):
-    """pyinfra's State and the run's records as the turns before this one left them."""
+    """pyinfra's State and the run's records as the turns before this one left them: a host that
+    failed or dropped out is one of pyinfra's failed hosts, one that passed is still active."""
     turns = {**case["earlier"], **case["first_installs"]}
-    state = SimpleNamespace()
+    state = SimpleNamespace(
+        active_hosts={Other(HOST), *(Other(n) for n, did in turns.items() if did == rollout.PASSED)},
+        failed_hosts={Other(n) for n, did in turns.items()
+                      if did in (rollout.FAILED, rollout.DROPPED)})
     records = run_state(state)
     records.failed_restarts.update(n for n, did in turns.items() if did == rollout.FAILED)
     records.first_starts.update(case["first_installs"])
@@ -93,14 +107,15 @@ def plan(host, case):
     with ctx_host.use(host):
         return list(thor.serving._inner(
             fingerprint=case["rendered"], earlier=list(case["earlier"]),
-            first_install=case["step"] == "first install", **SERVICE))
+            canaries=set(case["canaries"]), first_install=case["step"] == "first install",
+            **SERVICE))
 
 
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
 def test_a_turn(path):
     case = load(path)
     decision = rollout.decide(case["served"], case["rendered"], case["step"] == "first install",
-                              {**case["earlier"], **case["first_installs"]})
+                              {**case["earlier"], **case["first_installs"]}, case["canaries"])
     assert (decision.action, decision.why) == (case["decision"], case["why"]), case["story"]
 
     state = the_run(case)

@@ -552,7 +552,8 @@ def shared_image(s, context):
 
 @reads(lambda service, port, **_: [(facts.ServerState, {"service": service, "port": port})])
 @operation()
-def serving(service, port, fingerprint, health_timeout, earlier=(), first_install=False):
+def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
+            first_install=False):
     """The service runs the version rendered from group data and passes its checks, at this host's
     turn of the rollout. What the turn does (noop, prove, activate or hold) and why is
     rollout.decide's; this reads the box and the run for it and yields the commands it names.
@@ -562,6 +563,7 @@ def serving(service, port, fingerprint, health_timeout, earlier=(), first_instal
     + fingerprint: the version rendered from group data (Settings.fingerprint)
     + health_timeout: seconds a start may take to answer /health (service_health_timeout_s)
     + earlier: the hosts whose batch comes before this host's (rollout.Plan.before)
+    + canaries: the canary group's hosts (rollout.Plan.canaries)
     + first_install: the first installs' step, before the batches
 
     What the run records (a first start, a failed restart, why a host was held) is recorded by the
@@ -573,10 +575,12 @@ def serving(service, port, fingerprint, health_timeout, earlier=(), first_instal
         serving(name="Start the first installs", service="thorfleet-vllm", port=8002,
                 fingerprint=s.fingerprint, health_timeout=1200, first_install=True)
         serving(name="Batch 2/3: serve and prove it", service="thorfleet-vllm", port=8002,
-                fingerprint=s.fingerprint, health_timeout=1200, earlier=["thor-1"])
+                fingerprint=s.fingerprint, health_timeout=1200, earlier=["thor-1"],
+                canaries={"thor-1"})
     """
     served = read(facts.ServerState, service=service, port=port)
-    decision = rollout.decide(served, fingerprint, first_install, _turns_before(earlier))
+    decision = rollout.decide(served, fingerprint, first_install, _turns_before(earlier),
+                              canaries)
 
     def serve(command, *extra):
         return _command("python3", BOX_SERVE, command, "--service", service, "--port", port,
@@ -594,11 +598,26 @@ def serving(service, port, fingerprint, health_timeout, earlier=(), first_instal
 
 
 def _turns_before(earlier):
-    """{host name: rollout.PASSED or FAILED} of the turns before this host's in this run: the hosts
-    of `earlier` batches and the first installs, as their commands recorded them."""
-    records = run_state(host.state)
-    return {name: rollout.FAILED if name in records.failed_restarts else rollout.PASSED
-            for name in {*earlier, *records.first_starts}}
+    """{host name: what its turn did} of the turns before this host's in this run, the hosts of
+    `earlier` batches and the first installs: FAILED as their commands recorded it, else PASSED
+    while pyinfra still runs the host, DROPPED once pyinfra has failed it (it could not connect, or
+    an operation before failed), OUTSIDE when it never was in the run (--limit)."""
+    state = host.state
+    records = run_state(state)
+    names = {*earlier, *records.first_starts}
+    if not names:
+        return {}
+    active = {h.name for h in state.active_hosts}
+    left = {h.name for h in state.failed_hosts}
+
+    def did(name):
+        if name in records.failed_restarts:
+            return rollout.FAILED
+        if name in active:
+            return rollout.PASSED
+        return rollout.DROPPED if name in left else rollout.OUTSIDE
+
+    return {name: did(name) for name in names}
 
 
 def _record_hold(why):

@@ -17,8 +17,9 @@ One host's turn, `decide(served, rendered, first_install, earlier)`:
     first install  nothing proven                         -                   activate
     batch          the rendered version, healthy          -                   noop
     batch          the rendered version, not healthy      -                   prove
-    batch          anything else (or stopped)             one failed          hold
-    batch          anything else (or stopped)             none failed         activate
+    batch          anything else (or stopped)             one failed, or a    hold
+                                                          canary did not pass
+    batch          anything else (or stopped)             the others          activate
 
 What each decision does (thorfleet-serve's command of the same name):
 - noop: nothing; a first install's step leaves a host that proved a version to its batch.
@@ -41,6 +42,12 @@ The operator's questions:
 - A first install failed? The same: a bare box failing its proof tells that the rendered version
   does not serve, so every batch holds, the first one included. The other first installs started
   with it, together.
+- A canary dropped out before its restart (unreachable, or its preflight, build or fetch failed)?
+  It never proved the change, so the rollout stops as for a failed proof: the later batches hold
+  unless every canary passed its turn, and the report says "the rollout stopped: canary thor-1
+  dropped out before proving the change". So does a canary outside the run (`--limit` without
+  it): add it to the limit. A host of another batch that drops out proves nothing either way and
+  stops nothing: the batches after it roll on.
 - A host already serving the rendered version? noop when healthy; prove when it runs it but does not
   answer /health yet (loading after a reboot). Neither restarts it, whatever the turns before it did.
 """
@@ -53,6 +60,8 @@ NOOP, PROVE, ACTIVATE, HOLD = "noop", "prove", "activate", "hold"
 # What a turn before this one did in this run (`earlier`, one per host).
 PASSED = "passed"  # its step went through: started, proven, left alone or held
 FAILED = "failed"  # its activate or prove failed: a failed restart
+DROPPED = "dropped"  # it left the run before its turn: unreachable, or a step before failed
+OUTSIDE = "outside"  # never in this run (outside --limit)
 
 
 @dataclass(frozen=True)
@@ -89,15 +98,16 @@ class Decision:
     why: str
 
 
-def decide(served, rendered, first_install=False, earlier=None):
+def decide(served, rendered, first_install=False, earlier=None, canaries=()):
     """One host's turn (see the module's table).
 
     + served: what the box serves, facts.ServerState: {"active", "proven_fingerprint", "healthy"}
       ({} on a bare box)
     + rendered: the fingerprint rendered from group data (render.Settings.fingerprint)
     + first_install: the first installs' step (before the batches), not the host's batch
-    + earlier: {host name: PASSED or FAILED} of every turn before this one in this run (the first
-      installs, the hosts of earlier batches)
+    + earlier: {host name: PASSED, FAILED, DROPPED or OUTSIDE} of every turn before this one in
+      this run (the first installs, the hosts of earlier batches)
+    + canaries: the canary group's hosts (rollout.Plan.canaries): each must pass its turn
 
     .. code:: python
 
@@ -115,8 +125,31 @@ def decide(served, rendered, first_install=False, earlier=None):
             return Decision(NOOP, f"it is serving fingerprint {rendered[:12]}, the rendered version")
         return Decision(PROVE, f"it runs fingerprint {rendered[:12]}, not answering yet: proven, "
                                "not restarted")
-    failed = sorted(name for name, did in (earlier or {}).items() if did == FAILED)
-    if failed:
-        return Decision(HOLD, f"not restarted: the rollout stopped after {', '.join(failed)} failed")
+    why = _why_stopped(earlier or {}, canaries)
+    if why:
+        return Decision(HOLD, f"not restarted: the rollout stopped{why}")
     return Decision(ACTIVATE, f"it does not serve fingerprint {rendered[:12]}: restarted into it "
                               "and proven")
+
+
+def _why_stopped(earlier, canaries):
+    """Why the turns before stop the rollout ("" when they do not): a failed restart anywhere, or a
+    canary that did not pass its turn (it never proved the change)."""
+
+    def named(did):
+        return sorted(name for name, its in earlier.items() if its == did and
+                      (did == FAILED or name in canaries))
+
+    def canary(names):
+        return f"{'canary' if len(names) == 1 else 'canaries'} {', '.join(names)}"
+
+    failed, dropped, outside = named(FAILED), named(DROPPED), named(OUTSIDE)
+    why = [f" after {', '.join(failed)} failed"] if failed else []
+    if dropped:
+        why.append(f"{canary(dropped)} dropped out before proving the change")
+    if outside:
+        why.append(f"{canary(outside)} not in this run: add {'it' if len(outside) == 1 else 'them'}"
+                   " to --limit, so the canary group proves the change first")
+    if not why:
+        return ""
+    return "; ".join(why) if failed else ": " + "; ".join(why)
