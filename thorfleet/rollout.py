@@ -78,7 +78,9 @@ class Plan:
 
 def plan(inventory, size, canary_group=None):
     """The restart order of every host of `inventory`, `size` at a time, the hosts of the group
-    `canary_group` first, then the others in inventory order."""
+    `canary_group` first, then the others in inventory order. Each host computes it from its own
+    settings; the settings check makes it one plan (settings.settings_for_inventory): a canary group
+    named in one group's data is every host's, and hosts that disagree are refused."""
     names = [h.name for h in inventory]
     canaries = [h.name for h in inventory.get_group(canary_group, [])] if canary_group else []
     rest = [n for n in names if n not in canaries]
