@@ -26,8 +26,9 @@ def run(s):
                     path=BOX_BENCH, mode="755")
     service = {"service": s.service_name, "port": s.service_port, "fingerprint": s.fingerprint,
                "health_timeout": s.service_health_timeout_s}
-    thor.serving(name="First installs: start every host that never served a version, together "
-                      "(no serving capacity at stake)", first_install=True, **service)
+    first_installs = thor.serving(
+        name="First installs: start every host that never served a version, together (no "
+             "serving capacity at stake)", first_install=True, **service)
     # what each turn does, and what a failed one means for the later batches: rollout.py
     plan = rollout.plan(inventory, s.rollout_batch, s.rollout_canary_group)
     for index in host.loop(range(len(plan.batches))):
@@ -39,7 +40,7 @@ def run(s):
     if s.rollout_benchmark != "never":
         thor.benchmark(name="Benchmark the decode rate (the seed's method: /v1/completions, "
                             "512 tokens, warm-up + 3 runs)", port=s.service_port,
-                       when=s.rollout_benchmark)
+                       when=s.rollout_benchmark, first_installs_step=first_installs)
         thor.benchmark_gate(name="Fleet benchmark gate (rollout_bench_min_fraction of the median, "
                                  "rollout_bench_min_toks)",
                             min_fraction=s.rollout_bench_min_fraction,

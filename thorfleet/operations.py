@@ -633,8 +633,8 @@ def _record_hold(why):
 def _checked(command, first_start=False):
     """A command that runs thorfleet-serve's `command` (activate or prove); on failure it fails the
     host with its reason and records a failed restart, which stops the rollout's later batches.
-    With `first_start`, it first records the host as a first install (the benchmark's
-    "first-install")."""
+    With `first_start`, it first records the host as a first install: one that fails stops every
+    batch."""
 
     def serve_and_check(state, host):
         records = run_state(state)
@@ -659,19 +659,27 @@ def wants_benchmark(when, first_install):
 
 
 @operation()
-def benchmark(port, when="always"):
+def benchmark(port, when="always", first_installs_step=None):
     """Measure the host's decode rate the seed's way (thorfleet-bench: /v1/completions, 512 tokens,
     a warm-up then 3 runs) and record tok/s, time to first token and EAGLE's acceptance for the
-    fleet gate and the report, when `when` (rollout_benchmark) asks for it; "first-install" reads
-    the first starts `serving` recorded, run before it (so only when it executes: planned, a
-    first install is not known yet). A benchmark that cannot run fails the host.
+    fleet gate and the report, when `when` (rollout_benchmark) asks for it. A benchmark that cannot
+    run fails the host.
+
+    + port: the port the service answers on (service_port)
+    + when: "always", "never" or "first-install": a host the first installs' step starts
+    + first_installs_step: what serving(first_install=True) returned for this host: it will
+      start the host (planned), or it did (executed)
 
     .. code:: python
 
-        benchmark(name="Benchmark the decode rate", port=8002, when="first-install")
+        first = serving(name="Start the first installs", ..., first_install=True)
+        benchmark(name="Benchmark the decode rate", port=8002, when="first-install",
+                  first_installs_step=first)
     """
-    if not wants_benchmark(when, host.name in run_state(host.state).first_starts):
-        host.noop(f"not benchmarked: not a first install in this run ({when})")
+    step = first_installs_step
+    started = step is not None and (step.did_change() if step.is_complete() else step.will_change)
+    if not wants_benchmark(when, started):
+        host.noop(f"not benchmarked: it did not start as a first install in this run ({when})")
         return
 
     def measure(state, host):
