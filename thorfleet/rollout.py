@@ -10,7 +10,7 @@ capacity away. Then the restart rolls: the canary group first, then the others i
 batch on every host before the next starts, and each host's turn is decided when it executes, from
 what the turns before it did in this run.
 
-One host's turn, `decide(served, rendered, first_install, earlier)`:
+One host's turn, `decide(served, rendered, first_install, earlier, canaries)`:
 
     step           what the box serves                    turns before it     decision
     first install  a version it proved (any)              -                   noop
