@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 from pyinfra.api import FunctionCommand
+from pyinfra.api.operation import OperationMeta
+from pyinfra.connectors.util import CommandOutput
 from pyinfra.context import ctx_host
 
 from thorfleet import layout
@@ -213,10 +215,29 @@ def test_the_gate_operation_fails_the_slow_host_and_records_why():
 
 
 def test_a_first_install_is_benchmarked_unless_told_otherwise():
-    assert thor.wants_benchmark("first-install", None)
-    assert not thor.wants_benchmark("first-install", "abc123")
-    assert thor.wants_benchmark("always", "abc123")
-    assert not thor.wants_benchmark("never", None)
+    assert thor.wants_benchmark("first-install", True)
+    assert not thor.wants_benchmark("first-install", False)
+    assert thor.wants_benchmark("always", False)
+    assert not thor.wants_benchmark("never", True)
+
+
+def test_first_install_benchmarks_the_hosts_the_first_installs_step_starts():
+    # pyinfra's own result of that step: what it will do when planned, what it did once executed
+    def planned(starts):
+        return OperationMeta("first-installs", is_change=starts)
+
+    def executed(started):  # planned to start it: executed, it found nothing to do
+        step = OperationMeta("first-installs", is_change=True)
+        step.set_complete(True, ["activate"] if started else [], CommandOutput([]))
+        return step
+
+    for step, benchmarked in ((planned(True), True), (planned(False), False),
+                              (executed(True), True), (executed(False), False), (None, False)):
+        fake = GateHost(name="thor-1", state=SimpleNamespace(), logged=[], noop=lambda _: None)
+        with ctx_host.use(fake):
+            commands = list(thor.benchmark._inner(port=8002, when="first-install",
+                                                  first_installs_step=step))
+        assert bool(commands) == benchmarked, step
 
 
 def test_the_latency_proxy_delays_each_way_and_keeps_the_bytes_in_order():

@@ -17,7 +17,8 @@ PACKAGE = ROOT / "thorfleet"
 LEAVES = {"layout", "pyinfra_hooks", "recipe", "runstate", "rollout"}
 # What the box-facing side (facts, operations) may import: never settings, schema or the report.
 BOX_SIDE = {"facts": {"layout"},
-            "operations": {"facts", "layout", "pyinfra_hooks", "runstate", "snapshot"},
+            "operations": {"facts", "layout", "pyinfra_hooks", "rollout", "runstate",
+                           "snapshot"},
             "snapshot": {"pyinfra_hooks", "runstate"}}
 
 

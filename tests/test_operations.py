@@ -70,7 +70,8 @@ def test_every_operation_runs_twice_to_the_same_noop():
                        (thor.checkpoint, {"folder": "/m", "repo": "o/r", "revision": "a" * 40,
                                           "image": "i"}),
                        (thor.derived_image, {"s": settings(), "context": "/c"}),
-                       (thor.serving, {"s": settings()})):
+                       (thor.serving, {"service": "thorfleet-vllm", "port": 8002,
+                                       "fingerprint": "f" * 64, "health_timeout": 1200})):
         for _ in range(2):
             commands, noops = run(op, known, **kwargs)
             assert commands == [] and len(noops) == 1, op
@@ -257,82 +258,7 @@ def test_derived_image_present_is_a_noop_absent_is_built():
                            f"--label thorfleet.inputs={'abc' * 10}")
 
 
-def test_serving_a_proven_healthy_version_is_a_noop():
-    state = {"active": "active", "proven_fingerprint": "f" * 64, "healthy": True}
-    commands, noops = run(thor.serving, {facts.ServerState: state}, s=settings())
-    assert commands == [] and "is serving fingerprint" in noops[0]
-
-
-SERVE = f"python3 {layout.BOX_SERVE}"
-
-
-def test_serving_a_changed_version_activates_it():
-    state = {"active": "active", "proven_fingerprint": "e" * 64, "healthy": True}
-    commands, fake = plan(thor.serving, {facts.ServerState: state}, s=settings(),
-                          shell=lambda command: (True, None))
-    assert [text(c) for c in commands] == ["call run"]
-    assert execute(commands[0], fake) is True
-    assert fake.ran == [(f"{SERVE} activate --service thorfleet-vllm --port 8002 --timeout 1200 "
-                         f"--fingerprint {'f' * 64}")]
-
-
-def test_serving_a_proven_version_still_loading_is_proven_not_restarted():
-    state = {"active": "active", "proven_fingerprint": "f" * 64, "healthy": False}
-    commands, fake = plan(thor.serving, {facts.ServerState: state}, s=settings(),
-                          shell=lambda command: (True, None))
-    execute(commands[0], fake)
-    assert fake.ran == [f"{SERVE} prove --service thorfleet-vllm --port 8002 --timeout 1200"]
-
-
-def test_a_failed_restart_fails_the_host_and_stops_the_later_batches():
-    output = SimpleNamespace(stdout_lines=["FAILED: start-up log shows marlin_utils_fp4",
-                                           "Rolled back: the last good version (eeee) serves again."],
-                             stderr_lines=[])
-    state = {"active": "active", "proven_fingerprint": "e" * 64, "healthy": True}
-    commands, fake = plan(thor.serving, {facts.ServerState: state}, s=settings(),
-                          shell=lambda command: (False, output))
-    assert execute(commands[0], fake) is False
-    run = run_state(fake.state)
-    assert run.failed_restarts == {"thor-1"}
-    assert run.errors["thor-1"] == [" ".join(output.stdout_lines)]
-    assert all(colour == "red" for _, colour in fake.logged)
-    # a host of the next batch holds on to what it serves: recorded, not failed, not restarted
-    later, held = plan(thor.serving, {facts.ServerState: state}, state=fake.state, s=settings(),
-                       wait_for=["thor-1"])
-    held.name = "thor-2"
-    assert [text(c) for c in later] == [
-        "call note", f"{SERVE} hold --service thorfleet-vllm --port 8002 --timeout 1200"]
-    assert execute(later[0], held) is True
-    assert run.errors["thor-2"] == ["not restarted: the rollout stopped after thor-1 failed"]
-
-
-def test_a_host_that_never_served_starts_before_the_batches_and_one_that_did_waits():
-    activate = (f"{SERVE} activate --service thorfleet-vllm --port 8002 --timeout 1200 "
-                f"--fingerprint {'f' * 64}")
-    commands, fake = plan(thor.serving, {facts.ServerState: {"active": "inactive"}}, s=settings(),
-                          first_install=True, shell=lambda command: (True, None))
-    assert execute(commands[0], fake) is True and fake.ran == [activate]
-    assert run_state(fake.state).first_starts == {"thor-1"}
-    # one that proved a version is its batch's: changed, or the same one still loading after a
-    # reboot (proven there, not here)
-    for proven in ("e" * 64, "f" * 64):
-        loading = {"active": "active", "proven_fingerprint": proven, "healthy": False}
-        commands, noops = run(thor.serving, {facts.ServerState: loading}, s=settings(),
-                              first_install=True)
-        assert commands == [] and "its batch restarts or proves it" in noops[0]
-
-
-def test_a_failed_first_install_holds_even_the_first_batch():
-    output = SimpleNamespace(stdout_lines=["FAILED: start-up log shows marlin_utils_fp4"],
-                             stderr_lines=[])
-    commands, fake = plan(thor.serving, {facts.ServerState: {}}, s=settings(), first_install=True,
-                          shell=lambda command: (False, output))
-    assert execute(commands[0], fake) is False
-    # a serving host of batch 1 (nothing before it) keeps what it serves
-    served = {"active": "active", "proven_fingerprint": "e" * 64, "healthy": True}
-    later, _ = plan(thor.serving, {facts.ServerState: served}, state=fake.state, s=settings())
-    assert [text(c) for c in later] == [
-        "call note", f"{SERVE} hold --service thorfleet-vllm --port 8002 --timeout 1200"]
+# operations.serving and the rollout's decision: tests/test_rollout_cases.py, a table of turns
 
 
 def test_each_run_has_its_own_run_state():

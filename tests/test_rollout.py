@@ -146,3 +146,30 @@ def test_a_failing_canary_stops_the_rollout_and_the_report_names_every_host(
     # nothing was read from it: only the run's own bookkeeping (when, not stale) is filled in
     assert all(report[UNREACHABLE][f] is None for f in FIELDS
                if f not in ("changed", "error", "stale", "as_of"))
+
+
+def test_a_canary_that_drops_out_before_its_restart_stops_the_rollout(sim_fleet, roll, hosts):
+    # As seen on a fleet: the canary's Docker lost its nvidia runtime, so it failed its preflight
+    # and left the run before anything was restarted. It never proved the change: nobody else
+    # may be restarted into it. (Here its disk threshold is out of reach: the same drop-out.)
+    canary, others = hosts[0], hosts[1:]
+    before = {h: since_active(sim_fleet, h) for h in hosts}
+    proven = {h: sim_fleet.exec(h, "cat /var/lib/thorfleet/proven-fingerprint")[1] for h in hosts}
+
+    done, report = roll("canary-drops-out",
+                        on=[(canary, {"preflight_min_free_disk_gib": 10**6}), *others],
+                        canary=[canary], rollout_canary_group="canary", rollout_batch=1,
+                        service_extra_env={"THORFLEET_ROLLOUT_TEST": "canary-drops-out"})
+    assert done.returncode != 0
+    assert "preflight" in report[canary]["error"]
+    for host in hosts:
+        assert since_active(sim_fleet, host) == before[host], f"{host} was restarted"
+        assert sim_fleet.exec(host, "cat /var/lib/thorfleet/proven-fingerprint")[1] == proven[host]
+    for host in others:
+        assert "not restarted" in report[host]["error"], report[host]["error"]
+        assert f"canary {canary} dropped out" in report[host]["error"], report[host]["error"]
+        assert report[host]["health"] and report[host]["chat"]
+        # held: its proven unit is live again, not the change nothing proved
+        _, unit = sim_fleet.exec(host, "grep -c THORFLEET_ROLLOUT_TEST=canary-drops-out "
+                                       "/etc/systemd/system/thorfleet-vllm.service")
+        assert unit.strip() == "0", f"{host} has the unproven unit live"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import Inventory
 
-from thorfleet import render
+from thorfleet import render, rollout
 from thorfleet.layout import BOX_MODELS
 from thorfleet.schema import FIELDS, PREFIXES, REQUIRED
 from thorfleet.settings import SettingsError, settings_for, settings_for_inventory, settings_for_run
@@ -367,3 +367,40 @@ def test_the_run_holds_its_checked_settings(api_key_file):
         settings_for_run(bad)
     with pytest.raises(SettingsError, match="thor-1: power_mode=5"):
         settings_for_run(bad)
+
+
+# --- one restart order for the whole run (thorfleet.rollout.plan) ---------------------------------
+
+def test_a_canary_group_named_in_its_own_group_data_orders_every_host(api_key_file):
+    # group_data/canary.py (or the inventory's canary group) is where an operator names it
+    hosts = (["thor-1", "thor-2", "thor-3"], {**GOOD, "service_api_key_file": api_key_file})
+    inv = Inventory(hosts, canary=(["thor-3"], {"rollout_canary_group": "canary"}))
+    settings = settings_for_inventory(inv)
+    plans = {name: rollout.plan(inv, s.rollout_batch, s.rollout_canary_group)
+             for name, s in settings.items()}
+    for name, plan in plans.items():
+        assert plan.batches == [["thor-3"], ["thor-1"], ["thor-2"]], name
+        assert plan.canaries == {"thor-3"}, name
+
+
+def test_hosts_that_name_different_canary_groups_are_refused(api_key_file):
+    inv = Inventory((["thor-1", "thor-2", "thor-3"], {**GOOD, "service_api_key_file": api_key_file}),
+                    canary=(["thor-1"], {"rollout_canary_group": "canary"}),
+                    early=(["thor-2", "thor-3"], {"rollout_canary_group": "early"}))
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inv)
+    assert error.value.problems == [(
+        "thor-1: rollout_canary_group='canary' but thor-2, thor-3: rollout_canary_group='early': "
+        "the restart order is one plan for the whole run: name one canary group (in "
+        "group_data/all.py, or in that group's own data)")]
+
+
+def test_hosts_with_different_batch_sizes_are_refused(api_key_file):
+    inv = Inventory((["thor-1", "thor-2", "thor-3"], {**GOOD, "service_api_key_file": api_key_file}),
+                    canary=(["thor-1"], {"rollout_batch": 2}))
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inv)
+    assert error.value.problems == [(
+        "thor-1: rollout_batch=2 but thor-2, thor-3: rollout_batch=1: the restart order is one "
+        "plan for the whole run: set rollout_batch once (in group_data/all.py, or in the data "
+        "of a group every host is in)")]

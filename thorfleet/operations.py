@@ -20,7 +20,7 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
 from pyinfra.facts.server import Which
 
-from thorfleet import facts, pyinfra_hooks
+from thorfleet import facts, pyinfra_hooks, rollout
 from thorfleet.layout import (
     BOX_BENCH,
     BOX_IMAGE_CONTEXT,
@@ -584,106 +584,136 @@ def shared_image(s, context):
         f"building here'; {built}; fi")
 
 
-@reads(lambda s, **_: [
-    (facts.ServerState, {"service": s.service_name, "port": s.service_port})])
+@reads(lambda service, port, **_: [(facts.ServerState, {"service": service, "port": port})])
 @operation()
-def serving(s, wait_for=(), first_install=False):
-    """The service runs the version rendered from group data and passes its checks.
+def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
+            first_install=False):
+    """The service runs the version rendered from group data and passes its checks, at this host's
+    turn of the rollout. What the turn does (noop, prove, activate or hold) and why is
+    rollout.decide's; this reads the box and the run for it and yields the commands it names.
 
-    A different fingerprint (unit, config, secrets, image) or a stopped service is restarted and
-    proven, and rolled back to the last good version if the proof fails. A running but unhealthy
-    one (still loading after a reboot) is waited for. A healthy one is left alone. When a host of an
-    earlier batch (`wait_for`) or a first install failed its start in this run, this one is not
-    restarted. With `first_install`, only a host that never proved a version is started: no
-    serving capacity is at stake there, so such hosts start together, before the batches.
+    + service: the systemd unit's name (service_name)
+    + port: the port it serves on (service_port)
+    + fingerprint: the version rendered from group data (Settings.fingerprint)
+    + health_timeout: seconds a start may take to answer /health (service_health_timeout_s)
+    + earlier: the hosts whose batch comes before this host's (rollout.Plan.before)
+    + canaries: the canary group's hosts (rollout.Plan.canaries)
+    + first_install: the first installs' step, before the batches
+
+    What the run records (a first start, a failed restart, why a host was held) is recorded by the
+    commands, once, when they execute: pyinfra runs this body when it plans and again when it
+    executes, and only the second time knows what the earlier turns did.
 
     .. code:: python
 
-        serving(name="Start the first installs", s=settings, first_install=True)
-        serving(name="Serve and prove it", s=settings)
+        serving(name="Start the first installs", service="thorfleet-vllm", port=8002,
+                fingerprint=s.fingerprint, health_timeout=1200, first_install=True)
+        serving(name="Batch 2/3: serve and prove it", service="thorfleet-vllm", port=8002,
+                fingerprint=s.fingerprint, health_timeout=1200, earlier=["thor-1"],
+                canaries={"thor-1"})
     """
-    state = read(facts.ServerState, service=s.service_name, port=s.service_port)
-    run = run_state(host.state)
-    # before this run restarts anything: a host with no proven version is a first install
-    run.proven_before.setdefault(host.name, state.get("proven_fingerprint"))
+    served = read(facts.ServerState, service=service, port=port)
+    decision = rollout.decide(served, fingerprint, first_install, _turns_before(earlier),
+                              canaries)
 
     def serve(command, *extra):
-        return _command("python3", BOX_SERVE, command, "--service", s.service_name,
-                        "--port", s.service_port, "--timeout", s.service_health_timeout_s, *extra)
+        return _command("python3", BOX_SERVE, command, "--service", service, "--port", port,
+                        "--timeout", health_timeout, *extra)
 
-    if first_install:
-        # a host that proved a version before (serving, loading after a reboot, or stopped) is
-        # restarted or proven in its batch: only a bare one starts here
-        if state.get("proven_fingerprint"):
-            host.noop("it has proven a version before: its batch restarts or proves it")
-            return
-        run.first_starts.add(host.name)
-        yield _checked(serve("activate", "--fingerprint", s.fingerprint))
-        return
-
-    if state.get("proven_fingerprint") == s.fingerprint and state.get("active") == "active":
-        if state.get("healthy"):
-            host.noop(f"{s.service_name} is serving fingerprint {s.fingerprint[:12]}")
-        else:
-            yield _checked(serve("prove"))
-        return
-    stopped_by = sorted(run.failed_restarts.intersection({*wait_for, *run.first_starts}))
-    if stopped_by:
-        # The new unit and config are already on disk: put the serving version's back, so a crash
-        # or reboot before the next run does not start what was never proven. The host is held,
-        # not failed: recorded for the report, the run goes on.
-        yield _held(f"not restarted: the rollout stopped after {', '.join(stopped_by)} failed")
+    if decision.action == rollout.NOOP:
+        host.noop(decision.why)
+    elif decision.action == rollout.PROVE:
+        yield _checked(serve("prove"))
+    elif decision.action == rollout.ACTIVATE:
+        yield _checked(serve("activate", "--fingerprint", fingerprint), first_start=first_install)
+    else:
+        yield _record_hold(decision.why)
         yield serve("hold")
-        return
-    yield _checked(serve("activate", "--fingerprint", s.fingerprint))
 
 
-def _held(message):
-    """A command that records why the host was left as it was, for the report (never fails)."""
+def _turns_before(earlier):
+    """{host name: what its turn did} of the turns before this host's in this run, the hosts of
+    `earlier` batches and the first installs: FAILED as their commands recorded it, else PASSED
+    while pyinfra still runs the host, DROPPED once pyinfra has failed it (it could not connect, or
+    an operation before failed), OUTSIDE when it never was in the run (--limit)."""
+    state = host.state
+    records = run_state(state)
+    names = {*earlier, *records.first_starts}
+    if not names:
+        return {}
+    active = {h.name for h in pyinfra_hooks.active_hosts(state)}
+    left = {h.name for h in pyinfra_hooks.failed_hosts(state)}
 
-    def note(state, host):
-        run_state(state).note_error(host.name, message)
+    def did(name):
+        if name in records.failed_restarts:
+            return rollout.FAILED
+        if name in active:
+            return rollout.PASSED
+        return rollout.DROPPED if name in left else rollout.OUTSIDE
+
+    return {name: did(name) for name in names}
+
+
+def _record_hold(why):
+    """A command that records why the host was not restarted, for the report (never fails)."""
+
+    def record_hold(state, host):
+        run_state(state).note_error(host.name, why)
         return True
 
-    return FunctionCommand(note, (), {})
+    return FunctionCommand(record_hold, (), {})
 
 
-def _checked(command):
-    """Run a thorfleet-serve command; on failure fail the host with its reason and stop the
-    rollout's later batches."""
+def _checked(command, first_start=False):
+    """A command that runs thorfleet-serve's `command` (activate or prove); on failure it fails the
+    host with its reason and records a failed restart, which stops the rollout's later batches.
+    With `first_start`, it first records the host as a first install: one that fails stops every
+    batch."""
 
-    def run(state, host):
+    def serve_and_check(state, host):
+        records = run_state(state)
+        if first_start:
+            records.first_starts.add(host.name)
         ok, output = host.run_shell_command(command, _sudo=True)
         if not ok:
-            run_state(state).failed_restarts.add(host.name)
+            records.failed_restarts.add(host.name)
             said = output.stdout_lines or output.stderr_lines  # its reason, or a traceback
-            return run_state(state).fail(host, " ".join(said[-3:]),
-                                         details=output.stdout_lines + output.stderr_lines)
+            return records.fail(host, " ".join(said[-3:]),
+                                details=output.stdout_lines + output.stderr_lines)
         return ok
 
-    return FunctionCommand(run, (), {})
+    return FunctionCommand(serve_and_check, (), {})
 
 
-def wants_benchmark(when, proven_before):
+def wants_benchmark(when, first_install):
     """Whether a host is benchmarked: `when` is rollout_benchmark ("always", "never" or
-    "first-install"), `proven_before` the fingerprint it had proven before the run (None on a
-    first install)."""
-    return when == "always" or (when == "first-install" and not proven_before)
+    "first-install"), `first_install` whether it started in this run without a version it had
+    proven before."""
+    return when == "always" or (when == "first-install" and first_install)
 
 
 @operation()
-def benchmark(port, when="always"):
+def benchmark(port, when="always", first_installs_step=None):
     """Measure the host's decode rate the seed's way (thorfleet-bench: /v1/completions, 512 tokens,
     a warm-up then 3 runs) and record tok/s, time to first token and EAGLE's acceptance for the
-    fleet gate and the report, when `when` (rollout_benchmark) asks for it; "first-install" reads
-    what `serving`, run before it, found. A benchmark that cannot run fails the host.
+    fleet gate and the report, when `when` (rollout_benchmark) asks for it. A benchmark that cannot
+    run fails the host.
+
+    + port: the port the service answers on (service_port)
+    + when: "always", "never" or "first-install": a host the first installs' step starts
+    + first_installs_step: what serving(first_install=True) returned for this host: it will
+      start the host (planned), or it did (executed)
 
     .. code:: python
 
-        benchmark(name="Benchmark the decode rate", port=8002, when="first-install")
+        first = serving(name="Start the first installs", ..., first_install=True)
+        benchmark(name="Benchmark the decode rate", port=8002, when="first-install",
+                  first_installs_step=first)
     """
-    if not wants_benchmark(when, run_state(host.state).proven_before.get(host.name)):
-        host.noop(f"not benchmarked: it served a proven version before this run ({when})")
+    step = first_installs_step
+    started = step is not None and pyinfra_hooks.changes(step)
+    if not wants_benchmark(when, started):
+        host.noop(f"not benchmarked: it did not start as a first install in this run ({when})")
         return
 
     def measure(state, host):

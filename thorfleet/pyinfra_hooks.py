@@ -222,6 +222,12 @@ def sent_commands(host) -> bool:
     return any(meta.is_complete() and meta.executed for meta in finished.values())
 
 
+def changes(step) -> bool:
+    """Whether an operation's result (OperationMeta) changes its host: what it did once executed,
+    what pyinfra planned before (`will_change`)."""
+    return step.did_change() if step.is_complete() else step.will_change
+
+
 def planned_changes(state, host) -> list[str]:
     """The operations a dry run planned to change on `host`, in order. Only a run that checked
     for changes while planning knows (`pyinfra -y` skips it): otherwise none are listed."""

@@ -20,11 +20,10 @@ from pyinfra import logger
 
 @dataclass
 class RunState:
-    # Hosts whose restart failed its checks in this run: the hosts of later batches are not
-    # restarted (rollout.py makes the batches, operations.serving reads this).
+    # The rollout's record (rollout.decide reads it, through operations.serving), written by the
+    # serving commands as they execute: hosts whose activate or prove failed in this run, and
+    # hosts started as first installs (they never proved a version).
     failed_restarts: set[str] = field(default_factory=set)
-    # Hosts started before the batches because they never served a version (operations.serving,
-    # first_install): one of them failing stops every batch, as a failed canary would.
     first_starts: set[str] = field(default_factory=set)
     # Why each host failed, in the words the operator reads in the report.
     errors: dict[str, list[str]] = field(default_factory=dict)
@@ -36,9 +35,6 @@ class RunState:
     # round trip, per stage (snapshot.py).
     planned_reads: dict[str, dict] = field(default_factory=dict)
     held_reads: dict[str, dict] = field(default_factory=dict)
-    # Each host's proven fingerprint before this run restarted anything (operations.serving): a
-    # host with none is a first install (the benchmark's "first-install").
-    proven_before: dict[str, str | None] = field(default_factory=dict)
     # The ID of each derived image tag as the run's first host built or holds it (operations.
     # derived_image with push): the other hosts check what they pull against it.
     image_ids: dict[str, str] = field(default_factory=dict)

@@ -54,8 +54,11 @@ def settings_for_inventory(inventory):
     found, settings, boxes = [], {}, {}
     groups = set(inventory.groups)
     image_files = image_files_hash()
+    canary_group, found = _the_canary_group(inventory)
     for h in inventory:
         data = h.data.dict()
+        if canary_group and data.get("rollout_canary_group") is None:
+            data["rollout_canary_group"] = canary_group  # named in one group's data: the run's
         try:
             settings[h.name] = settings_for(data, groups=groups, image_files=image_files)
         except SettingsError as error:
@@ -67,9 +70,48 @@ def settings_for_inventory(inventory):
         if len(names) > 1:
             found.append(f"{', '.join(names)}: the same box ({addr}:{ssh_port}) twice with "
                          f"service_port={port}: two services cannot share one port")
+    found += _one_batch_size(settings)
     if found:
         raise SettingsError(found)
     return settings
+
+
+# The restart order (rollout.plan) is one plan for the whole run: each host computes it from its
+# own settings, so every host must find the same canary group and batch size.
+ONE_PLAN = "the restart order is one plan for the whole run"
+
+
+def _disagree(key, by_value):
+    """The line for hosts that set `key` differently ({value: [host names]})."""
+    return " but ".join(f"{', '.join(names)}: {key}={value!r}" for value, names in by_value.items())
+
+
+def _the_canary_group(inventory):
+    """(the run's canary group, [problem]): rollout_canary_group may be named in any group's data,
+    the canary group's own included, and then orders every host; hosts naming two groups cannot
+    make one plan. A value that is not a name is left to the check of each host."""
+    by_value = {}
+    for h in inventory:
+        value = h.data.get("rollout_canary_group")
+        if isinstance(value, str):
+            by_value.setdefault(value, []).append(h.name)
+    if len(by_value) > 1:
+        line = (f"{_disagree('rollout_canary_group', by_value)}: {ONE_PLAN}: name one canary "
+                "group (in group_data/all.py, or in that group's own data)")
+        return None, [line]
+    return next(iter(by_value), None), []
+
+
+def _one_batch_size(settings):
+    """[problem] when the checked hosts ({name: Settings}) set rollout_batch differently."""
+    by_value = {}
+    for name, s in settings.items():
+        by_value.setdefault(s.rollout_batch, []).append(name)
+    if len(by_value) > 1:
+        line = (f"{_disagree('rollout_batch', by_value)}: {ONE_PLAN}: set rollout_batch once (in "
+                "group_data/all.py, or in the data of a group every host is in)")
+        return [line]
+    return []
 
 
 def settings_for_run(state):
