@@ -16,7 +16,6 @@ from thorfleet.layout import (
     BOX_ETC,
     BOX_HF_TOKEN,
     BOX_MANIFESTS,
-    BOX_OLD_VENV,
     BOX_PEER_HOME,
     BOX_PEER_KEY,
     BOX_WEIGHTS,
@@ -34,8 +33,6 @@ def run(s):
         path=BOX_WEIGHTS,
         mode="755",
     )
-    # Older thorfleet installed huggingface_hub from PyPI here; the fetch now runs in the image.
-    thor.absent(name="Remove the venv older thorfleet installed", path=BOX_OLD_VENV)
     thor.directory(name=f"Create {BOX_ETC}", path=BOX_ETC, mode="755")
     if s.hf_token:
         thor.secret_file(name="Install the Hugging Face token (root-only)", path=BOX_HF_TOKEN,

@@ -284,7 +284,7 @@ def absent(path):
 
     .. code:: python
 
-        absent(name="Remove the old venv", path=layout.BOX_OLD_VENV)
+        absent(name="No Hugging Face token configured", path=layout.BOX_HF_TOKEN)
     """
     if read(facts.PathState, path=path) is None:
         host.noop(f"{path} is already absent")
