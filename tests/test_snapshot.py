@@ -91,7 +91,7 @@ class Box:
         return done.returncode == 0, SimpleNamespace(stdout_lines=done.stdout.splitlines())
 
     def get_fact(self, fact, **kwargs):
-        self.alone.append(fact)
+        self.alone.append((fact, kwargs))
         return "read alone"
 
 
@@ -115,6 +115,26 @@ def test_the_reads_of_a_converged_host_take_one_round_trip(tmp_path):
     # a read no operation declared is read alone
     assert snapshot.read(facts.PowerMode, target) == "read alone"
     assert target.round_trips == 1
+
+
+def test_with_batched_reads_off_every_read_is_its_own_fact_command(tmp_path, monkeypatch):
+    # THORFLEET_BATCH_READS=0: pyinfra's way, one fact command per read, to measure the difference
+    monkeypatch.setenv("THORFLEET_BATCH_READS", "0")
+    target, paths = planned_box(tmp_path)
+    for path in paths:
+        assert snapshot.read(facts.FileState, target, path=path) == "read alone"
+    assert target.round_trips == 0
+    assert target.alone == [(facts.FileState, {"_sudo": True, "path": p}) for p in paths]
+
+
+def test_a_read_with_pyinfras_own_arguments_is_never_in_the_one_command(tmp_path):
+    # the one command runs as root: a read as the SSH user (`_sudo`: False) is a command of its own
+    target, paths = planned_box(tmp_path)
+    snapshot.plan(target, [(facts.SudoWorks, {"_sudo": False})])
+    assert snapshot.read(facts.SudoWorks, target, _sudo=False) == "read alone"
+    assert target.alone == [(facts.SudoWorks, {"_sudo": False})]
+    assert snapshot.read(facts.FileState, target, path=paths[0])["mode"] == "644"
+    assert target.round_trips == 1 and len(target.alone) == 1
 
 
 def test_once_the_host_was_sent_a_command_every_read_is_fresh(tmp_path):
