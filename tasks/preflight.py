@@ -3,11 +3,15 @@
 from pyinfra import inventory
 from pyinfra.api import deploy
 
-from thorfleet import operations as thor
+from thorfleet.operations import preflight
 from thorfleet.peers import fleet_copy
 
 
 @deploy("Preflight")
 def run(s):
-    thor.thor_ready(name="Check L4T, memory, disk, Docker's nvidia runtime and sudo", s=s,
-                    fleet_copy=fleet_copy(s, inventory))
+    preflight.thor_ready(name="Check L4T, memory, disk, Docker's nvidia runtime and sudo",
+                         min_l4t_release=s.preflight_min_l4t_release,
+                         min_memory_gib=s.preflight_min_memory_gib,
+                         min_free_disk_gib=s.preflight_min_free_disk_gib,
+                         weights_dir=s.weights_dir, checkpoints=[s.model_dir, s.draft_dir],
+                         fleet_copy=fleet_copy(s, inventory))

@@ -14,31 +14,34 @@ below rollout_bench_min_fraction of the fleet median or below rollout_bench_min_
 from pyinfra import host, inventory
 from pyinfra.api import deploy
 
-from thorfleet import operations as thor
 from thorfleet import rollout
 from thorfleet.layout import BOX_BENCH, FILES
+from thorfleet.operations import files, verification
 
 
 @deploy("Verification")
 def run(s):
-    thor.whole_file(name="Install the benchmark tool", src=str(FILES / "bin" / "thorfleet-bench"),
-                    path=BOX_BENCH, mode="755")
-    thor.serving(name="First installs: start every host that never served a version, together "
-                      "(no serving capacity at stake)", s=s, first_install=True)
+    files.whole_file(name="Install the benchmark tool", src=str(FILES / "bin" / "thorfleet-bench"),
+                     path=BOX_BENCH, mode="755")
+    verification.serving(
+        name="First installs: start every host that never served a version, together "
+             "(no serving capacity at stake)",
+        s=s, first_install=True)
     plan = rollout.batches(inventory, s.rollout_batch, s.rollout_canary_group)
     for index in host.loop(range(len(plan))):
         if host.name in plan[index]:
-            thor.serving(
+            verification.serving(
                 name=f"Batch {index + 1}/{len(plan)}: serve the rendered version and prove it "
                      "(health, kernels, chat, reasoning, tools)",
                 s=s,
                 wait_for=[name for batch in plan[:index] for name in batch],
             )
     if s.rollout_benchmark != "never":
-        thor.benchmark(name="Benchmark the decode rate (the seed's method: /v1/completions, "
-                            "512 tokens, warm-up + 3 runs)", port=s.service_port,
-                       when=s.rollout_benchmark)
-        thor.benchmark_gate(name="Fleet benchmark gate (rollout_bench_min_fraction of the median, "
-                                 "rollout_bench_min_toks)",
-                            min_fraction=s.rollout_bench_min_fraction,
-                            floor=s.rollout_bench_min_toks)
+        verification.benchmark(
+            name="Benchmark the decode rate (the seed's method: /v1/completions, 512 tokens, "
+                 "warm-up + 3 runs)",
+            port=s.service_port, when=s.rollout_benchmark)
+        verification.benchmark_gate(
+            name="Fleet benchmark gate (rollout_bench_min_fraction of the median, "
+                 "rollout_bench_min_toks)",
+            min_fraction=s.rollout_bench_min_fraction, floor=s.rollout_bench_min_toks)

@@ -6,6 +6,7 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
+from pyinfra.api import operation
 from pyinfra.api.state import StateStage
 from pyinfra.facts.server import Which
 
@@ -166,12 +167,39 @@ def test_declared_reads_are_planned_for_the_host_with_the_operations_own_argumen
     target = SimpleNamespace(name="thor-1", state=state)
     from pyinfra.context import ctx_host
 
-    from thorfleet import operations as thor
+    from thorfleet.operations import files
 
     with ctx_host.use(target):
         try:
-            thor.whole_file(name="x", path="/etc/x", src="/dev/null", _sudo=True)
+            files.whole_file(name="x", path="/etc/x", src="/dev/null", _sudo=True)
         except Exception:  # noqa: BLE001, S110 - no pyinfra run here: only the declaration counts
             pass
     assert list(run_state(state).planned_reads["thor-1"].values()) == [
         (facts.FileState, {"path": "/etc/x"})]
+
+
+@snapshot.reads(current=lambda path, **_: (facts.FileState, {"path": path}),
+                tool_found=lambda tool=None, **_: (Which, {"command": tool}) if tool else None)
+@operation()
+def probe(path, tool=None, *, current, tool_found):
+    yield f"{path}: {current}, {tool_found}"
+
+
+def test_the_body_gets_each_named_read_answered_and_callers_pass_only_its_own_arguments():
+    from pyinfra.context import ctx_host
+
+    asked = []
+    box = SimpleNamespace(name="thor-1", state=SimpleNamespace(),
+                          get_fact=lambda fact, **kw: asked.append((fact, kw)) or "answer")
+    with ctx_host.use(box):
+        assert list(probe._inner(path="/x")) == ["/x: answer, None"]
+        assert asked == [(facts.FileState, {"_sudo": True, "path": "/x"})]
+        with pytest.raises(TypeError):  # an answer is the operation's to read, never a caller's
+            list(probe._inner(path="/x", current="mine"))
+    assert snapshot.declared(probe, "/x", tool="rsync") == [
+        (facts.FileState, {"path": "/x"}), (Which, {"command": "rsync"})]
+
+
+def test_a_named_read_the_body_does_not_take_is_refused_where_it_is_declared():
+    with pytest.raises(TypeError, match="nowhere"):
+        snapshot.reads(nowhere=lambda **_: (facts.PowerMode, {}))(probe)

@@ -86,8 +86,9 @@ def reads(*declare, **named):
 
 
 def declared(op, *args, **kwargs):
-    """[(FactClass, {args})] that `op` (made with @reads) reads when called with these arguments."""
-    return op.declared(*args, **kwargs)
+    """[(FactClass, {args})] that `op` reads when called with these arguments ([] without @reads)."""
+    declare = getattr(op, "declared", None)
+    return declare(*args, **kwargs) if declare else []
 
 
 def _named_queries(named, arguments):
@@ -100,6 +101,11 @@ def _answered(op, named):
     """`op` again, its body handed the answers of its `named` reads as keyword arguments."""
     body = op._inner
     full = signature(body)
+    untaken = [name for name in named if full.parameters.get(name, None) is None
+               or full.parameters[name].kind != full.parameters[name].KEYWORD_ONLY]
+    if untaken:
+        raise TypeError(f"{body.__name__} takes no keyword-only argument {', '.join(untaken)}: "
+                        "each named read is one")
     own = full.replace(parameters=[p for p in full.parameters.values() if p.name not in named])
 
     @functools.wraps(body)
