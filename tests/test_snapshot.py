@@ -44,6 +44,26 @@ def test_one_command_answers_every_fact_as_its_own_command_would(tmp_path):
                                                                        "patches/a.diff"}
 
 
+# What is absent on this machine as on a bare box: each prints nothing, so each is its default.
+ABSENT = [(facts.L4TRelease, {}), (facts.RebootMarker, {}),
+          (facts.UnitEnabled, {"unit": "thorfleet-no-such.service"}),
+          (facts.PasswdEntry, {"user": "thorfleet-no-such-user"}),
+          (facts.WeightsState, {"folder": "/nowhere", "revision": "a" * 40}),
+          (facts.ServerState, {"service": "thorfleet-vllm", "port": 8002}),
+          (facts.Leftovers, {"models": "/nowhere", "contexts": "/nowhere", "image_name": "x",
+                             "keep_context": "c", "keep_dirs": [], "keep_images": [],
+                             "units": []})]
+
+
+def test_what_is_absent_prints_nothing_and_reads_as_the_facts_default():
+    for fact, kwargs in ABSENT:
+        alone = subprocess.run(["sh", "-c", snapshot._command(fact, kwargs)], capture_output=True,
+                               text=True, check=True).stdout
+        assert alone == "", (fact, alone)
+    values = snapshot.parse(ABSENT, on_this_machine(ABSENT))
+    assert values == {snapshot.key_of(fact, kwargs): fact().default() for fact, kwargs in ABSENT}
+
+
 class Exits(facts.FileState):
     """A fact whose command fails on the box."""
 
