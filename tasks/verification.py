@@ -5,10 +5,11 @@ away. Restarts then roll through the fleet: a batch at a time (rollout_batch), t
 first; a batch (or a first install) that fails its checks stops the rollout and the hosts after it
 keep their current version.
 
-The benchmark (the seed's method, files/bin/thorfleet-bench) runs after the proof when
-rollout_benchmark asks for it: "always", "never", or "first-install" (the default: a host with no
-proven version before this run). Once every such host has measured, the fleet gate fails those
-below rollout_bench_min_fraction of the fleet median or below rollout_bench_min_toks.
+The benchmark (files/bin/thorfleet-bench: /v1/completions, 512 tokens, a warm-up then 3 runs)
+runs after the proof when rollout_benchmark asks for it: "always", "never", or "first-install" (the
+default: a host with no proven version before this run). Once every such host has measured, the
+fleet gate fails those below rollout_bench_min_fraction of the fleet median or below
+rollout_bench_min_toks.
 """
 
 from pyinfra import host, inventory

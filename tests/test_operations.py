@@ -152,17 +152,17 @@ def test_the_pinned_weights_on_disk_count_toward_the_free_disk_preflight_asks():
     ready = {facts.L4TRelease: "38.2.0", facts.MemTotalGiB: 122.0, facts.SudoWorks: True,
              facts.DockerRuntimes: ["nvidia", "runc"]}
     # a converged box: 66 GiB of weights in place, 40 GiB left on the disk
-    commands, fake = plan(preflight.thor_ready, {**ready, facts.FreeDiskGiB: 40.0, facts.PinnedWeightsGiB: 66.0},
-                          **ready_args())
+    commands, fake = plan(preflight.thor_ready,
+                          {**ready, facts.FreeDiskGiB: 40.0, facts.PinnedWeightsGiB: 66.0}, **ready_args())
     assert commands == [] and fake.noops == ["Thor ready: L4T R38.2.0, 122 GiB, 40 GiB free"]
     # the same disk without them: the download would not fit
-    commands, fake = plan(preflight.thor_ready, {**ready, facts.FreeDiskGiB: 40.0, facts.PinnedWeightsGiB: 0.0},
-                          **ready_args())
+    commands, fake = plan(preflight.thor_ready,
+                          {**ready, facts.FreeDiskGiB: 40.0, facts.PinnedWeightsGiB: 0.0}, **ready_args())
     assert execute(commands[0], fake) is False
     [error] = run_state(fake.state).errors["thor-1"]
     assert f"40.0 GiB free under {layout.BOX_MODELS}, need 100" in error
-    commands, fake = plan(preflight.thor_ready, {**ready, facts.FreeDiskGiB: 20.0, facts.PinnedWeightsGiB: 66.0},
-                          **ready_args())
+    commands, fake = plan(preflight.thor_ready,
+                          {**ready, facts.FreeDiskGiB: 20.0, facts.PinnedWeightsGiB: 66.0}, **ready_args())
     assert execute(commands[0], fake) is False
     assert "20.0 GiB free under /opt/thorfleet/models + 66.0 GiB of the pinned weights already " \
            "there, need 100" in run_state(fake.state).errors["thor-1"][0]
@@ -172,22 +172,22 @@ SHA_OF_HELLO = "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03
 
 
 def test_whole_file_in_place_is_a_noop():
-    state = {"sha256": SHA_OF_HELLO, "mode": "644", "user": "root", "group": "root"}
-    commands, noops = run(files.whole_file, {facts.FileState: state}, path="/etc/x",
+    on_box = {"sha256": SHA_OF_HELLO, "mode": "644", "user": "root", "group": "root"}
+    commands, noops = run(files.whole_file, {facts.FileState: on_box}, path="/etc/x",
                           src=StringIO("hello\n"))
     assert commands == [] and noops == ["/etc/x is already in place"]
 
 
 def test_whole_file_with_only_its_mode_drifted_is_chmodded_not_rewritten():
-    state = {"sha256": SHA_OF_HELLO, "mode": "666", "user": "root", "group": "root"}
-    commands, _ = run(files.whole_file, {facts.FileState: state}, path="/etc/x",
+    on_box = {"sha256": SHA_OF_HELLO, "mode": "666", "user": "root", "group": "root"}
+    commands, _ = run(files.whole_file, {facts.FileState: on_box}, path="/etc/x",
                       src=StringIO("hello\n"), mode="600")
     assert commands == ["chown root:root /etc/x && chmod 600 /etc/x"]
 
 
 def test_whole_file_quotes_its_path():
-    state = {"sha256": SHA_OF_HELLO, "mode": "666", "user": "root", "group": "root"}
-    commands, _ = run(files.whole_file, {facts.FileState: state}, path="/etc/a b;x",
+    on_box = {"sha256": SHA_OF_HELLO, "mode": "666", "user": "root", "group": "root"}
+    commands, _ = run(files.whole_file, {facts.FileState: on_box}, path="/etc/a b;x",
                       src=StringIO("hello\n"))
     assert commands == ["chown root:root '/etc/a b;x' && chmod 644 '/etc/a b;x'"]
     commands, _ = run(files.whole_file, {facts.FileState: None}, path="/etc/a b",

@@ -205,7 +205,8 @@ class DockerImageLabels(FactBase[dict | None]):
     (docker's inspect fails, printing at most an empty line on stdout)."""
 
     def command(self, ref):
-        return f"docker image inspect --format '{{{{json .Config.Labels}}}}' {q(ref)} 2>/dev/null || true"
+        return (f"docker image inspect --format '{{{{json .Config.Labels}}}}' {q(ref)} "
+                "2>/dev/null || true")
 
     def process(self, output):
         text = "".join(output).strip()

@@ -86,7 +86,7 @@ def reads(*declare, **named):
 
 
 def declared(op, *args, **kwargs):
-    """[(FactClass, {args})] that `op` reads when called with these arguments ([] without @reads)."""
+    """[(FactClass, {args})] that `op` reads called with these arguments ([] without @reads)."""
     declare = getattr(op, "declared", None)
     return declare(*args, **kwargs) if declare else []
 

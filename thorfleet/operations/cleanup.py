@@ -34,10 +34,11 @@ def leftovers_removed(weights_dir, keep_dirs, image_name, keep_image, keep_conte
 
     .. code:: python
 
-        leftovers_removed(name="Remove what nothing serves any more", weights_dir=s.weights_dir,
-                          keep_dirs=[s.model_dir, s.draft_dir], image_name=s.image_name,
-                          keep_image=s.image_tag, keep_context=s.image_inputs_hash[:12],
-                          service=s.service_name)
+        leftovers_removed(name="Remove what nothing serves any more",
+                          weights_dir=layout.BOX_MODELS, keep_dirs=[model_dir, draft_dir],
+                          image_name="thorfleet/mistral-small4",
+                          keep_image="thorfleet/mistral-small4:0123456789ab",
+                          keep_context="0123456789ab", service="thorfleet-vllm")
     """
     paths = [*found["dirs"], *found["contexts"]]
     if not paths and not found["images"]:

@@ -82,7 +82,7 @@ def directory(path, mode="755", user="root", group="root", *, current):
 
     .. code:: python
 
-        directory(name="Create the weights folder", path=s.weights_dir)
+        directory(name="Create the weights folder", path=layout.BOX_MODELS)
     """
     wanted = {"type": "directory", "mode": mode, "user": user, "group": group}
     if current == wanted:

@@ -96,9 +96,9 @@ def derived_image(tag, base, inputs_hash, think_prefill, context, registry=None,
 
     .. code:: python
 
-        derived_image(name="Build the derived image", tag=s.image_tag, base=s.image_base,
-                      inputs_hash=s.image_inputs_hash, think_prefill=s.image_think_prefill,
-                      context=f"{layout.BOX_IMAGE_CONTEXT}/<hash>")
+        derived_image(name="Build the derived image", tag="thorfleet/mistral-small4:<hash>",
+                      base="<registry>/vllm@sha256:<digest>", inputs_hash="<hash>",
+                      think_prefill=True, context=f"{layout.BOX_IMAGE_CONTEXT}/<hash>")
     """
     if labels is not None:
         if registry and image_id:
@@ -137,10 +137,11 @@ def shared_image(tag, base, inputs_hash, think_prefill, context, registry, share
 
     .. code:: python
 
-        shared_image(name="Pull the derived image", tag=s.image_tag, base=s.image_base,
-                     inputs_hash=s.image_inputs_hash, think_prefill=s.image_think_prefill,
-                     context=f"{...}/<hash>", registry=s.image_registry,
-                     shared_ref=s.image_shared_ref)
+        shared_image(name="Pull the derived image", tag="thorfleet/mistral-small4:<hash>",
+                     base="<registry>/vllm@sha256:<digest>", inputs_hash="<hash>",
+                     think_prefill=True, context=f"{layout.BOX_IMAGE_CONTEXT}/<hash>",
+                     registry="registry.lan:5000/team",
+                     shared_ref="registry.lan:5000/team/mistral-small4:<hash>")
     """
     if labels is not None:
         host.noop(f"{tag} is already here ({labels.get('thorfleet.patches', '?')})")

@@ -42,8 +42,8 @@ def thor_ready(min_l4t_release, min_memory_gib, min_free_disk_gib, weights_dir, 
     .. code:: python
 
         thor_ready(name="Check the box is a Thor ready for the model", min_l4t_release="38.0",
-                   min_memory_gib=110, min_free_disk_gib=100, weights_dir=s.weights_dir,
-                   checkpoints=[s.model_dir, s.draft_dir])
+                   min_memory_gib=110, min_free_disk_gib=100, weights_dir=layout.BOX_MODELS,
+                   checkpoints=[model_dir, draft_dir])
     """
     problems = []
     if release is None:

@@ -42,9 +42,10 @@ def checkpoint(folder, repo, revision, image, endpoint=None, token_file=None, pe
 
     .. code:: python
 
-        checkpoint(name="Fetch the draft", folder=f"{s.weights_dir}/eagle/<rev>",
+        checkpoint(name="Fetch the draft", folder=f"{layout.BOX_MODELS}/eagle/<rev>",
                    repo="mistralai/Mistral-Small-4-119B-2603-eagle", revision="<rev>",
-                   image=s.image_tag, peers=["thor-1.lan"], root=s.weights_dir)
+                   image="thorfleet/mistral-small4:<hash>", peers=["thor-1.lan"],
+                   root=layout.BOX_MODELS)
     """
     if weights["complete"]:
         host.noop(f"{repo}@{revision[:12]} is complete in {folder}")
