@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from inspect import signature
+from inspect import Parameter, signature
 from shlex import quote as q
 
 from pyinfra import host as context_host
@@ -66,17 +66,17 @@ def reads(*declare, **named):
             op = _answered(op, named)
         params = signature(op._inner)
 
-        @functools.wraps(op)
-        def planned(*args, **kwargs):
-            plan(context_host, declared(planned, *args, **kwargs))
-            return op(*args, **kwargs)
-
         def declared_for(*args, **kwargs):
             own = params.bind_partial(
                 *args, **{k: v for k, v in kwargs.items() if k in params.parameters})
             own.apply_defaults()
             return [*(query for d in declare for query in d(**own.arguments)),
                     *_named_queries(named, own.arguments).values()]
+
+        @functools.wraps(op)
+        def planned(*args, **kwargs):  # called while the deploy is planned: declared before run
+            plan(context_host, declared_for(*args, **kwargs))
+            return op(*args, **kwargs)
 
         planned._inner = op._inner
         planned.declared = declared_for
@@ -101,8 +101,8 @@ def _answered(op, named):
     """`op` again, its body handed the answers of its `named` reads as keyword arguments."""
     body = op._inner
     full = signature(body)
-    untaken = [name for name in named if full.parameters.get(name, None) is None
-               or full.parameters[name].kind != full.parameters[name].KEYWORD_ONLY]
+    untaken = [name for name in named
+               if getattr(full.parameters.get(name), "kind", None) != Parameter.KEYWORD_ONLY]
     if untaken:
         raise TypeError(f"{body.__name__} takes no keyword-only argument {', '.join(untaken)}: "
                         "each named read is one")
@@ -117,8 +117,9 @@ def _answered(op, named):
             answers[name] = read(fact, **fact_kwargs)
         yield from body(*args, **kwargs, **answers)
 
-    answered.__signature__ = own
-    # pyinfra's operation() again, with the options the first one set on the body
+    answered.__signature__ = own  # what callers (and pyinfra's argument check) may pass
+    # pyinfra runs the function its operation() was given: to hand the body its answers, that
+    # function must be `answered`, so it is wrapped again, with the options the first one set
     return operation(is_idempotent=body.is_idempotent, idempotent_notice=body.idempotent_notice,
                      is_deprecated=body.is_deprecated,
                      deprecated_for=body.deprecated_for)(answered)
