@@ -8,19 +8,21 @@ registry does not have it.
 from pyinfra import host, inventory, state
 from pyinfra.api import deploy
 
-from thorfleet import operations as thor
 from thorfleet.layout import BOX_IMAGE_CONTEXT, FILES
+from thorfleet.operations import files, image
 from thorfleet.peers import first_of_run
 
 
 @deploy("Image")
 def run(s):
     context = f"{BOX_IMAGE_CONTEXT}/{s.image_inputs_hash[:12]}"
-    thor.tree(name="Upload the image build context (Dockerfile, patches)",
-              src=str(FILES / "image"), dest=context)
+    files.tree(name="Upload the image build context (Dockerfile, patches)",
+               src=str(FILES / "image"), dest=context)
+    built_from = {"tag": s.image_tag, "base": s.image_base, "inputs_hash": s.image_inputs_hash,
+                  "think_prefill": s.image_think_prefill, "context": context}
     if not s.image_registry or host.name == first_of_run(inventory, state):
-        thor.derived_image(name=f"Build {s.image_tag} unless it exists", s=s, context=context,
-                           push=bool(s.image_registry))
+        image.derived_image(name=f"Build {s.image_tag} unless it exists", **built_from,
+                            registry=s.image_registry, shared_ref=s.image_shared_ref)
     else:  # a later line: pyinfra runs it after the build (and push) above on every host
-        thor.shared_image(name=f"Pull {s.image_tag} from {s.image_registry} unless it exists",
-                          s=s, context=context)
+        image.shared_image(name=f"Pull {s.image_tag} from {s.image_registry} unless it exists",
+                           **built_from, registry=s.image_registry, shared_ref=s.image_shared_ref)

@@ -2,14 +2,14 @@
 
 from pyinfra.api import deploy
 
-from thorfleet import operations as thor
 from thorfleet.layout import BOX_BIN, BOX_MEMORY_GATE, FILES
+from thorfleet.operations import files
 
 
 @deploy("Memory")
 def run(s):
-    thor.directory(name="Create thorfleet's bin folder", path=BOX_BIN, mode="755")
-    thor.whole_file(
+    files.directory(name="Create thorfleet's bin folder", path=BOX_BIN, mode="755")
+    files.whole_file(
         name="Install the memory gate (drop caches until MemAvailable is enough)",
         src=str(FILES / "bin" / "memory-gate"),
         path=BOX_MEMORY_GATE,

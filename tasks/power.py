@@ -3,28 +3,28 @@
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
-from thorfleet import operations as thor
 from thorfleet.layout import BOX_UNIT_DIR, CLOCKS_UNIT, FILES
+from thorfleet.operations import files, power
 
 
 @deploy("Power")
 def run(s):
-    mode = thor.power_mode(
+    mode = power.power_mode(
         name=f"Set power mode {s.power_mode} (nvpmodel, never waiting on its reboot prompt)",
         mode=s.power_mode,
         allow_reboot=s.power_allow_reboot,
         reboot_timeout=s.power_reboot_timeout_s,
     )
     # jetson_clocks does not survive a reboot: a oneshot unit ordered after nvpmodel.service does.
-    unit = thor.whole_file(
+    unit = files.whole_file(
         name="Install the unit that locks clocks at every boot",
         src=str(FILES / "systemd" / CLOCKS_UNIT),
         path=f"{BOX_UNIT_DIR}/{CLOCKS_UNIT}",
         mode="644",
     )
     systemd.daemon_reload(name="Reload systemd after the clocks unit changed", _if=unit.did_change)
-    thor.unit_enabled(name="Enable the clocks unit", unit=CLOCKS_UNIT)
-    thor.clocks_locked(name="Lock clocks with jetson_clocks")
+    files.unit_enabled(name="Enable the clocks unit", unit=CLOCKS_UNIT)
+    power.clocks_locked(name="Lock clocks with jetson_clocks")
     # A new mode has new maximum clocks: lock them again after a mode change.
     server.shell(name="Lock clocks again for the new power mode", commands=["jetson_clocks"],
                  _if=mode.did_change)

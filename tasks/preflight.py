@@ -3,7 +3,7 @@
 from pyinfra import host, inventory
 from pyinfra.api import deploy
 
-from thorfleet import operations as thor
+from thorfleet.operations import preflight
 from thorfleet.peers import fleet_copy
 from thorfleet.runstate import run_state
 
@@ -11,7 +11,12 @@ from thorfleet.runstate import run_state
 @deploy("Preflight")
 def run(s):
     this_run = run_state(host.state)
-    thor.run_held(name="Hold the box for this run (one thorfleet run at a time)",
-                  holder=this_run.holder, token=this_run.token, wait_s=s.preflight_lock_wait_s)
-    thor.thor_ready(name="Check L4T, memory, disk, Docker's nvidia runtime and sudo", s=s,
-                    fleet_copy=fleet_copy(s, inventory))
+    preflight.run_held(name="Hold the box for this run (one thorfleet run at a time)",
+                       holder=this_run.holder, token=this_run.token,
+                       wait_s=s.preflight_lock_wait_s)
+    preflight.thor_ready(name="Check L4T, memory, disk, Docker's nvidia runtime and sudo",
+                         min_l4t_release=s.preflight_min_l4t_release,
+                         min_memory_gib=s.preflight_min_memory_gib,
+                         min_free_disk_gib=s.preflight_min_free_disk_gib,
+                         weights_dir=s.weights_dir, checkpoints=[s.model_dir, s.draft_dir],
+                         fleet_copy=fleet_copy(s, inventory))

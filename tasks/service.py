@@ -9,7 +9,6 @@ from io import StringIO
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from thorfleet import operations as thor
 from thorfleet.layout import (
     BOX_CONFIG,
     BOX_CONFIG_DIR,
@@ -22,26 +21,27 @@ from thorfleet.layout import (
     box_unit,
     layout_env_text,
 )
+from thorfleet.operations import files
 
 
 @deploy("Service")
 def run(s):
-    thor.directory(name="Create the config folder mounted into the container",
-                   path=BOX_CONFIG_DIR, mode="755")
-    thor.directory(name="Create the vLLM cache folder", path=BOX_VLLM_CACHE, mode="755")
-    thor.directory(name="Create thorfleet's state folder", path=BOX_STATE, mode="700")
+    files.directory(name="Create the config folder mounted into the container",
+                    path=BOX_CONFIG_DIR, mode="755")
+    files.directory(name="Create the vLLM cache folder", path=BOX_VLLM_CACHE, mode="755")
+    files.directory(name="Create thorfleet's state folder", path=BOX_STATE, mode="700")
     # Every file is replaced whole (temporary name, then rename): never half-written, even on a cut.
-    thor.whole_file(name=f"Write the vLLM runtime config ({s.service_profile} profile)",
-                    src=StringIO(s.config_text), path=BOX_CONFIG, mode="644")
-    thor.secret_file(name="Write the service secrets (root-only)", path=BOX_SECRETS_ENV,
-                     content=s.secrets_env_text)
+    files.whole_file(name=f"Write the vLLM runtime config ({s.service_profile} profile)",
+                     src=StringIO(s.config_text), path=BOX_CONFIG, mode="644")
+    files.secret_file(name="Write the service secrets (root-only)", path=BOX_SECRETS_ENV,
+                      content=s.secrets_env_text)
     # thorfleet-serve spells no path of the box: it reads them here (thorfleet/layout.py's).
-    thor.whole_file(name="Write the box layout the start/prove/roll-back tool reads",
-                    src=StringIO(layout_env_text()), path=BOX_LAYOUT_ENV, mode="644")
-    thor.whole_file(name="Install the start/prove/roll-back tool",
-                    src=str(FILES / "bin" / "thorfleet-serve"), path=BOX_SERVE, mode="755")
-    unit = thor.whole_file(name=f"Write the {s.service_name} unit", src=StringIO(s.unit_text),
-                           path=box_unit(s.service_name), mode="644")
+    files.whole_file(name="Write the box layout the start/prove/roll-back tool reads",
+                     src=StringIO(layout_env_text()), path=BOX_LAYOUT_ENV, mode="644")
+    files.whole_file(name="Install the start/prove/roll-back tool",
+                     src=str(FILES / "bin" / "thorfleet-serve"), path=BOX_SERVE, mode="755")
+    unit = files.whole_file(name=f"Write the {s.service_name} unit", src=StringIO(s.unit_text),
+                            path=box_unit(s.service_name), mode="644")
     systemd.daemon_reload(name="Reload systemd after the unit changed", _if=unit.did_change)
     # Enabled only: starting it is the verification step's job, which proves what it starts.
-    thor.unit_enabled(name=f"Enable {s.service_name} at boot", unit=f"{s.service_name}.service")
+    files.unit_enabled(name=f"Enable {s.service_name} at boot", unit=f"{s.service_name}.service")

@@ -6,42 +6,44 @@ first; a batch (or a first install) that fails its checks, or a canary that drop
 proving the change, stops the rollout and the hosts after it keep their current version
 (thorfleet/rollout.py says what each turn does, and why).
 
-The benchmark (the seed's method, files/bin/thorfleet-bench) runs after the proof when
-rollout_benchmark asks for it: "always", "never", or "first-install" (the default: a host with no
-proven version before this run). Once every such host has measured, the fleet gate fails those
-below rollout_bench_min_fraction of the fleet median or below rollout_bench_min_toks.
+The benchmark (files/bin/thorfleet-bench: /v1/completions, 512 tokens, a warm-up then 3 runs)
+runs after the proof when rollout_benchmark asks for it: "always", "never", or "first-install" (the
+default: a host with no proven version before this run). Once every such host has measured, the
+fleet gate fails those below rollout_bench_min_fraction of the fleet median or below
+rollout_bench_min_toks.
 """
 
 from pyinfra import host, inventory
 from pyinfra.api import deploy
 
-from thorfleet import operations as thor
 from thorfleet import rollout
 from thorfleet.layout import BOX_BENCH, FILES
+from thorfleet.operations import files, verification
 
 
 @deploy("Verification")
 def run(s):
-    thor.whole_file(name="Install the benchmark tool", src=str(FILES / "bin" / "thorfleet-bench"),
-                    path=BOX_BENCH, mode="755")
+    files.whole_file(name="Install the benchmark tool", src=str(FILES / "bin" / "thorfleet-bench"),
+                     path=BOX_BENCH, mode="755")
     service = {"service": s.service_name, "port": s.service_port, "fingerprint": s.fingerprint,
                "health_timeout": s.service_health_timeout_s}
-    first_installs = thor.serving(
+    first_installs = verification.serving(
         name="First installs: start every host that never served a version, together (no "
              "serving capacity at stake)", first_install=True, **service)
     # what each turn does, and what a failed one means for the later batches: rollout.py
     plan = rollout.plan(inventory, s.rollout_batch, s.rollout_canary_group)
     for index in host.loop(range(len(plan.batches))):
         if host.name in plan.batches[index]:
-            thor.serving(
+            verification.serving(
                 name=f"Batch {index + 1}/{len(plan.batches)}: serve the rendered version and prove "
                      "it (health, kernels, chat, reasoning, tools)",
                 earlier=plan.before(index), canaries=plan.canaries, **service)
     if s.rollout_benchmark != "never":
-        thor.benchmark(name="Benchmark the decode rate (the seed's method: /v1/completions, "
-                            "512 tokens, warm-up + 3 runs)", port=s.service_port,
-                       when=s.rollout_benchmark, first_installs_step=first_installs)
-        thor.benchmark_gate(name="Fleet benchmark gate (rollout_bench_min_fraction of the median, "
-                                 "rollout_bench_min_toks)",
-                            min_fraction=s.rollout_bench_min_fraction,
-                            floor=s.rollout_bench_min_toks)
+        verification.benchmark(
+            name="Benchmark the decode rate (the seed's method: /v1/completions, 512 tokens, "
+                 "warm-up + 3 runs)",
+            port=s.service_port, when=s.rollout_benchmark, first_installs_step=first_installs)
+        verification.benchmark_gate(
+            name="Fleet benchmark gate (rollout_bench_min_fraction of the median, "
+                 "rollout_bench_min_toks)",
+            min_fraction=s.rollout_bench_min_fraction, floor=s.rollout_bench_min_toks)

@@ -10,13 +10,11 @@ from io import StringIO
 from pyinfra import host, inventory, state
 from pyinfra.api import deploy
 
-from thorfleet import operations as thor
 from thorfleet import peers as fleet
 from thorfleet.layout import (
     BOX_ETC,
     BOX_HF_TOKEN,
     BOX_MANIFESTS,
-    BOX_OLD_VENV,
     BOX_PEER_HOME,
     BOX_PEER_KEY,
     BOX_WEIGHTS,
@@ -24,36 +22,35 @@ from thorfleet.layout import (
     PEER_USER,
     RRSYNC,
 )
+from thorfleet.operations import files, weights
 
 
 @deploy("Weights")
 def run(s):
-    thor.whole_file(
+    files.whole_file(
         name="Install the weights fetcher and verifier",
         src=str(FILES / "bin" / "thorfleet-weights"),
         path=BOX_WEIGHTS,
         mode="755",
     )
-    # Older thorfleet installed huggingface_hub from PyPI here; the fetch now runs in the image.
-    thor.absent(name="Remove the venv older thorfleet installed", path=BOX_OLD_VENV)
-    thor.directory(name=f"Create {BOX_ETC}", path=BOX_ETC, mode="755")
+    files.directory(name=f"Create {BOX_ETC}", path=BOX_ETC, mode="755")
     if s.hf_token:
-        thor.secret_file(name="Install the Hugging Face token (root-only)", path=BOX_HF_TOKEN,
-                         content=s.hf_token + "\n")
+        files.secret_file(name="Install the Hugging Face token (root-only)", path=BOX_HF_TOKEN,
+                          content=s.hf_token + "\n")
     else:
-        thor.absent(name="No Hugging Face token configured", path=BOX_HF_TOKEN)
-    thor.directory(name=f"Create {s.weights_dir}", path=s.weights_dir, mode="755")
+        files.absent(name="No Hugging Face token configured", path=BOX_HF_TOKEN)
+    files.directory(name=f"Create {s.weights_dir}", path=s.weights_dir, mode="755")
     copying = fleet.fleet_copy(s, inventory)
     if copying:
         peer_access(s)
     else:  # the copy turned off (weights_source = "hub", or one box): nobody may read the box
-        thor.absent(name="No fleet copy access (the copy is off)",
-                    path=f"{BOX_PEER_HOME}/.ssh/authorized_keys")
-        thor.absent(name="No fleet copy key (the copy is off)", path=BOX_PEER_KEY)
+        files.absent(name="No fleet copy access (the copy is off)",
+                     path=f"{BOX_PEER_HOME}/.ssh/authorized_keys")
+        files.absent(name="No fleet copy key (the copy is off)", path=BOX_PEER_KEY)
     first = fleet.first_of_run(inventory, state)
     checkpoints = (
         ("checkpoint (~71 GB; this takes a while)", s.weights_model_repo, s.model_dir,
-         s.weights_model_revision),
+        s.weights_model_revision),
         ("EAGLE-3 draft (~0.4 GB)", s.weights_draft_repo, s.draft_dir, s.weights_draft_revision),
     )
     where = {
@@ -66,26 +63,26 @@ def run(s):
     }
     for label, repo, folder, revision in checkpoints:
         if not copying or host.name == first:
-            thor.checkpoint(name=f"Fetch and verify the {label}: {repo}@{revision[:12]}",
-                            folder=folder, repo=repo, revision=revision, **where)
+            weights.checkpoint(name=f"Fetch and verify the {label}: {repo}@{revision[:12]}",
+                               folder=folder, repo=repo, revision=revision, **where)
     for label, repo, folder, revision in checkpoints:
         if copying and host.name != first:  # a later line: after the first host's fetch above
-            thor.checkpoint(name=f"Copy and verify the {label} from the fleet: "
-                                 f"{repo}@{revision[:12]}",
-                            folder=folder, repo=repo, revision=revision, **where)
+            weights.checkpoint(name=f"Copy and verify the {label} from the fleet: "
+                                    f"{repo}@{revision[:12]}",
+                               folder=folder, repo=repo, revision=revision, **where)
 
 
 def peer_access(s):
     """What the boxes copy weights with: a user that may only read weights_dir (rrsync -ro), the
     fleet's shared key authorized for it, and that key for this box's own copies."""
     private, public = fleet.key_pair(s.weights_peer_key_file)
-    thor.system_user(name=f"Create {PEER_USER}, who may only read {s.weights_dir}",
-                     user=PEER_USER, home=BOX_PEER_HOME, shell="/bin/sh")
-    thor.directory(name=f"Create {BOX_PEER_HOME}/.ssh", path=f"{BOX_PEER_HOME}/.ssh",
-                   mode="755")
-    thor.whole_file(name="Authorize the fleet's copy key, read-only",
-                    path=f"{BOX_PEER_HOME}/.ssh/authorized_keys",
-                    src=StringIO(f'command="{RRSYNC} -ro {s.weights_dir}",restrict {public}\n'))
-    thor.secret_file(name="Install the fleet's copy key (root-only)", path=BOX_PEER_KEY,
-                     content=private)
-    thor.directory(name=f"Create {BOX_MANIFESTS}", path=BOX_MANIFESTS, mode="755")
+    files.system_user(name=f"Create {PEER_USER}, who may only read {s.weights_dir}",
+                      user=PEER_USER, home=BOX_PEER_HOME, shell="/bin/sh")
+    files.directory(name=f"Create {BOX_PEER_HOME}/.ssh", path=f"{BOX_PEER_HOME}/.ssh",
+                    mode="755")
+    files.whole_file(name="Authorize the fleet's copy key, read-only",
+                     path=f"{BOX_PEER_HOME}/.ssh/authorized_keys",
+                     src=StringIO(f'command="{RRSYNC} -ro {s.weights_dir}",restrict {public}\n'))
+    files.secret_file(name="Install the fleet's copy key (root-only)", path=BOX_PEER_KEY,
+                      content=private)
+    files.directory(name=f"Create {BOX_MANIFESTS}", path=BOX_MANIFESTS, mode="755")

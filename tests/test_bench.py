@@ -1,5 +1,5 @@
 """The benchmark's arithmetic (files/bin/thorfleet-bench against a local http.server standing in for
-vLLM) and the fleet gate (operations.bench_verdict, operations.benchmark_gate)."""
+vLLM) and the fleet gate (operations.verification: bench_verdict, benchmark_gate)."""
 
 import importlib.machinery
 import importlib.util
@@ -16,7 +16,7 @@ from pyinfra.connectors.util import CommandOutput
 from pyinfra.context import ctx_host
 
 from thorfleet import layout
-from thorfleet import operations as thor
+from thorfleet.operations import verification
 from thorfleet.runstate import run_state
 
 pytestmark = pytest.mark.fast
@@ -173,15 +173,15 @@ def test_a_wrong_key_is_an_error_line_and_a_failure(tmp_path, capsys):
 
 def test_the_gate_fails_below_the_median_fraction_or_the_floor():
     fleet = [33.7, 33.5, 33.6]
-    assert thor.bench_verdict(33.5, fleet, 0.8, 27) == (33.6, [])
-    median, problems = thor.bench_verdict(17.5, [*fleet, 17.5], 0.8, 27)
+    assert verification.bench_verdict(33.5, fleet, 0.8, 27) == (33.6, [])
+    median, problems = verification.bench_verdict(17.5, [*fleet, 17.5], 0.8, 27)
     assert median == pytest.approx(33.55)
     assert len(problems) == 2 and "floor of 27" in problems[0] and "0.52x" in problems[1]
     # a fleet all slow passes the median check but not the floor
-    assert thor.bench_verdict(17.5, [17.5, 17.6], 0.8, 27)[1] == [
+    assert verification.bench_verdict(17.5, [17.5, 17.6], 0.8, 27)[1] == [
         "17.5 tok/s is below the floor of 27 tok/s (rollout_bench_min_toks)"]
     # fast enough for the floor, but a fifth below the others
-    assert "rollout_bench_min_fraction" in thor.bench_verdict(28.0, [36.0, 36.0, 28.0], 0.8, 27)[1][0]
+    assert "rollout_bench_min_fraction" in verification.bench_verdict(28.0, [36.0, 36.0, 28.0], 0.8, 27)[1][0]
 
 
 class GateHost(SimpleNamespace):
@@ -194,7 +194,7 @@ def gate(results, name):
     run_state(state).benchmarks.update(results)
     fake = GateHost(name=name, state=state, logged=[], noop=lambda message: None)
     with ctx_host.use(fake):
-        commands = list(thor.benchmark_gate._inner(min_fraction=0.8, floor=27))
+        commands = list(verification.benchmark_gate._inner(min_fraction=0.8, floor=27))
     if not commands:  # not benchmarked in this run
         return None, run_state(state)
     (command,) = commands
@@ -215,10 +215,10 @@ def test_the_gate_operation_fails_the_slow_host_and_records_why():
 
 
 def test_a_first_install_is_benchmarked_unless_told_otherwise():
-    assert thor.wants_benchmark("first-install", True)
-    assert not thor.wants_benchmark("first-install", False)
-    assert thor.wants_benchmark("always", False)
-    assert not thor.wants_benchmark("never", True)
+    assert verification.wants_benchmark("first-install", True)
+    assert not verification.wants_benchmark("first-install", False)
+    assert verification.wants_benchmark("always", False)
+    assert not verification.wants_benchmark("never", True)
 
 
 def test_first_install_benchmarks_the_hosts_the_first_installs_step_starts():
@@ -235,7 +235,7 @@ def test_first_install_benchmarks_the_hosts_the_first_installs_step_starts():
                               (executed(True), True), (executed(False), False), (None, False)):
         fake = GateHost(name="thor-1", state=SimpleNamespace(), logged=[], noop=lambda _: None)
         with ctx_host.use(fake):
-            commands = list(thor.benchmark._inner(port=8002, when="first-install",
+            commands = list(verification.benchmark._inner(port=8002, when="first-install",
                                                   first_installs_step=step))
         assert bool(commands) == benchmarked, step
 

@@ -1,4 +1,5 @@
-"""thorfleet's facts parse what a real Thor prints (FACTS.md lines and published outputs)."""
+"""thorfleet's facts parse what a real Thor prints (its tools' documented formats and published
+outputs); what is absent prints nothing, and the fact is then pyinfra's default()."""
 
 import subprocess
 
@@ -9,8 +10,8 @@ from thorfleet import facts, layout
 pytestmark = pytest.mark.fast
 
 # `sudo jetson_clocks --show` on a Jetson AGX Thor (L4T r38) after `jetson_clocks`, as published
-# (wang-junjian.github.io, Jetson AGX Thor, 2025); FACTS.md "Thor realities": the GPU is the
-# devfreq devices gpu-gpc-0 / gpu-nvd-0, cpuN lines have no Online=, EMC is never pinned.
+# (wang-junjian.github.io, Jetson AGX Thor, 2025): the GPU is the devfreq devices gpu-gpc-0 /
+# gpu-nvd-0, cpuN lines have no Online=, EMC's MinFreq stays below its MaxFreq.
 THOR_LOCKED = """\
 SOC family:tegra264  Machine:NVIDIA Jetson AGX Thor Developer Kit
 Online CPUs: 0-13, Offline CPUs:
@@ -59,17 +60,17 @@ def test_clocks_on_an_orin_read_its_gpu_line():
 
 
 def test_power_mode_is_the_last_line_after_warnings():
-    # FACTS.md: optional `NVPM WARN ...` lines, then `NV Power Mode: <NAME>`, then the id alone
+    # `nvpmodel -q`: optional `NVPM WARN ...` lines, then `NV Power Mode: <NAME>`, then the id alone
     out = ["NVPM WARN: fan mode is not set!", "NV Power Mode: 120W", "1"]
     assert parse(facts.PowerMode, out) == 1
 
 
 def test_l4t_release_of_jetpack_7():
-    # FACTS.md: `# R38 (release), REVISION: 2.0, GCID: ...`
+    # the first line of /etc/nv_tegra_release on JetPack 7: `# R38 (release), REVISION: 2.0, ...`
     line = [("# R38 (release), REVISION: 2.0, GCID: 41844464, BOARD: generic, EABI: aarch64, "
             "DATE: Fri Aug 22 00:55:42 UTC 2025")]
     assert parse(facts.L4TRelease, line) == "38.2.0"
-    assert parse(facts.L4TRelease, []) is None
+    assert facts.L4TRelease().default() is None  # not a Jetson: no file, nothing printed
 
 
 def test_memtotal_of_a_thor():
@@ -91,7 +92,9 @@ def test_file_state():
 
 
 def test_image_labels():
-    assert parse(facts.DockerImageLabels, ["absent"]) is None
+    assert facts.DockerImageLabels().default() is None  # no such image: nothing on stdout
+    assert parse(facts.DockerImageLabels, ["null"]) == {}  # an image without labels
+    assert parse(facts.DockerImageLabels, [""]) is None  # inspect's empty line for a missing image
     assert parse(facts.DockerImageLabels, ['{"thorfleet.patches":"a=applied"}']) == {
         "thorfleet.patches": "a=applied"}
 
@@ -100,7 +103,8 @@ def test_image_id():
     # `docker image inspect --format '{{.Id}}'` here (Docker 20.10); nothing when it is absent
     real = "sha256:3746115537fb36e11ee0194531abd53cfeeb4a16cb29a53eda87ad3c04b1c637"
     assert parse(facts.DockerImageId, [real]) == real
-    assert parse(facts.DockerImageId, []) is None
+    assert facts.DockerImageId().default() is None  # absent: nothing printed
+    assert parse(facts.DockerImageId, [""]) is None  # or inspect's empty line
     assert facts.DockerImageId().command("r/x:$(id)") == (
         "docker image inspect --format '{{.Id}}' 'r/x:$(id)' 2>/dev/null || true")
 
@@ -127,7 +131,7 @@ def test_fact_commands_take_the_box_paths_from_the_layout():
     served = facts.ServerState().command("thorfleet-vllm", 8002)
     # the tool reads its paths from the layout file: without it there is nothing to ask yet
     assert served.startswith(f"if [ -f {layout.BOX_SERVE} ] && [ -f {layout.BOX_LAYOUT_ENV} ]; ")
-    assert facts.RebootMarker.command == f"test -e {layout.BOX_REBOOT_MARKER} && echo yes || echo no"
+    assert facts.RebootMarker.command == f"! test -e {layout.BOX_REBOOT_MARKER} || echo yes"
 
 
 def test_weights_and_server_state_read_the_tools_last_line():
@@ -135,6 +139,11 @@ def test_weights_and_server_state_read_the_tools_last_line():
                                       '{"complete": true, "problems": []}']) == {
         "complete": True, "problems": []}
     assert parse(facts.ServerState, ["{}"]) == {}
+    # the tools not installed yet: nothing printed, so each fact's default
+    assert facts.WeightsState().default() == {"complete": False,
+                                              "problems": ["thorfleet tools not installed"]}
+    assert facts.ServerState().default() == {}
+    assert facts.Leftovers().default() == {"dirs": [], "images": [], "contexts": []}
 
 
 def test_pinned_weights_counts_the_folders_and_their_staging_on_a_real_disk(tmp_path):

@@ -23,9 +23,11 @@ BOX_SIDE = {"facts": {"layout"},
 
 
 def imports():
-    """{module: {thorfleet modules it imports, anywhere in its body}} for thorfleet/*.py."""
+    """{module: {thorfleet modules it imports, anywhere in its body}} for thorfleet/*.py; a package
+    (operations/) is one module, all its files together."""
     graph = {}
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
         found = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -38,7 +40,7 @@ def imports():
             elif isinstance(node, ast.Import):
                 found.update(a.name.split(".")[1] for a in node.names
                              if a.name.startswith("thorfleet."))
-        graph[path.stem] = found - {path.stem}
+        graph.setdefault(module, set()).update(found - {module})
     return graph
 
 
@@ -65,11 +67,19 @@ def test_the_box_side_does_not_import_settings_or_the_report():
         assert graph[module] <= allowed, f"{module} imports {sorted(graph[module] - allowed)}"
 
 
+def test_each_concern_of_the_operations_shares_only_the_shell_helpers():
+    for path in sorted((PACKAGE / "operations").glob("*.py")):
+        own = {node.module for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.ImportFrom) and node.module
+               and node.module.startswith("thorfleet.operations")}
+        assert own <= {"thorfleet.operations.commands"}, f"{path.name} imports {sorted(own)}"
+
+
 BOX_PATH = re.compile(r"/(opt|etc|var/lib|var/cache)/thorfleet\b|/run/thorfleet")
 
 
 def test_only_layout_spells_the_boxs_paths():
-    sources = [*PACKAGE.glob("*.py"), *(ROOT / "tasks").glob("*.py"), ROOT / "deploy.py",
+    sources = [*PACKAGE.rglob("*.py"), *(ROOT / "tasks").glob("*.py"), ROOT / "deploy.py",
                ROOT / "config.py"]
     spelled = {}
     for path in sources:

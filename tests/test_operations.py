@@ -7,9 +7,19 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand
 from pyinfra.context import ctx_host
+from pyinfra.facts.server import Which
 
 from thorfleet import facts, layout, pyinfra_hooks, snapshot
-from thorfleet import operations as thor
+from thorfleet.operations import (
+    cleanup,
+    files,
+    image,
+    power,
+    preflight,
+    verification,
+    weights,
+)
+from thorfleet.operations.commands import ShownCommand
 from thorfleet.runstate import run_state
 
 pytestmark = pytest.mark.fast
@@ -22,9 +32,10 @@ class FakeHost:
     def __init__(self, known, state=None, shell=None):
         self.known, self.noops, self.name, self.data = known, [], "thor-1", {}
         self.state = state or SimpleNamespace()  # pyinfra's State: holds the run state
-        self.logged, self.ran, self.shell = [], [], shell
+        self.logged, self.ran, self.shell, self.asked = [], [], shell, []
 
     def get_fact(self, fact, **kwargs):
+        self.asked.append((fact, {k: v for k, v in kwargs.items() if k != "_sudo" or not v}))
         value = self.known[fact]
         return value(**{k: v for k, v in kwargs.items() if not k.startswith("_")}) \
             if callable(value) else value
@@ -66,12 +77,12 @@ def test_every_operation_runs_twice_to_the_same_noop():
              facts.DockerImageLabels: {"thorfleet.patches": "p"},
              facts.ServerState: {"active": "active", "proven_fingerprint": "f" * 64,
                                  "healthy": True}}
-    for op, kwargs in ((thor.power_mode, {"mode": 1}), (thor.clocks_locked, {}),
-                       (thor.checkpoint, {"folder": "/m", "repo": "o/r", "revision": "a" * 40,
+    for op, kwargs in ((power.power_mode, {"mode": 1}), (power.clocks_locked, {}),
+                       (weights.checkpoint, {"folder": "/m", "repo": "o/r", "revision": "a" * 40,
                                           "image": "i"}),
-                       (thor.derived_image, {"s": settings(), "context": "/c"}),
-                       (thor.serving, {"service": "thorfleet-vllm", "port": 8002,
-                                       "fingerprint": "f" * 64, "health_timeout": 1200})):
+                       (image.derived_image, built_from()),
+                       (verification.serving, {"service": "thorfleet-vllm", "port": 8002,
+                                               "fingerprint": "f" * 64, "health_timeout": 1200})):
         for _ in range(2):
             commands, noops = run(op, known, **kwargs)
             assert commands == [] and len(noops) == 1, op
@@ -90,19 +101,19 @@ def text(command):
 
 
 def test_power_mode_already_set_is_a_noop():
-    commands, noops = run(thor.power_mode, {facts.PowerMode: 1}, mode=1)
+    commands, noops = run(power.power_mode, {facts.PowerMode: 1}, mode=1)
     assert commands == [] and noops == ["power mode is already 1"]
 
 
 def test_power_mode_never_leaves_the_reboot_prompt_waiting_on_stdin():
-    commands, _ = run(thor.power_mode, {facts.PowerMode: 0}, mode=1)
+    commands, _ = run(power.power_mode, {facts.PowerMode: 0}, mode=1)
     assert commands[0] == "nvpmodel -m 1 </dev/null || true"
     assert commands[1] == "call needs_reboot"
 
 
 def test_a_mode_that_needs_a_reboot_fails_the_host_with_the_fix_in_the_report():
     modes = iter([0, 0])  # before, and still after nvpmodel read EOF at its prompt
-    commands, fake = plan(thor.power_mode, {facts.PowerMode: lambda: next(modes)}, mode=2)
+    commands, fake = plan(power.power_mode, {facts.PowerMode: lambda: next(modes)}, mode=2)
     assert execute(commands[1], fake) is False
     [error] = run_state(fake.state).errors["thor-1"]
     assert "power mode 2 needs a reboot and power_allow_reboot is False" in error
@@ -110,7 +121,7 @@ def test_a_mode_that_needs_a_reboot_fails_the_host_with_the_fix_in_the_report():
 
 
 def test_a_box_without_nvpmodel_fails_the_host_recorded_not_raised():
-    commands, fake = plan(thor.power_mode, {facts.PowerMode: None}, mode=1)
+    commands, fake = plan(power.power_mode, {facts.PowerMode: None}, mode=1)
     assert [text(c) for c in commands] == ["call fail"]
     assert execute(commands[0], fake) is False
     assert run_state(fake.state).errors == {
@@ -118,43 +129,41 @@ def test_a_box_without_nvpmodel_fails_the_host_recorded_not_raised():
 
 
 def test_clocks():
-    assert run(thor.clocks_locked, {facts.ClocksLocked: True}) == ([], ["clocks are already locked"])
-    assert run(thor.clocks_locked, {facts.ClocksLocked: False})[0] == ["jetson_clocks"]
-    assert run(thor.clocks_locked, {facts.ClocksLocked: None})[0] == ["call fail"]
+    assert run(power.clocks_locked, {facts.ClocksLocked: True}) == ([], ["clocks are already locked"])
+    assert run(power.clocks_locked, {facts.ClocksLocked: False})[0] == ["jetson_clocks"]
+    assert run(power.clocks_locked, {facts.ClocksLocked: None})[0] == ["call fail"]
 
 
 def test_preflight_problems_fail_the_host_once_with_every_problem():
     known = {facts.L4TRelease: "36.4.0", facts.MemTotalGiB: 61.4, facts.FreeDiskGiB: 500.0,
              facts.PinnedWeightsGiB: 0.0, facts.SudoWorks: True, facts.DockerRuntimes: ["runc"]}
-    s = preflight_settings()
-    commands, fake = plan(thor.thor_ready, known, s=s)
+    commands, fake = plan(preflight.thor_ready, known, **ready_args())
     assert execute(commands[0], fake) is False
     [error] = run_state(fake.state).errors["thor-1"]
     assert error.startswith("preflight failed:") and error.count("\n  - ") == 3
 
 
-def preflight_settings():
-    return SimpleNamespace(preflight_min_l4t_release="38.0", preflight_min_memory_gib=110,
-                           preflight_min_free_disk_gib=100, weights_dir=layout.BOX_MODELS,
-                           model_dir=f"{layout.BOX_MODELS}/M/{'a' * 40}",
-                           draft_dir=f"{layout.BOX_MODELS}/E/{'b' * 40}")
+def ready_args():
+    return {"min_l4t_release": "38.0", "min_memory_gib": 110, "min_free_disk_gib": 100,
+            "weights_dir": layout.BOX_MODELS,
+            "checkpoints": [f"{layout.BOX_MODELS}/M/{'a' * 40}", f"{layout.BOX_MODELS}/E/{'b' * 40}"]}
 
 
 def test_the_pinned_weights_on_disk_count_toward_the_free_disk_preflight_asks():
     ready = {facts.L4TRelease: "38.2.0", facts.MemTotalGiB: 122.0, facts.SudoWorks: True,
              facts.DockerRuntimes: ["nvidia", "runc"]}
     # a converged box: 66 GiB of weights in place, 40 GiB left on the disk
-    commands, fake = plan(thor.thor_ready, {**ready, facts.FreeDiskGiB: 40.0,
-                                            facts.PinnedWeightsGiB: 66.0}, s=preflight_settings())
+    commands, fake = plan(preflight.thor_ready,
+                          {**ready, facts.FreeDiskGiB: 40.0, facts.PinnedWeightsGiB: 66.0}, **ready_args())
     assert commands == [] and fake.noops == ["Thor ready: L4T R38.2.0, 122 GiB, 40 GiB free"]
     # the same disk without them: the download would not fit
-    commands, fake = plan(thor.thor_ready, {**ready, facts.FreeDiskGiB: 40.0,
-                                            facts.PinnedWeightsGiB: 0.0}, s=preflight_settings())
+    commands, fake = plan(preflight.thor_ready,
+                          {**ready, facts.FreeDiskGiB: 40.0, facts.PinnedWeightsGiB: 0.0}, **ready_args())
     assert execute(commands[0], fake) is False
     [error] = run_state(fake.state).errors["thor-1"]
     assert f"40.0 GiB free under {layout.BOX_MODELS}, need 100" in error
-    commands, fake = plan(thor.thor_ready, {**ready, facts.FreeDiskGiB: 20.0,
-                                            facts.PinnedWeightsGiB: 66.0}, s=preflight_settings())
+    commands, fake = plan(preflight.thor_ready,
+                          {**ready, facts.FreeDiskGiB: 20.0, facts.PinnedWeightsGiB: 66.0}, **ready_args())
     assert execute(commands[0], fake) is False
     assert "20.0 GiB free under /opt/thorfleet/models + 66.0 GiB of the pinned weights already " \
            "there, need 100" in run_state(fake.state).errors["thor-1"][0]
@@ -164,31 +173,31 @@ SHA_OF_HELLO = "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03
 
 
 def test_whole_file_in_place_is_a_noop():
-    state = {"sha256": SHA_OF_HELLO, "mode": "644", "user": "root", "group": "root"}
-    commands, noops = run(thor.whole_file, {facts.FileState: state}, path="/etc/x",
+    on_box = {"sha256": SHA_OF_HELLO, "mode": "644", "user": "root", "group": "root"}
+    commands, noops = run(files.whole_file, {facts.FileState: on_box}, path="/etc/x",
                           src=StringIO("hello\n"))
     assert commands == [] and noops == ["/etc/x is already in place"]
 
 
 def test_whole_file_with_only_its_mode_drifted_is_chmodded_not_rewritten():
-    state = {"sha256": SHA_OF_HELLO, "mode": "666", "user": "root", "group": "root"}
-    commands, _ = run(thor.whole_file, {facts.FileState: state}, path="/etc/x",
+    on_box = {"sha256": SHA_OF_HELLO, "mode": "666", "user": "root", "group": "root"}
+    commands, _ = run(files.whole_file, {facts.FileState: on_box}, path="/etc/x",
                       src=StringIO("hello\n"), mode="600")
     assert commands == ["chown root:root /etc/x && chmod 600 /etc/x"]
 
 
 def test_whole_file_quotes_its_path():
-    state = {"sha256": SHA_OF_HELLO, "mode": "666", "user": "root", "group": "root"}
-    commands, _ = run(thor.whole_file, {facts.FileState: state}, path="/etc/a b;x",
+    on_box = {"sha256": SHA_OF_HELLO, "mode": "666", "user": "root", "group": "root"}
+    commands, _ = run(files.whole_file, {facts.FileState: on_box}, path="/etc/a b;x",
                       src=StringIO("hello\n"))
     assert commands == ["chown root:root '/etc/a b;x' && chmod 644 '/etc/a b;x'"]
-    commands, _ = run(thor.whole_file, {facts.FileState: None}, path="/etc/a b",
+    commands, _ = run(files.whole_file, {facts.FileState: None}, path="/etc/a b",
                       src=StringIO("hello\n"))
     assert "'/etc/a b.thorfleet-tmp' '/etc/a b';" in commands[2]
 
 
 def test_whole_file_is_staged_then_renamed_into_place():
-    commands, _ = run(thor.whole_file, {facts.FileState: None}, path="/etc/x",
+    commands, _ = run(files.whole_file, {facts.FileState: None}, path="/etc/x",
                       src=StringIO("hello\n"))
     staged = f".thorfleet-upload/{SHA_OF_HELLO[:16]}"
     assert commands[1] == f"upload {staged}"
@@ -199,9 +208,9 @@ def test_whole_file_is_staged_then_renamed_into_place():
 
 def test_checkpoint_complete_is_a_noop_and_missing_is_fetched():
     kwargs = {"folder": "/m/r", "repo": "mistralai/x", "revision": "a" * 40, "image": "img:1"}
-    commands, noops = run(thor.checkpoint, {facts.WeightsState: {"complete": True}}, **kwargs)
+    commands, noops = run(weights.checkpoint, {facts.WeightsState: {"complete": True}}, **kwargs)
     assert commands == [] and "complete" in noops[0]
-    commands, _ = run(thor.checkpoint, {facts.WeightsState: {"complete": False, "problems": []}},
+    commands, _ = run(weights.checkpoint, {facts.WeightsState: {"complete": False, "problems": []}},
                       endpoint="http://hub:8000", token_file="/etc/t", **kwargs)
     # huggingface_hub from the image: nothing from apt or PyPI on the box; the token a file
     w = layout.BOX_WEIGHTS
@@ -213,13 +222,13 @@ def test_checkpoint_complete_is_a_noop_and_missing_is_fetched():
                          f"--revision {'a' * 40} --endpoint http://hub:8000 --token-file /etc/t "
                          "--progress-every 10")]
     # shown as it comes, under the host's name, without -v: the transfer's progress lines
-    (command,), _ = plan(thor.checkpoint, {facts.WeightsState: {"complete": False}}, **kwargs)
-    assert isinstance(command, thor.ShownCommand)
+    (command,), _ = plan(weights.checkpoint, {facts.WeightsState: {"complete": False}}, **kwargs)
+    assert isinstance(command, ShownCommand)
 
 
 def test_checkpoint_with_peers_copies_first_and_asks_the_hub_only_for_what_is_left():
     kwargs = {"folder": "/m/r", "repo": "mistralai/x", "revision": "a" * 40, "image": "img:1"}
-    commands, _ = run(thor.checkpoint, {facts.WeightsState: {"complete": False, "problems": []}},
+    commands, _ = run(weights.checkpoint, {facts.WeightsState: {"complete": False, "problems": []}},
                       peers=["thor-1.lan", "thor-3.lan:2222"], root="/m", **kwargs)
     w, listed = layout.BOX_WEIGHTS, f"{layout.BOX_MANIFESTS}/{'a' * 40}.json"
     manifest = (f"docker run --rm --name thorfleet-fetch-aaaaaaaaaaaa --network host "
@@ -239,6 +248,15 @@ def test_checkpoint_with_peers_copies_first_and_asks_the_hub_only_for_what_is_le
                             "--progress-every 10")
 
 
+def built_from(**extra):
+    """derived_image's and shared_image's arguments for the test image."""
+    return {"tag": "thorfleet/mistral-small4:abc", "base": "r/vllm@sha256:" + "c" * 64,
+            "inputs_hash": "abc" * 10, "think_prefill": True, "context": "/ctx", **extra}
+
+
+SHARED = {"registry": "reg:5000/team", "shared_ref": "reg:5000/team/mistral-small4:abc"}
+
+
 def settings(**extra):
     return SimpleNamespace(
         image_tag="thorfleet/mistral-small4:abc", image_base="r/vllm@sha256:" + "c" * 64,
@@ -247,11 +265,11 @@ def settings(**extra):
 
 
 def test_derived_image_present_is_a_noop_absent_is_built():
-    commands, noops = run(thor.derived_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"}},
-                          s=settings(), context="/ctx")
+    commands, noops = run(image.derived_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"}},
+                          **built_from())
     assert commands == [] and "already built" in noops[0]
-    commands, _ = run(thor.derived_image, {facts.DockerImageLabels: lambda ref: None},
-                      s=settings(), context="/ctx")
+    commands, _ = run(image.derived_image, {facts.DockerImageLabels: lambda ref: None},
+                      **built_from())
     assert commands[0].startswith("docker pull r/vllm@sha256:")
     assert commands[1] == (f"sh /ctx/build-image.sh --base r/vllm@sha256:{'c' * 64} "
                            "--tag thorfleet/mistral-small4:abc --think-prefill 1 "
@@ -268,29 +286,29 @@ def test_each_run_has_its_own_run_state():
 
 
 def test_leftovers_are_removed_one_command_each_kind_and_none_is_a_noop():
-    s = settings(weights_dir="/m", image_name="thorfleet/mistral-small4", model_dir="/m/M/" + "a" * 40,
-                 draft_dir="/m/E/" + "b" * 40)
+    keep = {"weights_dir": "/m", "keep_dirs": ["/m/M/" + "a" * 40, "/m/E/" + "b" * 40],
+            "image_name": "thorfleet/mistral-small4", "keep_image": "thorfleet/mistral-small4:abc",
+            "keep_context": "abcabcabcabc", "service": "thorfleet-vllm"}
     nothing = {"dirs": [], "images": [], "contexts": []}
-    commands, noops = run(thor.leftovers_removed, {facts.Leftovers: nothing}, s=s)
+    commands, noops = run(cleanup.leftovers_removed, {facts.Leftovers: nothing}, **keep)
     assert commands == [] and noops[0].startswith("nothing old to remove")
     found = {"dirs": ["/m/M/" + "1" * 40], "images": ["thorfleet/mistral-small4:old"],
              "contexts": [f"{layout.BOX_IMAGE_CONTEXT}/cccccccccccc"]}
     asked = {}
-    commands, _ = run(thor.leftovers_removed, {facts.Leftovers: lambda **kw: asked.update(kw) or found},
-                      s=s)
+    commands, _ = run(cleanup.leftovers_removed,
+                      {facts.Leftovers: lambda **kw: asked.update(kw) or found}, **keep)
     assert commands == [f"rm -rf -- /m/M/{'1' * 40} {layout.BOX_IMAGE_CONTEXT}/cccccccccccc",
                         "docker rmi thorfleet/mistral-small4:old"]
     # what it keeps: the pinned weights, this image, and what the live and last good units use
-    assert asked["keep_dirs"] == [s.model_dir, s.draft_dir]
+    assert asked["keep_dirs"] == keep["keep_dirs"] and asked["keep_context"] == "abcabcabcabc"
     assert asked["keep_images"] == ["thorfleet/mistral-small4:abc"]
     assert asked["units"] == [layout.box_unit("thorfleet-vllm"), layout.BOX_LAST_GOOD_UNIT]
 
 
 def test_with_a_registry_the_first_host_pulls_what_an_earlier_run_pushed_else_builds_and_pushes():
-    s = settings(image_registry="reg:5000/team", image_shared_ref="reg:5000/team/mistral-small4:abc")
     built_id = "sha256:" + "9" * 64
-    commands, fake = plan(thor.derived_image, {facts.DockerImageLabels: lambda ref: None}, s=s,
-                          context="/ctx", push=True,
+    commands, fake = plan(image.derived_image, {facts.DockerImageLabels: lambda ref: None,
+                                                facts.DockerImageId: None}, **built_from(**SHARED),
                           shell=lambda c: (True, SimpleNamespace(stdout_lines=[built_id])))
     command, remember = (text(c) for c in commands)
     pulled, built = command.split("; else ")
@@ -305,9 +323,9 @@ def test_with_a_registry_the_first_host_pulls_what_an_earlier_run_pushed_else_bu
     assert remember == "call remember" and execute(commands[1], fake) is True
     assert run_state(fake.state).image_ids == {"thorfleet/mistral-small4:abc": built_id}
     # a first host that has it already: nothing to do, but its ID is the one to pull
-    commands, fake = plan(thor.derived_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"},
+    commands, fake = plan(image.derived_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"},
                                                facts.DockerImageId: built_id},
-                          s=s, context="/ctx", push=True, state=fleet_state({"thor-2": True}))
+                          **built_from(**SHARED), state=fleet_state({"thor-2": True}))
     assert commands == [] and run_state(fake.state).image_ids == {
         "thorfleet/mistral-small4:abc": built_id}
 
@@ -342,26 +360,24 @@ def fleet_state(has_image):
 
 def test_a_first_host_that_has_the_image_pushes_it_for_the_boxes_of_the_run_that_lack_it():
     # a fleet converged before image_registry was set, then a box added: that box pulls, no build
-    s = settings(image_registry="reg:5000/team", image_shared_ref="reg:5000/team/mistral-small4:abc")
     have = {facts.DockerImageLabels: {"thorfleet.patches": "p"}, facts.DockerImageId: "sha256:9"}
-    [command], _ = run(thor.derived_image, have, s=s, context="/ctx", push=True,
+    [command], _ = run(image.derived_image, have, **built_from(**SHARED),
                        state=fleet_state({"thor-2": True, "thor-3": False}))
     assert command == ("docker tag thorfleet/mistral-small4:abc reg:5000/team/mistral-small4:abc && "
                        "docker push -q reg:5000/team/mistral-small4:abc && docker rmi "
                        "reg:5000/team/mistral-small4:abc >/dev/null && echo 'thorfleet: "
                        "thorfleet/mistral-small4:abc pushed to reg:5000/team for thor-3'")
     # every box of the run has it: nothing to ship, nothing sent
-    assert run(thor.derived_image, have, s=s, context="/ctx", push=True,
+    assert run(image.derived_image, have, **built_from(**SHARED),
                state=fleet_state({"thor-2": True, "thor-3": True}))[0] == []
 
 
 def test_the_other_hosts_pull_check_the_inputs_label_and_build_only_without_it():
-    s = settings(image_registry="reg:5000/team", image_shared_ref="reg:5000/team/mistral-small4:abc")
-    commands, noops = run(thor.shared_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"}},
-                          s=s, context="/ctx")
+    commands, noops = run(image.shared_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"}},
+                          **built_from(**SHARED))
     assert commands == [] and "already here" in noops[0]  # a box that has it gets nothing
-    [command], _ = run(thor.shared_image, {facts.DockerImageLabels: lambda ref: None}, s=s,
-                       context="/ctx")
+    [command], _ = run(image.shared_image, {facts.DockerImageLabels: lambda ref: None},
+                       **built_from(**SHARED))
     pulled, built = command.split("; else ")
     assert pulled.startswith("if docker pull -q reg:5000/team/mistral-small4:abc")
     # on arrival: the image's label is the hash of every input this run renders
@@ -373,8 +389,8 @@ def test_the_other_hosts_pull_check_the_inputs_label_and_build_only_without_it()
     # when the run's first host built (or holds) it, what arrives must be that image, by ID
     state = SimpleNamespace()
     run_state(state).image_ids["thorfleet/mistral-small4:abc"] = "sha256:" + "9" * 64
-    [command], _ = run(thor.shared_image, {facts.DockerImageLabels: lambda ref: None}, s=s,
-                       context="/ctx", state=state)
+    [command], _ = run(image.shared_image, {facts.DockerImageLabels: lambda ref: None},
+                       **built_from(**SHARED), state=state)
     pulled = command.split("; else ")[0]
     assert ("[ \"$(docker inspect --format '{{.Id}}' reg:5000/team/mistral-small4:abc)\" = "
             f"sha256:{'9' * 64} ] && docker tag ") in pulled
@@ -382,36 +398,36 @@ def test_the_other_hosts_pull_check_the_inputs_label_and_build_only_without_it()
 
 def test_directory_is_made_put_right_or_left_alone():
     right = {"type": "directory", "mode": "755", "user": "root", "group": "root"}
-    assert run(thor.directory, {facts.PathState: right}, path="/etc/t")[0] == []
-    assert run(thor.directory, {facts.PathState: None}, path="/etc/t b", mode="700")[0] == [
+    assert run(files.directory, {facts.PathState: right}, path="/etc/t")[0] == []
+    assert run(files.directory, {facts.PathState: None}, path="/etc/t b", mode="700")[0] == [
         "mkdir -p '/etc/t b'", "chown root:root '/etc/t b' && chmod 700 '/etc/t b'"]
     loose = {**right, "mode": "777", "user": "thor"}
-    assert run(thor.directory, {facts.PathState: loose}, path="/etc/t")[0] == [
+    assert run(files.directory, {facts.PathState: loose}, path="/etc/t")[0] == [
         "chown root:root /etc/t && chmod 755 /etc/t"]
     # a file in the way is not replaced: the host fails, naming it
-    (command,), _ = plan(thor.directory, {facts.PathState: {**right, "type": "regular file"}},
+    (command,), _ = plan(files.directory, {facts.PathState: {**right, "type": "regular file"}},
                          path="/etc/t")
     assert isinstance(command, FunctionCommand)
 
 
 def test_absent_removes_only_what_is_there():
-    assert run(thor.absent, {facts.PathState: None}, path="/opt/v")[0] == []
-    assert run(thor.absent, {facts.PathState: {"type": "directory"}}, path="/opt/v")[0] == [
+    assert run(files.absent, {facts.PathState: None}, path="/opt/v")[0] == []
+    assert run(files.absent, {facts.PathState: {"type": "directory"}}, path="/opt/v")[0] == [
         "rm -rf -- /opt/v"]
 
 
 def test_a_unit_is_enabled_once():
-    assert run(thor.unit_enabled, {facts.UnitEnabled: "enabled"}, unit="u.service")[0] == []
-    assert run(thor.unit_enabled, {facts.UnitEnabled: "disabled"}, unit="u.service")[0] == [
+    assert run(files.unit_enabled, {facts.UnitEnabled: "enabled"}, unit="u.service")[0] == []
+    assert run(files.unit_enabled, {facts.UnitEnabled: "disabled"}, unit="u.service")[0] == [
         "systemctl enable u.service"]
 
 
 def test_the_system_user_is_made_or_put_right():
     known = {facts.PasswdEntry: {"uid": 998, "home": "/var/lib/p", "shell": "/bin/sh"}}
-    assert run(thor.system_user, known, user="p", home="/var/lib/p")[0] == []
-    assert run(thor.system_user, {facts.PasswdEntry: None}, user="p", home="/var/lib/p")[0] == [
+    assert run(files.system_user, known, user="p", home="/var/lib/p")[0] == []
+    assert run(files.system_user, {facts.PasswdEntry: None}, user="p", home="/var/lib/p")[0] == [
         "useradd --system --home-dir /var/lib/p --no-create-home --shell /bin/sh p"]
-    assert run(thor.system_user, known, user="p", home="/home/p")[0] == [
+    assert run(files.system_user, known, user="p", home="/home/p")[0] == [
         "usermod --home /home/p --shell /bin/sh p"]
 
 
@@ -431,14 +447,94 @@ def test_a_tree_uploads_only_the_files_that_differ_and_removes_the_extra(tmp_pat
 
     same = {"Dockerfile": on_box("Dockerfile"), "patches/a.diff": on_box("patches/a.diff"),
             "build.sh": on_box("build.sh", "755")}
-    commands, noops = run(thor.tree, {facts.TreeState: same}, src=str(tmp_path), dest="/c")
+    commands, noops = run(files.tree, {facts.TreeState: same}, src=str(tmp_path), dest="/c")
     assert commands == [] and noops == [f"/c already holds {tmp_path}"]
     drifted = {**same, "build.sh": on_box("build.sh", "644"), "old.diff": on_box("Dockerfile")}
-    commands, _ = run(thor.tree, {facts.TreeState: drifted}, src=str(tmp_path), dest="/c")
+    commands, _ = run(files.tree, {facts.TreeState: drifted}, src=str(tmp_path), dest="/c")
     assert commands[0] == "mkdir -p /c /c/patches"
     assert "sudo install -m 755 -o root -g root" in commands[3] and "/c/build.sh" in commands[3]
     assert commands[4:] == ["rm -f -- /c/old.diff"]  # only build.sh was uploaded again
     # a fresh box: the folder is absent, which the fact reads as no file (its default)
-    commands, _ = run(thor.tree, {facts.TreeState: facts.TreeState().default()},
+    commands, _ = run(files.tree, {facts.TreeState: facts.TreeState().default()},
                       src=str(tmp_path), dest="/c")
     assert len(commands) == 1 + 3 * 3
+
+
+# Every operation, with arguments and the box as it reads it: once with nothing in place (the
+# commands that put it there) and once already right (a noop).
+ABSENT_AND_RIGHT = {
+    preflight.thor_ready: ({**ready_args(), "fleet_copy": True}, [
+        {facts.L4TRelease: None, facts.MemTotalGiB: 8.0, facts.FreeDiskGiB: 1.0,
+         facts.PinnedWeightsGiB: 0.0, facts.SudoWorks: False, facts.DockerRuntimes: None,
+         Which: None},
+        {facts.L4TRelease: "38.2.0", facts.MemTotalGiB: 122.0, facts.FreeDiskGiB: 500.0,
+         facts.PinnedWeightsGiB: 0.0, facts.SudoWorks: True,
+         facts.DockerRuntimes: ["nvidia"], Which: "/usr/bin/rsync"}]),
+    preflight.run_held: ({"holder": "me", "token": "t"}, [
+        {facts.RunLock: {"held": False, "why": "held by another run"}},
+        {facts.RunLock: {"held": True, "why": None}}]),
+    power.power_mode: ({"mode": 1}, [{facts.PowerMode: 0}, {facts.PowerMode: 1}]),
+    power.clocks_locked: ({}, [{facts.ClocksLocked: False}, {facts.ClocksLocked: True}]),
+    files.whole_file: ({"path": "/etc/x", "src": StringIO("hello\n")}, [
+        {facts.FileState: None},
+        {facts.FileState: {"sha256": SHA_OF_HELLO, "mode": "644", "user": "root",
+                           "group": "root"}}]),
+    files.directory: ({"path": "/etc/t"}, [
+        {facts.PathState: None},
+        {facts.PathState: {"type": "directory", "mode": "755", "user": "root", "group": "root"}}]),
+    files.absent: ({"path": "/etc/t"}, [{facts.PathState: {"type": "directory"}},
+                                        {facts.PathState: None}]),
+    files.unit_enabled: ({"unit": "u.service"}, [{facts.UnitEnabled: "disabled"},
+                                                 {facts.UnitEnabled: "enabled"}]),
+    files.system_user: ({"user": "p", "home": "/var/lib/p"}, [
+        {facts.PasswdEntry: None},
+        {facts.PasswdEntry: {"uid": 998, "home": "/var/lib/p", "shell": "/bin/sh"}}]),
+    files.tree: ({"src": str(layout.FILES / "image"), "dest": "/c"}, [
+        {facts.TreeState: {}},
+        {facts.TreeState: {name: on_box for name, (_, on_box) in files._tree(
+            layout.FILES / "image").items()}}]),
+    weights.checkpoint: ({"folder": "/m/r", "repo": "o/r", "revision": "a" * 40, "image": "i",
+                          "peers": ["thor-2.lan"], "root": "/m"}, [
+        {facts.WeightsState: {"complete": False, "problems": []}},
+        {facts.WeightsState: {"complete": True, "problems": []}}]),
+    image.derived_image: (built_from(**SHARED), [
+        {facts.DockerImageLabels: None, facts.DockerImageId: None},
+        {facts.DockerImageLabels: {"thorfleet.patches": "p"}, facts.DockerImageId: "sha256:9"}]),
+    image.shared_image: (built_from(**SHARED), [
+        {facts.DockerImageLabels: None},
+        {facts.DockerImageLabels: {"thorfleet.patches": "p"}}]),
+    verification.serving: ({"service": "thorfleet-vllm", "port": 8002, "fingerprint": "f" * 64,
+                            "health_timeout": 1200}, [
+        {facts.ServerState: {}},
+        {facts.ServerState: {"active": "active", "proven_fingerprint": "f" * 64,
+                             "healthy": True}}]),
+    verification.benchmark: ({"port": 8002}, [{}]),
+    verification.benchmark_gate: ({"min_fraction": 0.8, "floor": 27}, [{}]),
+    cleanup.leftovers_removed: ({"weights_dir": "/m", "keep_dirs": ["/m/M/" + "a" * 40],
+                                 "image_name": "thorfleet/mistral-small4",
+                                 "keep_image": "thorfleet/mistral-small4:abc",
+                                 "keep_context": "abcabcabcabc", "service": "thorfleet-vllm"}, [
+        {facts.Leftovers: {"dirs": ["/m/M/" + "1" * 40], "images": [], "contexts": []}},
+        {facts.Leftovers: {"dirs": [], "images": [], "contexts": []}}]),
+}
+
+
+def every_operation():
+    """Each operation thorfleet.operations defines, found in its modules."""
+    found = set()
+    for module in (cleanup, files, image, power, preflight, verification, weights):
+        found.update(value for value in vars(module).values()
+                     if hasattr(value, "_inner") and value.__module__ == module.__name__)
+    return found
+
+
+def test_an_operation_reads_only_what_it_declared():
+    # what snapshot.read gathers in one round trip is the declaration: a read it does not name
+    # would be a fact command of its own on every run, and go stale in none of the tests here
+    assert every_operation() == set(ABSENT_AND_RIGHT)
+    for op, (kwargs, boxes) in ABSENT_AND_RIGHT.items():
+        declared = snapshot.declared(op, **kwargs)
+        for known in boxes:
+            _, fake = plan(op, known, state=fleet_state({"thor-2": False}), **kwargs)
+            undeclared = [asked for asked in fake.asked if asked not in declared]
+            assert undeclared == [], f"{op.__name__} reads {undeclared} it did not declare"

@@ -20,7 +20,8 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_state
 from pyinfra.operations import files, server
 
-from thorfleet import operations, pyinfra_hooks
+from thorfleet import pyinfra_hooks
+from thorfleet.operations import power
 
 pytestmark = pytest.mark.fast
 
@@ -59,8 +60,8 @@ def test_every_name_thorfleet_relies_on_is_in_the_pinned_pyinfra(path):
 def test_an_operations_own_parameters_are_read_through_operation():
     assert pyinfra_hooks.operation_parameters(files.put) == inspect.signature(files.put._inner)
     # and @reads keeps the generator (what a test or another operation calls)
-    assert list(pyinfra_hooks.operation_parameters(operations.clocks_locked).parameters) == []
-    assert inspect.isgeneratorfunction(operations.clocks_locked._inner)
+    assert list(pyinfra_hooks.operation_parameters(power.clocks_locked).parameters) == []
+    assert inspect.isgeneratorfunction(power.clocks_locked._inner)
 
 
 def local_run(check_for_changes=True):

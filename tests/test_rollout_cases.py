@@ -27,7 +27,7 @@ from pyinfra.api import FunctionCommand, StringCommand
 from pyinfra.context import ctx_host
 
 from thorfleet import facts, rollout
-from thorfleet import operations as thor
+from thorfleet.operations import verification
 from thorfleet.runstate import run_state
 
 pytestmark = pytest.mark.fast
@@ -106,7 +106,7 @@ def rollout_records(state):
 
 def plan(host, case):
     with ctx_host.use(host):
-        return list(thor.serving._inner(
+        return list(verification.serving._inner(
             fingerprint=case["rendered"], earlier=list(case["earlier"]),
             canaries=set(case["canaries"]), first_install=case["step"] == "first install",
             **SERVICE))

@@ -144,27 +144,25 @@ def test_the_lock_fact_parses_the_tools_answers(output, expected):
     assert facts.RunLock().process(output) == expected
 
 
-def test_a_held_box_is_a_noop_and_a_box_held_elsewhere_fails_naming_the_holder():
-    from tests.test_operations import plan
+def test_a_held_box_is_a_noop_and_a_box_held_elsewhere_fails_or_waits_naming_the_holder():
+    from tests.test_operations import execute, plan
     from thorfleet import facts
-    from thorfleet import operations as thor
+    from thorfleet.operations import preflight
 
-    asked = []
-
-    def answer(held):
-        def lock(holder, token, wait_s):
-            asked.append(wait_s)
-            return {"held": held, "why": None if held else "this box is held by another "
-                    "thorfleet run: bob@desk pid 9, since 2026-12-01T09:00:00Z (waited 3 s; ...)"}
-        return lock
-
-    commands, fake = plan(thor.run_held, {facts.RunLock: answer(True)}, holder="me", token="t")
+    why = ("this box is held by another thorfleet run: bob@desk pid 9, since "
+           "2026-12-01T09:00:00Z (waited 3 s; preflight_lock_wait_s sets how long a run waits)")
+    held, elsewhere = {"held": True, "why": None}, {"held": False, "why": why}
+    commands, fake = plan(preflight.run_held, {facts.RunLock: held}, holder="me", token="t")
     assert commands == [] and fake.noops == ["held for this run (me)"]
-    commands, fake = plan(thor.run_held, {facts.RunLock: answer(False)}, holder="me", token="t",
-                          wait_s=600)
-    # a first look with the short grace, a line naming the holder, then the long wait
-    assert asked[-2:] == [thor.LOCK_GRACE_S, 600]
-    assert fake.logged[0][0].startswith("thorfleet: this box is held by another thorfleet run: "
-                                        "bob@desk pid 9, since 2026-12-01T09:00:00Z: waiting up "
-                                        "to 600 s")
-    assert len(commands) == 1  # the failing command (_fail): the host fails with that line
+    # stops at once: the host fails with the holder's line
+    commands, fake = plan(preflight.run_held, {facts.RunLock: elsewhere}, holder="me", token="t")
+    assert execute(commands[0], fake) is False
+    assert fake.logged[-1][0] == f"thorfleet: {why}"
+    # waits: says so at once, then waits on the box for the holder, and holds it
+    commands, fake = plan(preflight.run_held, {facts.RunLock: elsewhere}, holder="me", token="t",
+                          wait_s=600, shell=lambda command: (True, None))
+    assert fake.logged[0][0] == ("thorfleet: this box is held by another thorfleet run: bob@desk "
+                                 "pid 9, since 2026-12-01T09:00:00Z: waiting up to 600 s "
+                                 "(preflight_lock_wait_s)")
+    assert execute(commands[0], fake) is True
+    assert fake.ran[0].endswith("take --dir /run/thorfleet --holder me --token t --wait 600")

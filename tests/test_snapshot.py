@@ -6,6 +6,7 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
+from pyinfra.api import operation
 from pyinfra.api.state import StateStage
 from pyinfra.facts.server import Which
 
@@ -41,6 +42,26 @@ def test_one_command_answers_every_fact_as_its_own_command_would(tmp_path):
     tree = values[snapshot.key_of(facts.TreeState, {"path": str(tmp_path / "ctx")})]
     assert tree["patches/a.diff"]["mode"] == "755" and set(tree) == {"Dockerfile",
                                                                        "patches/a.diff"}
+
+
+# What is absent on this machine as on a bare box: each prints nothing, so each is its default.
+ABSENT = [(facts.L4TRelease, {}), (facts.RebootMarker, {}),
+          (facts.UnitEnabled, {"unit": "thorfleet-no-such.service"}),
+          (facts.PasswdEntry, {"user": "thorfleet-no-such-user"}),
+          (facts.WeightsState, {"folder": "/nowhere", "revision": "a" * 40}),
+          (facts.ServerState, {"service": "thorfleet-vllm", "port": 8002}),
+          (facts.Leftovers, {"models": "/nowhere", "contexts": "/nowhere", "image_name": "x",
+                             "keep_context": "c", "keep_dirs": [], "keep_images": [],
+                             "units": []})]
+
+
+def test_what_is_absent_prints_nothing_and_reads_as_the_facts_default():
+    for fact, kwargs in ABSENT:
+        alone = subprocess.run(["sh", "-c", snapshot._command(fact, kwargs)], capture_output=True,
+                               text=True, check=True).stdout
+        assert alone == "", (fact, alone)
+    values = snapshot.parse(ABSENT, on_this_machine(ABSENT))
+    assert values == {snapshot.key_of(fact, kwargs): fact().default() for fact, kwargs in ABSENT}
 
 
 class Exits(facts.FileState):
@@ -91,7 +112,7 @@ class Box:
         return done.returncode == 0, SimpleNamespace(stdout_lines=done.stdout.splitlines())
 
     def get_fact(self, fact, **kwargs):
-        self.alone.append(fact)
+        self.alone.append((fact, kwargs))
         return "read alone"
 
 
@@ -122,6 +143,26 @@ def test_the_reads_of_a_converged_host_take_one_round_trip(tmp_path):
     # a read no operation declared is read alone
     assert snapshot.read(facts.PowerMode, target) == "read alone"
     assert target.round_trips == 1
+
+
+def test_with_batched_reads_off_every_read_is_its_own_fact_command(tmp_path, monkeypatch):
+    # THORFLEET_BATCH_READS=0: pyinfra's way, one fact command per read, to measure the difference
+    monkeypatch.setenv("THORFLEET_BATCH_READS", "0")
+    target, paths = planned_box(tmp_path)
+    for path in paths:
+        assert snapshot.read(facts.FileState, target, path=path) == "read alone"
+    assert target.round_trips == 0
+    assert target.alone == [(facts.FileState, {"_sudo": True, "path": p}) for p in paths]
+
+
+def test_a_read_with_pyinfras_own_arguments_is_never_in_the_one_command(tmp_path):
+    # the one command runs as root: a read as the SSH user (`_sudo`: False) is a command of its own
+    target, paths = planned_box(tmp_path)
+    snapshot.plan(target, [(facts.SudoWorks, {"_sudo": False})])
+    assert snapshot.read(facts.SudoWorks, target, _sudo=False) == "read alone"
+    assert target.alone == [(facts.SudoWorks, {"_sudo": False})]
+    assert snapshot.read(facts.FileState, target, path=paths[0])["mode"] == "644"
+    assert target.round_trips == 1 and len(target.alone) == 1
 
 
 def test_once_the_host_was_sent_a_command_every_read_is_fresh(tmp_path):
@@ -155,12 +196,39 @@ def test_declared_reads_are_planned_for_the_host_with_the_operations_own_argumen
     target = SimpleNamespace(name="thor-1", state=state)
     from pyinfra.context import ctx_host
 
-    from thorfleet import operations as thor
+    from thorfleet.operations import files
 
     with ctx_host.use(target):
         try:
-            thor.whole_file(name="x", path="/etc/x", src="/dev/null", _sudo=True)
+            files.whole_file(name="x", path="/etc/x", src="/dev/null", _sudo=True)
         except Exception:  # noqa: BLE001, S110 - no pyinfra run here: only the declaration counts
             pass
     assert list(run_state(state).planned_reads["thor-1"].values()) == [
         (facts.FileState, {"path": "/etc/x"})]
+
+
+@snapshot.reads(current=lambda path, **_: (facts.FileState, {"path": path}),
+                tool_found=lambda tool=None, **_: (Which, {"command": tool}) if tool else None)
+@operation()
+def probe(path, tool=None, *, current, tool_found):
+    yield f"{path}: {current}, {tool_found}"
+
+
+def test_the_body_gets_each_named_read_answered_and_callers_pass_only_its_own_arguments():
+    from pyinfra.context import ctx_host
+
+    asked = []
+    box = SimpleNamespace(name="thor-1", state=SimpleNamespace(),
+                          get_fact=lambda fact, **kw: asked.append((fact, kw)) or "answer")
+    with ctx_host.use(box):
+        assert list(probe._inner(path="/x")) == ["/x: answer, None"]
+        assert asked == [(facts.FileState, {"_sudo": True, "path": "/x"})]
+        with pytest.raises(TypeError):  # an answer is the operation's to read, never a caller's
+            list(probe._inner(path="/x", current="mine"))
+    assert snapshot.declared(probe, "/x", tool="rsync") == [
+        (facts.FileState, {"path": "/x"}), (Which, {"command": "rsync"})]
+
+
+def test_a_named_read_the_body_does_not_take_is_refused_where_it_is_declared():
+    with pytest.raises(TypeError, match="nowhere"):
+        snapshot.reads(nowhere=lambda **_: (facts.PowerMode, {}))(probe)

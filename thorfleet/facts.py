@@ -1,5 +1,10 @@
 """What thorfleet reads from a Thor before deciding what to change. Each fact is one command;
-every value put into it is quoted (shlex.quote), the box's paths come from layout.py."""
+every value put into it is quoted (shlex.quote), the box's paths come from layout.py.
+
+As pyinfra's own facts do, a fact says what it returns in its type, and marks absence by printing
+nothing: pyinfra then gives the fact's `default()` (None unless said otherwise), and a command the
+box lacks is named in `requires_command`.
+"""
 
 from __future__ import annotations
 
@@ -20,10 +25,10 @@ from thorfleet.layout import (
 )
 
 
-class L4TRelease(FactBase):
+class L4TRelease(FactBase[str | None]):
     """The L4T release as "38.2" from /etc/nv_tegra_release, or None on a box that is not a Jetson."""
 
-    command = "cat /etc/nv_tegra_release 2>/dev/null || true"
+    command = "! test -f /etc/nv_tegra_release || cat /etc/nv_tegra_release"
 
     def process(self, output):
         # "# R38 (release), REVISION: 2.0, GCID: ..., BOARD: generic, EABI: aarch64, DATE: ..."
@@ -31,7 +36,7 @@ class L4TRelease(FactBase):
         return f"{match.group(1)}.{match.group(2)}" if match else None
 
 
-class MemTotalGiB(FactBase):
+class MemTotalGiB(FactBase[float]):
     """Total memory in GiB (MemTotal)."""
 
     command = "awk '/^MemTotal:/ {print $2}' /proc/meminfo"
@@ -40,7 +45,7 @@ class MemTotalGiB(FactBase):
         return int(output[0]) / 1024**2
 
 
-class FreeDiskGiB(FactBase):
+class FreeDiskGiB(FactBase[float]):
     """Free disk in GiB on the filesystem that holds `path` (or its nearest existing parent)."""
 
     def command(self, path):
@@ -53,7 +58,7 @@ class FreeDiskGiB(FactBase):
         return int(output[0]) / 1024**2
 
 
-class PinnedWeightsGiB(FactBase):
+class PinnedWeightsGiB(FactBase[float]):
     """GiB the pinned checkpoint folders (and their unfinished staging folders) already take: space
     the weights need that they already have."""
 
@@ -69,25 +74,46 @@ class PinnedWeightsGiB(FactBase):
         return int(output[-1]) / 1024**2
 
 
-class Leftovers(FactBase):
-    """What nothing serves any more (files/bin/thorfleet-clean): {"dirs", "images", "contexts"},
-    all empty until the tool is installed."""
+class BoxToolFact(FactBase[dict]):
+    """What one of thorfleet's own box tools (files/bin/) answers: the JSON on its last line, run
+    with the box's python3. Until the tool (and every file in `needs`) is installed the command
+    prints nothing, and the fact is its default()."""
 
-    def command(self, models, contexts, image_name, keep_context, keep_dirs, keep_images, units):
-        tool = q(BOX_CLEAN)
-        args = [f"--models {q(models)}", f"--contexts {q(contexts)}",
-                f"--image-name {q(image_name)}", f"--keep-context {q(keep_context)}",
-                *(f"--keep-dir {q(d)}" for d in keep_dirs),
-                *(f"--keep-image {q(i)}" for i in keep_images),
-                *(f"--unit {q(u)}" for u in units)]
-        return (f"if [ -f {tool} ]; then python3 {tool} {' '.join(args)}; "
-                """else echo '{"dirs": [], "images": [], "contexts": []}'; fi""")
+    tool: str  # the tool's path on the box (layout.py)
+    needs: tuple[str, ...] = ()  # other files it reads before it can answer
+
+    def arguments(self, *args, **kwargs) -> list:
+        """The tool's command-line words for these fact arguments."""
+        raise NotImplementedError
+
+    def command(self, *args, **kwargs):
+        installed = " && ".join(f"[ -f {q(path)} ]" for path in (self.tool, *self.needs))
+        words = " ".join(q(str(word)) for word in self.arguments(*args, **kwargs))
+        return f"if {installed}; then python3 {q(self.tool)} {words}; fi"
 
     def process(self, output):
         return json.loads(output[-1])
 
 
-class DockerRuntimes(FactBase):
+class Leftovers(BoxToolFact):
+    """What nothing serves any more (files/bin/thorfleet-clean): {"dirs", "images", "contexts"},
+    all empty until the tool is installed."""
+
+    tool = BOX_CLEAN
+
+    @staticmethod
+    def default():
+        return {"dirs": [], "images": [], "contexts": []}
+
+    def arguments(self, models, contexts, image_name, keep_context, keep_dirs, keep_images, units):
+        return ["--models", models, "--contexts", contexts, "--image-name", image_name,
+                "--keep-context", keep_context,
+                *(word for d in keep_dirs for word in ("--keep-dir", d)),
+                *(word for i in keep_images for word in ("--keep-image", i)),
+                *(word for u in units for word in ("--unit", u))]
+
+
+class DockerRuntimes(FactBase[list[str] | None]):
     """Names of the runtimes the Docker engine offers (`nvidia` is needed), or None without Docker."""
 
     command = "docker info --format '{{json .Runtimes}}'"
@@ -97,16 +123,20 @@ class DockerRuntimes(FactBase):
         return sorted(json.loads("".join(output)))
 
 
-class SudoWorks(FactBase):
-    """True when the deploy user can run sudo without a password prompt."""
+class SudoWorks(FactBase[bool]):
+    """True when the deploy user can run sudo without a password prompt (False: it prints nothing)."""
 
-    command = "sudo -n true >/dev/null 2>&1 && echo yes || echo no"
+    command = "! sudo -n true >/dev/null 2>&1 || echo yes"
+
+    @staticmethod
+    def default():
+        return False
 
     def process(self, output):
         return output[-1] == "yes"
 
 
-class PowerMode(FactBase):
+class PowerMode(FactBase[int | None]):
     """The current nvpmodel mode id: the last line of `nvpmodel -q`, after any NVPM WARN lines."""
 
     command = "nvpmodel -q </dev/null"
@@ -116,11 +146,12 @@ class PowerMode(FactBase):
         return int(output[-1].strip())
 
 
-class ClocksLocked(FactBase):
+class ClocksLocked(FactBase[bool | None]):
     """True when jetson_clocks has pinned every CPU and the GPU: MinFreq == MaxFreq on each `cpuN`
     line and on each GPU line of --show. On Thor the GPU lines are its devfreq devices
     (`gpu-gpc-0`, `gpu-nvd-0`), not a line starting `GPU` as on Orin; EMC's MinFreq differs from
-    its MaxFreq even when locked, so EMC is not read (FACTS.md, "Thor realities")."""
+    its MaxFreq even when locked, so EMC is not read (a Thor's `jetson_clocks --show` after
+    `jetson_clocks`, as published: tests/test_facts.py). None without jetson_clocks."""
 
     command = "jetson_clocks --show </dev/null"
     requires_command = "jetson_clocks"
@@ -141,17 +172,21 @@ class ClocksLocked(FactBase):
             f.group(1) == f.group(2) for found in kinds.values() for f in found)
 
 
-class RebootMarker(FactBase):
+class RebootMarker(FactBase[bool]):
     """True while the reboot marker (layout.BOX_REBOOT_MARKER, in /run) exists: every boot
-    empties /run."""
+    empties /run (False: it prints nothing)."""
 
-    command = f"test -e {q(BOX_REBOOT_MARKER)} && echo yes || echo no"
+    command = f"! test -e {q(BOX_REBOOT_MARKER)} || echo yes"
+
+    @staticmethod
+    def default():
+        return False
 
     def process(self, output):
         return output[-1] == "yes"
 
 
-class FileState(FactBase):
+class FileState(FactBase[dict | None]):
     """sha256, mode and owner of a file (read as root), or None when it does not exist."""
 
     def command(self, path):
@@ -167,65 +202,62 @@ class FileState(FactBase):
         return {"sha256": output[0], "mode": mode, "user": user, "group": group}
 
 
-class DockerImageLabels(FactBase):
-    """Labels of a local Docker image, or None when the image is not there."""
+class DockerImageLabels(FactBase[dict | None]):
+    """Labels of a local Docker image ({} when it has none), or None when the image is not there
+    (docker's inspect fails, printing at most an empty line on stdout)."""
 
     def command(self, ref):
-        return (
-            f"docker image inspect --format '{{{{json .Config.Labels}}}}' {q(ref)} 2>/dev/null "
-            "|| echo absent"
-        )
+        return (f"docker image inspect --format '{{{{json .Config.Labels}}}}' {q(ref)} "
+                "2>/dev/null || true")
 
     def process(self, output):
-        text = "".join(output)
-        return None if text == "absent" else (json.loads(text) or {})
+        text = "".join(output).strip()
+        return (json.loads(text) or {}) if text else None
 
 
-class DockerImageId(FactBase):
+class DockerImageId(FactBase[str | None]):
     """The ID of a local Docker image (sha256 of its config, the same on every box that has those
-    bytes), or None when the image is not there."""
+    bytes), or None when the image is not there (at most an empty line printed)."""
 
     def command(self, ref):
         return f"docker image inspect --format '{{{{.Id}}}}' {q(ref)} 2>/dev/null || true"
 
     def process(self, output):
-        return output[-1].strip() if output and output[-1].strip() else None
+        return output[-1].strip() or None
 
 
-class WeightsState(FactBase):
-    """Offline check of one pinned checkpoint folder: {"complete": bool, "problems": [...]}."""
+class WeightsState(BoxToolFact):
+    """Offline check of one pinned checkpoint folder (files/bin/thorfleet-weights verify):
+    {"complete": bool, "problems": [...]}."""
 
-    def command(self, folder, revision):
-        tool = q(BOX_WEIGHTS)
-        return (
-            f"if [ -f {tool} ]; then "
-            f"python3 {tool} verify --dir {q(folder)} --revision {q(revision)}; "
-            "else echo '{\"complete\": false, \"problems\": [\"thorfleet tools not installed\"]}'; fi"
-        )
+    tool = BOX_WEIGHTS
 
-    def process(self, output):
-        return json.loads(output[-1])
+    @staticmethod
+    def default():
+        return {"complete": False, "problems": ["thorfleet tools not installed"]}
 
-
-class ServerState(FactBase):
-    """What the server runs now: {"active", "enabled", "proven_fingerprint", "healthy"}, and with
-    `chat` whether a short chat request answers ("chat_ok"). {} until thorfleet-serve and the
-    layout file it reads its paths from are both installed."""
-
-    def command(self, service, port, chat=False):
-        tool = q(BOX_SERVE)
-        extra = " --chat" if chat else ""
-        return (
-            f"if [ -f {tool} ] && [ -f {q(BOX_LAYOUT_ENV)} ]; then "
-            f"python3 {tool} state --service {q(service)} --port {q(str(port))}{extra}; "
-            "else echo '{}'; fi"
-        )
-
-    def process(self, output):
-        return json.loads(output[-1])
+    def arguments(self, folder, revision):
+        return ["verify", "--dir", folder, "--revision", revision]
 
 
-class PathState(FactBase):
+class ServerState(BoxToolFact):
+    """What the server runs now (files/bin/thorfleet-serve state): {"active", "enabled",
+    "proven_fingerprint", "healthy"}, and with `chat` whether a short chat request answers
+    ("chat_ok"). {} until thorfleet-serve and the layout file it reads its paths from are both
+    installed."""
+
+    tool = BOX_SERVE
+    needs = (BOX_LAYOUT_ENV,)
+
+    @staticmethod
+    def default():
+        return {}
+
+    def arguments(self, service, port, chat=False):
+        return ["state", "--service", service, "--port", port, *(["--chat"] if chat else [])]
+
+
+class PathState(FactBase[dict | None]):
     """What is at `path`: {"type": "directory" | "regular file" | ..., "mode", "user", "group"},
     or None when nothing is."""
 
@@ -237,17 +269,18 @@ class PathState(FactBase):
         return {"type": kind, "mode": mode, "user": user, "group": group}
 
 
-class UnitEnabled(FactBase):
-    """`systemctl is-enabled` of a unit: "enabled", "disabled", "static", ... ("" when unknown)."""
+class UnitEnabled(FactBase[str | None]):
+    """`systemctl is-enabled` of a unit: "enabled", "disabled", "static", ... (None when systemd
+    does not know it: it prints nothing on stdout)."""
 
     def command(self, unit):
         return f"systemctl is-enabled {q(unit)} 2>/dev/null || true"
 
     def process(self, output):
-        return output[-1].strip() if output else ""
+        return output[-1].strip() or None
 
 
-class PasswdEntry(FactBase):
+class PasswdEntry(FactBase[dict | None]):
     """A user's passwd entry as {"uid", "home", "shell"}, or None when there is no such user."""
 
     def command(self, user):
@@ -258,7 +291,7 @@ class PasswdEntry(FactBase):
         return {"uid": int(fields[2]), "home": fields[5], "shell": fields[6]}
 
 
-class TreeState(FactBase):
+class TreeState(FactBase[dict]):
     """Every file under `path` as {relative path: {"sha256", "mode"}} ({} when `path` is absent)."""
 
     @staticmethod
@@ -288,6 +321,8 @@ class RunLock(FactBase):
     sent with the command, so a bare box is held before anything else is read or sent; its
     keeper holds the lock until this run's SSH connection ends. Taking it again with the same
     token (pyinfra runs an operation's body once to plan and once to execute) is a no-op."""
+
+    batched = False  # read alone, before the one-round-trip read of everything else (snapshot.py)
 
     def command(self, holder, token, wait_s):
         tool = f"{BOX_RUN_LOCK_DIR}/thorfleet-run-lock"

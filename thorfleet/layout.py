@@ -9,7 +9,6 @@ from pathlib import Path
 # --- the laptop: this checkout ----------------------------------------------------------------
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ROOT / "files"  # templates, box scripts, the image's build context
-GROUP_DATA_DEFAULTS = ROOT / "group_data" / "all.py"
 
 # --- the box ------------------------------------------------------------------------------------
 BOX_HOME = "/opt/thorfleet"
@@ -19,9 +18,6 @@ BOX_SERVE = f"{BOX_BIN}/thorfleet-serve"  # start, prove, roll back (system pyth
 BOX_WEIGHTS = f"{BOX_BIN}/thorfleet-weights"  # verify (system python3), fetch (in the image)
 BOX_CLEAN = f"{BOX_BIN}/thorfleet-clean"  # what old revisions, images and build contexts to remove
 BOX_BENCH = f"{BOX_BIN}/thorfleet-bench"  # the seed's decode benchmark (system python3)
-# Where older thorfleet installed huggingface_hub from PyPI; removed now that the fetch runs in
-# the derived image (its base ships huggingface_hub), so a box needs no apt or PyPI.
-BOX_OLD_VENV = f"{BOX_HOME}/venv"
 BOX_IMAGE_CONTEXT = f"{BOX_HOME}/image"  # one build context per image inputs hash
 BOX_MODELS = f"{BOX_HOME}/models"  # the default weights_dir
 # Inside the derived image, not on the box: where files/image/Dockerfile copies chatfix and the

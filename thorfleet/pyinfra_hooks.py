@@ -84,6 +84,11 @@ EXPECTED = {
     "pyinfra.api.operation:OperationMeta.did_error": "(self) -> 'bool'",
     "pyinfra.api.operation:OperationMeta.stdout_lines": "property",
     "pyinfra.api.operation:OperationMeta.stderr_lines": "property",
+    "pyinfra.api.operation:operation": "(is_idempotent: 'bool' = True, idempotent_notice: "
+                                       "'str | None' = None, is_deprecated: 'bool' = False, "
+                                       "deprecated_for: 'str | None' = None, _set_in_op: "
+                                       "'bool' = True) -> 'Callable[[Callable[P, Generator]], "
+                                       "PyinfraOperation[P]]'",
     "pyinfra.api.inventory:Inventory.get_active_hosts": "(self) -> 'list[Host]'",
     "pyinfra.api.host:Host.connect":
         "(self, reason=None, show_errors: 'bool' = True, raise_exceptions: 'bool' = False)",
@@ -273,7 +278,21 @@ def active_hosts(state) -> list:
     return state.inventory.get_active_hosts()
 
 
+OPERATION_OPTIONS = ("is_idempotent", "idempotent_notice", "is_deprecated", "deprecated_for")
+
 # --- operations (hook 3) ----------------------------------------------------------------------------
+
+
+def operation_body(op):
+    """The generator under an `@operation()` (pyinfra documents it as `_inner`: one operation's
+    commands reused inside another)."""
+    return op._inner
+
+
+def operation_options(body) -> dict:
+    """The options `@operation()` gave `body` (set on it as attributes), to wrap another function
+    the same way (snapshot.reads hands a body its declared answers)."""
+    return {name: getattr(body, name) for name in OPERATION_OPTIONS}
 
 
 def operation_parameters(op) -> inspect.Signature:

@@ -2,20 +2,25 @@
 
 pyinfra runs one command per fact, and thorfleet's operations read about forty of them: on a
 converged box those round trips were most of a re-run. So every thorfleet operation declares what
-it reads (`@reads`) when it is planned. The first read on a host runs all of that host's declared
-reads in one command, in parallel on the box, and keeps the answers. They answer the host's
-operations until the host has changed something in this run (an operation sent it a command);
-from then on each read is its own fact command, as in pyinfra, so no operation decides on what an
-earlier one has changed.
+it reads (`@reads`), once, above its body; the declaration is planned when the operation is called
+and the answers are handed to the body when it runs. The first read on a host runs all of that
+host's declared reads in one command, in parallel on the box, and keeps the answers. They answer
+the host's operations until the host has changed something in this run (an operation sent it a
+command); from then on each read is its own fact command, as in pyinfra, so no operation decides on
+what an earlier one has changed.
 
-    @reads(lambda path, **_: [(facts.FileState, {"path": path})])
+    @reads(current=lambda path, **_: (facts.FileState, {"path": path}))
     @operation()
-    def whole_file(path, src, mode="644"):
-        current = snapshot.read(facts.FileState, path=path)
+    def whole_file(path, src, mode="644", *, current):
+        if current == ...
 
 Every read runs as root (the deploy's config.SUDO); a read that fails on the box (exit status not
 0, a missing command, output its fact cannot parse) is read again on its own, so pyinfra reports it
-the way it always did.
+the way it always did. A read with pyinfra's own arguments (`{"_sudo": False}`) is always its own
+fact command: the one command runs as root.
+
+THORFLEET_BATCH_READS=0 in the environment makes every read its own fact command, as pyinfra does
+without this module (to measure what the one round trip saves).
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ from __future__ import annotations
 import functools
 import json
 import os
+from inspect import Parameter, signature
 from shlex import quote as q
 
 from pyinfra import host as context_host
-from pyinfra.api import StringCommand
+from pyinfra.api import StringCommand, operation
 
 from thorfleet import pyinfra_hooks
 from thorfleet.runstate import run_state
@@ -39,31 +45,96 @@ def key_of(fact, kwargs):
     return f"{fact.__module__}.{fact.__name__}{json.dumps(kwargs, sort_keys=True, default=str)}"
 
 
-def reads(declare):
-    """Declare what an operation reads: `declare(**its arguments)` returns [(FactClass, {args})].
-    Put it above @operation(); the operation's own arguments reach `declare`, pyinfra's do not."""
+def batched():
+    """Whether declared reads share one round trip (THORFLEET_BATCH_READS, default 1)."""
+    return os.environ.get("THORFLEET_BATCH_READS", "1") != "0"
+
+
+def reads(*declare, **named):
+    """Declare what an operation reads; put it above @operation().
+
+    Each keyword names one read: `lambda **operation arguments: (FactClass, {fact arguments})`, or
+    None when nothing is read with those arguments. The body takes each name as a keyword-only
+    argument: its answer, read whenever pyinfra runs the body (plan, then execute). The operation's
+    callers pass only its own arguments; pyinfra's (`name`, `_sudo`, ...) never reach `named`.
+
+    `declare(**arguments)` returning [(FactClass, {args})] declares reads that the body makes
+    itself through a function it shares with code outside any operation (report.observe).
+    """
 
     def decorator(op):
+        if named:
+            op = _answered(op, named)
         params = pyinfra_hooks.operation_parameters(op)
 
-        @functools.wraps(op)
-        def planned(*args, **kwargs):
+        def declared_for(*args, **kwargs):
             own = params.bind_partial(
                 *args, **{k: v for k, v in kwargs.items() if k in params.parameters})
             own.apply_defaults()
-            plan(context_host, declare(**own.arguments))
+            return [*(query for d in declare for query in d(**own.arguments)),
+                    *_named_queries(named, own.arguments).values()]
+
+        @functools.wraps(op)
+        def planned(*args, **kwargs):  # called while the deploy is planned: declared before run
+            plan(context_host, declared_for(*args, **kwargs))
             return op(*args, **kwargs)
 
-        return planned  # functools.wraps keeps the operation's `_inner`
+        planned.declared = declared_for
+        return planned
 
     return decorator
+
+
+def declared(op, *args, **kwargs):
+    """[(FactClass, {args})] that `op` reads called with these arguments ([] without @reads)."""
+    declare = getattr(op, "declared", None)
+    return declare(*args, **kwargs) if declare else []
+
+
+def _named_queries(named, arguments):
+    """{name: (FactClass, {args})} of the named reads that apply to these arguments."""
+    queries = {name: query(**arguments) for name, query in named.items()}
+    return {name: query for name, query in queries.items() if query is not None}
+
+
+def _answered(op, named):
+    """`op` again, its body handed the answers of its `named` reads as keyword arguments."""
+    body = pyinfra_hooks.operation_body(op)
+    full = signature(body)
+    untaken = [name for name in named
+               if getattr(full.parameters.get(name), "kind", None) != Parameter.KEYWORD_ONLY]
+    if untaken:
+        raise TypeError(f"{body.__name__} takes no keyword-only argument {', '.join(untaken)}: "
+                        "each named read is one")
+    own = full.replace(parameters=[p for p in full.parameters.values() if p.name not in named])
+
+    @functools.wraps(body)
+    def answered(*args, **kwargs):
+        arguments = own.bind(*args, **kwargs)
+        arguments.apply_defaults()
+        answers = dict.fromkeys(named)
+        for name, (fact, fact_kwargs) in _named_queries(named, arguments.arguments).items():
+            answers[name] = read(fact, **fact_kwargs)
+        yield from body(*args, **kwargs, **answers)
+
+    answered.__signature__ = own  # what callers (and pyinfra's argument check) may pass
+    # pyinfra runs the function its operation() was given: to hand the body its answers, that
+    # function must be `answered`, so it is wrapped again, with the options the first one set
+    return operation(**pyinfra_hooks.operation_options(body))(answered)
 
 
 def plan(target, wanted):
     """Add `wanted` ([(FactClass, {args})]) to what `target` is read for in one round trip."""
     planned = run_state(target.state).planned_reads.setdefault(target.name, {})
     for fact, kwargs in wanted:
-        planned[key_of(fact, kwargs)] = (fact, kwargs)
+        # pyinfra's arguments, or a fact that must be read alone (RunLock): a command of its own
+        if getattr(fact, "batched", True) and not any(k.startswith("_") for k in kwargs):
+            planned[key_of(fact, kwargs)] = (fact, kwargs)
+
+
+def is_planned(target, fact, **kwargs):
+    """Whether one of `target`'s operations declared this read in this run."""
+    return key_of(fact, kwargs) in run_state(target.state).planned_reads.get(target.name, {})
 
 
 def read(fact, target=None, **kwargs):
@@ -74,7 +145,7 @@ def read(fact, target=None, **kwargs):
     key = key_of(fact, kwargs)
     run = run_state(target.state)
     planned = run.planned_reads.get(target.name, {})
-    if key in planned and batched() and not _changed_in_run(target):
+    if batched() and key in planned and not _changed_in_run(target):
         held = _held(run, target)
         if key not in held["values"] and key not in held["tried"]:
             missing = {k: v for k, v in planned.items() if k not in held["tried"]}
@@ -82,13 +153,7 @@ def read(fact, target=None, **kwargs):
             held["tried"].update(missing)
         if key in held["values"]:
             return held["values"][key]
-    return target.get_fact(fact, _sudo=True, **kwargs)
-
-
-def batched() -> bool:
-    """False with THORFLEET_BATCH_READS=0: every read is its own fact command, as in pyinfra
-    (to measure what the one round trip saves, or to rule it out when debugging)."""
-    return os.environ.get("THORFLEET_BATCH_READS", "1") != "0"
+    return target.get_fact(fact, **{"_sudo": True, **kwargs})
 
 
 def _held(run, target):

@@ -1,0 +1,51 @@
+"""The tasks call the operations as they are declared: every step of the deploy planned for a
+two-box fleet with a registry (pyinfra's API, no box contacted), then each operation's body run
+against a box with nothing in place and one already right, its reads answered from a table."""
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_host, ctx_inventory, ctx_state
+from pyinfra.facts.server import Which
+
+from tasks import cleanup, image, memory, power, preflight, service, verification, weights
+from tests.test_settings import GOOD
+from thorfleet import facts
+from thorfleet.settings import settings_for
+
+pytestmark = pytest.mark.fast
+
+TASKS = (preflight, power, memory, image, weights, service, verification, cleanup)
+READY = {facts.RunLock: {"held": True, "why": None}, facts.L4TRelease: "38.2", facts.MemTotalGiB: 122.0, facts.FreeDiskGiB: 500.0,
+         facts.PinnedWeightsGiB: 0.0, facts.SudoWorks: True, facts.DockerRuntimes: ["nvidia"],
+         Which: "/usr/bin/rsync"}
+BARE = {**READY, facts.PowerMode: 0, facts.ClocksLocked: False,
+        facts.Leftovers: {"dirs": ["/old"], "images": ["old:1"], "contexts": []}}
+RIGHT = {**READY, facts.PowerMode: 1, facts.ClocksLocked: True,
+         facts.DockerImageLabels: {"thorfleet.patches": "p"}, facts.DockerImageId: "sha256:1",
+         facts.UnitEnabled: "enabled", facts.WeightsState: {"complete": True, "problems": []},
+         facts.PathState: {"type": "directory", "mode": "755", "user": "root", "group": "root"}}
+
+
+@pytest.mark.parametrize("box", [BARE, RIGHT], ids=["bare", "right"])
+def test_every_task_plans_and_every_operation_body_runs(box, monkeypatch):
+    monkeypatch.setenv("THORFLEET_API_KEY", "sk-test")
+    monkeypatch.setenv("THORFLEET_BATCH_READS", "0")  # each read from the table, no round trip
+    inventory = Inventory((["thor-1", "thor-2"], {**GOOD, "image_registry": "reg.lan:5000/t"}))
+    state = State(check_for_changes=False)  # as `pyinfra -y`: bodies run at execution only
+    state.init(inventory, Config())
+    state.current_stage = StateStage.Prepare
+    with ctx_state.use(state), ctx_inventory.use(inventory):
+        for h in inventory:
+            h.get_fact = lambda fact, **_: box[fact] if fact in box else fact().default()
+            with ctx_host.use(h):
+                for task in TASKS:
+                    task.run(settings_for(h.data.dict()))
+        ran = 0
+        for h in inventory:
+            with ctx_host.use(h):
+                for op_hash in state.get_op_order():
+                    if op_hash in state.ops[h]:
+                        list(state.ops[h][op_hash].command_generator())
+                        ran += 1
+    assert ran == len(inventory) * len(state.get_op_order()) - 2  # one image operation each

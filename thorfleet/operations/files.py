@@ -1,0 +1,193 @@
+"""Files, folders, units and users on the box, the way thorfleet needs them: a file is only ever
+replaced whole, and nothing is touched that is already right."""
+
+from __future__ import annotations
+
+import hashlib
+from io import BytesIO, StringIO
+from pathlib import Path, PurePosixPath
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, StringCommand, operation
+
+from thorfleet import facts
+from thorfleet.layout import BOX_UPLOAD_STAGING
+from thorfleet.operations.commands import fail_host, sh
+from thorfleet.snapshot import reads
+
+
+def _text_of(src):
+    """Bytes of an upload source: a local path or a StringIO."""
+    if isinstance(src, StringIO):
+        return src.getvalue().encode()
+    with open(src, "rb") as f:
+        return f.read()
+
+
+@reads(current=lambda path, **_: (facts.FileState, {"path": path}))
+@operation()
+def whole_file(path, src, mode="644", *, current):
+    """A root-owned file at `path` with the content of `src`, only ever replaced whole: a reader
+    (systemd, the container, the next run) sees the old file or the new one, never half of it,
+    even when the SSH connection dies mid-upload.
+
+    + path: where the file goes on the box
+    + src: its content: a local path or a StringIO
+    + mode: its permissions, as chmod takes them
+
+    The upload goes as the SSH user (never through sudo's world-readable temporary file) into a
+    0700 folder of its own, so a secret is never readable by others nor in a command line; then
+    sudo installs it beside the destination under a temporary name and renames it into place.
+
+    .. code:: python
+
+        whole_file(name="Install the API key", path=layout.BOX_SECRETS_ENV,
+                   src=StringIO("VLLM_API_KEY=...\\n"), mode="600")
+    """
+    content = _text_of(src)
+    wanted = hashlib.sha256(content).hexdigest()
+    if current == {"sha256": wanted, "mode": mode, "user": "root", "group": "root"}:
+        host.noop(f"{path} is already in place")
+        return
+    if current and current["sha256"] == wanted:
+        yield f"{sh('chown', 'root:root', path)} && {sh('chmod', mode, path)}"
+        return
+    yield from _replace(path, content, wanted, mode)
+
+
+def _replace(path, content, digest, mode):
+    """The commands that put `content` (whose sha256 is `digest`) at `path` whole (whole_file)."""
+    staged = f"{BOX_UPLOAD_STAGING}/{digest[:16]}"
+    tmp = f"{path}.thorfleet-tmp"
+    yield StringCommand(sh("install", "-d", "-m", "700", BOX_UPLOAD_STAGING), _sudo=False)
+    yield FileUploadCommand(BytesIO(content), staged, _sudo=False)
+    install = sh("sudo", "install", "-m", mode, "-o", "root", "-g", "root", staged, tmp)
+    rename = sh("sudo", "mv", "-f", tmp, path)
+    yield StringCommand(f"{install} && {rename}; status=$?; {sh('rm', '-f', staged)}; "
+                        "exit $status", _sudo=False)
+
+
+def secret_file(path, content, **kwargs):
+    """A root-only (0600) file with secret `content`: whole_file with mode 600."""
+    return whole_file(path=path, src=StringIO(content), mode="600", **kwargs)
+
+
+@reads(current=lambda path, **_: (facts.PathState, {"path": path}))
+@operation()
+def directory(path, mode="755", user="root", group="root", *, current):
+    """A directory at `path` (and its parents) with `mode` and owner; refuses to replace a file.
+
+    + path: the directory
+    + mode, user, group: its permissions and owner (only the directory's own, not its files')
+
+    .. code:: python
+
+        directory(name="Create the weights folder", path=layout.BOX_MODELS)
+    """
+    wanted = {"type": "directory", "mode": mode, "user": user, "group": group}
+    if current == wanted:
+        host.noop(f"{path} is already a directory ({mode} {user}:{group})")
+        return
+    if current and current["type"] != "directory":
+        yield fail_host(f"{path} is a {current['type']}, not a directory: move it away")
+        return
+    if current is None:
+        yield sh("mkdir", "-p", path)
+    yield f"{sh('chown', f'{user}:{group}', path)} && {sh('chmod', mode, path)}"
+
+
+@reads(current=lambda path, **_: (facts.PathState, {"path": path}))
+@operation()
+def absent(path, *, current):
+    """Nothing at `path` (a file, or a directory and all it holds).
+
+    + path: what must not be there
+
+    .. code:: python
+
+        absent(name="No Hugging Face token configured", path=layout.BOX_HF_TOKEN)
+    """
+    if current is None:
+        host.noop(f"{path} is already absent")
+        return
+    yield sh("rm", "-rf", "--", path)
+
+
+@reads(enabled=lambda unit, **_: (facts.UnitEnabled, {"unit": unit}))
+@operation()
+def unit_enabled(unit, *, enabled):
+    """A systemd unit enabled at boot (started or not: that is another operation's business).
+
+    + unit: the unit's name, as systemctl takes it
+
+    .. code:: python
+
+        unit_enabled(name="Enable the clocks unit", unit="thorfleet-clocks.service")
+    """
+    if enabled == "enabled":
+        host.noop(f"{unit} is already enabled")
+        return
+    yield sh("systemctl", "enable", unit)
+
+
+@reads(current=lambda user, **_: (facts.PasswdEntry, {"user": user}))
+@operation()
+def system_user(user, home, shell="/bin/sh", *, current):
+    """A system user with `home` (not created here) and `shell`.
+
+    + user: the user's name
+    + home: its home directory (another operation creates it)
+    + shell: its login shell
+
+    .. code:: python
+
+        system_user(name="Create the copy user", user=layout.PEER_USER,
+                    home=layout.BOX_PEER_HOME)
+    """
+    if current is None:
+        yield sh("useradd", "--system", "--home-dir", home, "--no-create-home", "--shell", shell,
+                 user)
+    elif (current["home"], current["shell"]) != (home, shell):
+        yield sh("usermod", "--home", home, "--shell", shell, user)
+    else:
+        host.noop(f"{user} already exists")
+
+
+def _tree(src):
+    """{relative path: (content, {"sha256", "mode"})} of every file under the local folder `src`:
+    each file's content and what facts.TreeState reads of it on the box."""
+    tree = {}
+    for path in sorted(Path(src).rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            content = path.read_bytes()
+            tree[str(path.relative_to(src))] = (content, {
+                "sha256": hashlib.sha256(content).hexdigest(),
+                "mode": "755" if path.stat().st_mode & 0o111 else "644"})
+    return tree
+
+
+@reads(current=lambda dest, **_: (facts.TreeState, {"path": dest}))
+@operation()
+def tree(src, dest, *, current):
+    """The folder `dest` holds exactly the files of the local folder `src` (their content and
+    whether they are executable), each file replaced whole; files `src` does not have are removed.
+
+    + src: the local folder
+    + dest: the folder on the box
+
+    .. code:: python
+
+        tree(name="Upload the build context", src="files/image", dest=f"{context}")
+    """
+    wanted = _tree(src)
+    if current == {name: on_box for name, (_, on_box) in wanted.items()}:
+        host.noop(f"{dest} already holds {src}")
+        return
+    folders = sorted({str(PurePosixPath(dest, name).parent) for name in wanted})
+    yield sh("mkdir", "-p", *folders)
+    for name, (content, on_box) in wanted.items():
+        if current.get(name) != on_box:
+            yield from _replace(f"{dest}/{name}", content, on_box["sha256"], on_box["mode"])
+    extra = sorted(set(current) - set(wanted))
+    if extra:
+        yield sh("rm", "-f", "--", *(f"{dest}/{name}" for name in extra))

@@ -1,0 +1,220 @@
+"""Verification: the service serves the rendered version and passes its checks, the rollout a
+batch at a time; then the decode rate measured and held to the fleet's."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+from pyinfra import host
+from pyinfra.api import FunctionCommand, operation
+
+from thorfleet import facts, pyinfra_hooks, rollout
+from thorfleet.layout import BOX_BENCH, BOX_SERVE
+from thorfleet.operations.commands import sh
+from thorfleet.runstate import run_state
+from thorfleet.snapshot import reads
+
+
+@reads(served=lambda service, port, **_: (
+    facts.ServerState, {"service": service, "port": port}))
+@operation()
+def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
+            first_install=False, *, served):
+    """The service runs the version rendered from group data and passes its checks, at this host's
+    turn of the rollout. What the turn does (noop, prove, activate or hold) and why is
+    rollout.decide's; this reads the box and the run for it and yields the commands it names.
+
+    + service: the systemd unit's name (service_name)
+    + port: the port it serves on (service_port)
+    + fingerprint: the version rendered from group data (Settings.fingerprint)
+    + health_timeout: seconds a start may take to answer /health (service_health_timeout_s)
+    + earlier: the hosts whose batch comes before this host's (rollout.Plan.before)
+    + canaries: the canary group's hosts (rollout.Plan.canaries)
+    + first_install: the first installs' step, before the batches
+
+    What the run records (a first start, a failed restart, why a host was held) is recorded by the
+    commands, once, when they execute: pyinfra runs this body when it plans and again when it
+    executes, and only the second time knows what the earlier turns did.
+
+    .. code:: python
+
+        serving(name="Start the first installs", service="thorfleet-vllm", port=8002,
+                fingerprint=s.fingerprint, health_timeout=1200, first_install=True)
+        serving(name="Batch 2/3: serve and prove it", service="thorfleet-vllm", port=8002,
+                fingerprint=s.fingerprint, health_timeout=1200, earlier=["thor-1"],
+                canaries={"thor-1"})
+    """
+    decision = rollout.decide(served, fingerprint, first_install, _turns_before(earlier),
+                              canaries)
+
+    def serve(command, *extra):
+        return sh("python3", BOX_SERVE, command, "--service", service, "--port", port,
+                        "--timeout", health_timeout, *extra)
+
+    if decision.action == rollout.NOOP:
+        host.noop(decision.why)
+    elif decision.action == rollout.PROVE:
+        yield _checked(serve("prove"))
+    elif decision.action == rollout.ACTIVATE:
+        yield _checked(serve("activate", "--fingerprint", fingerprint), first_start=first_install)
+    else:
+        yield _record_hold(decision.why)
+        yield serve("hold")
+
+
+def _turns_before(earlier):
+    """{host name: what its turn did} of the turns before this host's in this run, the hosts of
+    `earlier` batches and the first installs: FAILED as their commands recorded it, else PASSED
+    while pyinfra still runs the host, DROPPED once pyinfra has failed it (it could not connect, or
+    an operation before failed), OUTSIDE when it never was in the run (--limit)."""
+    state = host.state
+    records = run_state(state)
+    names = {*earlier, *records.first_starts}
+    if not names:
+        return {}
+    active = {h.name for h in pyinfra_hooks.active_hosts(state)}
+    left = {h.name for h in pyinfra_hooks.failed_hosts(state)}
+
+    def did(name):
+        if name in records.failed_restarts:
+            return rollout.FAILED
+        if name in active:
+            return rollout.PASSED
+        return rollout.DROPPED if name in left else rollout.OUTSIDE
+
+    return {name: did(name) for name in names}
+
+
+def _record_hold(why):
+    """A command that records why the host was not restarted, for the report (never fails)."""
+
+    def record_hold(state, host):
+        run_state(state).note_error(host.name, why)
+        return True
+
+    return FunctionCommand(record_hold, (), {})
+
+
+def _checked(command, first_start=False):
+    """A command that runs thorfleet-serve's `command` (activate or prove); on failure it fails the
+    host with its reason and records a failed restart, which stops the rollout's later batches.
+    With `first_start`, it first records the host as a first install: one that fails stops every
+    batch."""
+
+    def serve_and_check(state, host):
+        records = run_state(state)
+        if first_start:
+            records.first_starts.add(host.name)
+        ok, output = host.run_shell_command(command, _sudo=True)
+        if not ok:
+            records.failed_restarts.add(host.name)
+            said = output.stdout_lines or output.stderr_lines  # its reason, or a traceback
+            return records.fail(host, " ".join(said[-3:]),
+                                details=output.stdout_lines + output.stderr_lines)
+        return ok
+
+    return FunctionCommand(serve_and_check, (), {})
+
+
+def wants_benchmark(when, first_install):
+    """Whether a host is benchmarked: `when` is rollout_benchmark ("always", "never" or
+    "first-install"), `first_install` whether it started in this run without a version it had
+    proven before."""
+    return when == "always" or (when == "first-install" and first_install)
+
+
+@operation()
+def benchmark(port, when="always", first_installs_step=None):
+    """Measure the host's decode rate the seed's way (thorfleet-bench: /v1/completions, 512 tokens,
+    a warm-up then 3 runs) and record tok/s, time to first token and EAGLE's acceptance for the
+    fleet gate and the report, when `when` (rollout_benchmark) asks for it. A benchmark that cannot
+    run fails the host.
+
+    + port: the port the service answers on (service_port)
+    + when: "always", "never" or "first-install": a host the first installs' step starts
+    + first_installs_step: what serving(first_install=True) returned for this host: it will
+      start the host (planned), or it did (executed)
+
+    .. code:: python
+
+        first = serving(name="Start the first installs", ..., first_install=True)
+        benchmark(name="Benchmark the decode rate", port=8002, when="first-install",
+                  first_installs_step=first)
+    """
+    step = first_installs_step
+    started = step is not None and pyinfra_hooks.changes(step)
+    if not wants_benchmark(when, started):
+        host.noop(f"not benchmarked: it did not start as a first install in this run ({when})")
+        return
+
+    def measure(state, host):
+        ok, output = host.run_shell_command(sh("python3", BOX_BENCH, "--port", port),
+                                            _sudo=True)
+        said = output.stdout_lines + output.stderr_lines
+        try:
+            result = json.loads(output.stdout_lines[-1])
+        except (IndexError, ValueError):
+            result = {"error": " / ".join(line.strip() for line in said[-3:]) or "no output"}
+        result["as_of"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        run_state(state).benchmarks[host.name] = result
+        if not ok or result.get("error"):
+            return run_state(state).fail(host, f"benchmark failed: {result.get('error')}",
+                                         details=said[-6:])
+        acceptance = result.get("eagle_acceptance")
+        host.log_styled(f"thorfleet: {result['tok_s']:.1f} tok/s, first token after "
+                        f"{result['ttft_s']:.2f}s, EAGLE acceptance "
+                        f"{'-' if acceptance is None else f'{acceptance:.2f}'}")
+        return True
+
+    yield FunctionCommand(measure, (), {})
+
+
+def bench_verdict(rate, rates, min_fraction, floor):
+    """(fleet median, [why `rate` fails the gate]) for one host's tok/s among the fleet's `rates`:
+    below `floor` tok/s, or below `min_fraction` of the median."""
+    median = statistics.median(rates)
+    problems = []
+    if rate < floor:
+        problems.append(f"{rate:.1f} tok/s is below the floor of {floor} tok/s "
+                        "(rollout_bench_min_toks)")
+    if rate < min_fraction * median:
+        problems.append(f"{rate:.1f} tok/s is {rate / median:.2f}x the fleet median "
+                        f"{median:.1f} tok/s, below {min_fraction} (rollout_bench_min_fraction)")
+    return median, problems
+
+
+@operation()
+def benchmark_gate(min_fraction, floor):
+    """Fail a benchmarked host that is slower than the fleet: below `floor` tok/s or below
+    `min_fraction` of the median of every host benchmarked in this run. Runs after every host's
+    benchmark operation (pyinfra runs an operation on all hosts before the next one).
+
+    .. code:: python
+
+        benchmark_gate(name="Fleet benchmark gate", min_fraction=0.8, floor=27)
+    """
+
+    if host.name not in run_state(host.state).benchmarks:
+        host.noop("not benchmarked in this run: nothing to judge")
+        return
+
+    def gate(state, host):
+        results = run_state(state).benchmarks
+        mine = results.get(host.name) or {}
+        rates = [r["tok_s"] for r in results.values() if r.get("tok_s") is not None]
+        if mine.get("tok_s") is None or not rates:
+            return True
+        median, problems = bench_verdict(mine["tok_s"], rates, min_fraction, floor)
+        mine.update(fleet_median_tok_s=round(median, 2),
+                    vs_median=round(mine["tok_s"] / median, 3) if median else None,
+                    gate_problems=problems, passed=not problems)
+        if problems:
+            return run_state(state).fail(
+                host, "too slow: " + "; ".join(problems) + " (EAGLE not engaged? the seed: "
+                "~33.7 tok/s with EAGLE, ~17.5 without)")
+        return True
+
+    yield FunctionCommand(gate, (), {})
+
