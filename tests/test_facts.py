@@ -159,3 +159,20 @@ def test_pinned_weights_counts_the_folders_and_their_staging_on_a_real_disk(tmp_
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
     gib = facts.PinnedWeightsGiB().process(out.splitlines())
     assert 4 <= gib * 1024 < 4.2, gib * 1024
+
+
+def test_every_facts_command_names_its_arguments():
+    # pyinfra hands a fact its arguments by the names in its command's signature: *args or
+    # **kwargs there receive nothing it can call the command with (a read alone then crashes)
+    import inspect
+
+    from pyinfra.api import FactBase
+
+    from thorfleet import facts as module
+
+    for fact in vars(module).values():
+        if isinstance(fact, type) and issubclass(fact, FactBase) and callable(
+                getattr(fact, "command", None)):
+            kinds = {p.kind for p in inspect.signature(fact.command).parameters.values()}
+            assert not kinds & {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}, \
+                fact.__name__

@@ -82,14 +82,13 @@ class BoxToolFact(FactBase[dict]):
     tool: str  # the tool's path on the box (layout.py)
     needs: tuple[str, ...] = ()  # other files it reads before it can answer
 
-    def arguments(self, *args, **kwargs) -> list:
-        """The tool's command-line words for these fact arguments."""
-        raise NotImplementedError
-
-    def command(self, *args, **kwargs):
+    def tool_command(self, *words):
+        """The command that runs the tool with these words once it is installed. Each subclass's
+        `command` names its own arguments: pyinfra passes a fact's arguments by the names in its
+        command's signature."""
         installed = " && ".join(f"[ -f {q(path)} ]" for path in (self.tool, *self.needs))
-        words = " ".join(q(str(word)) for word in self.arguments(*args, **kwargs))
-        return f"if {installed}; then python3 {q(self.tool)} {words}; fi"
+        return (f"if {installed}; then python3 {q(self.tool)} "
+                f"{' '.join(q(str(word)) for word in words)}; fi")
 
     def process(self, output):
         return json.loads(output[-1])
@@ -105,12 +104,13 @@ class Leftovers(BoxToolFact):
     def default():
         return {"dirs": [], "images": [], "contexts": []}
 
-    def arguments(self, models, contexts, image_name, keep_context, keep_dirs, keep_images, units):
-        return ["--models", models, "--contexts", contexts, "--image-name", image_name,
-                "--keep-context", keep_context,
-                *(word for d in keep_dirs for word in ("--keep-dir", d)),
-                *(word for i in keep_images for word in ("--keep-image", i)),
-                *(word for u in units for word in ("--unit", u))]
+    def command(self, models, contexts, image_name, keep_context, keep_dirs, keep_images, units):
+        return self.tool_command(
+            "--models", models, "--contexts", contexts, "--image-name", image_name,
+            "--keep-context", keep_context,
+            *(word for d in keep_dirs for word in ("--keep-dir", d)),
+            *(word for i in keep_images for word in ("--keep-image", i)),
+            *(word for u in units for word in ("--unit", u)))
 
 
 class DockerRuntimes(FactBase[list[str] | None]):
@@ -236,8 +236,8 @@ class WeightsState(BoxToolFact):
     def default():
         return {"complete": False, "problems": ["thorfleet tools not installed"]}
 
-    def arguments(self, folder, revision):
-        return ["verify", "--dir", folder, "--revision", revision]
+    def command(self, folder, revision):
+        return self.tool_command("verify", "--dir", folder, "--revision", revision)
 
 
 class ServerState(BoxToolFact):
@@ -253,8 +253,9 @@ class ServerState(BoxToolFact):
     def default():
         return {}
 
-    def arguments(self, service, port, chat=False):
-        return ["state", "--service", service, "--port", port, *(["--chat"] if chat else [])]
+    def command(self, service, port, chat=False):
+        return self.tool_command("state", "--service", service, "--port", port,
+                                 *(["--chat"] if chat else []))
 
 
 class PathState(FactBase[dict | None]):
