@@ -81,6 +81,18 @@ def _finite(value, info):
     return value
 
 
+# Whole seconds that reach the unit's TimeoutStartSec/TimeoutStopSec, docker stop -t and vLLM's
+# shutdown_timeout: kept far below where systemd's microsecond clock or a 32-bit int overflows.
+MAX_SECONDS = 10**9
+
+
+def _at_most_max_seconds(value, info):
+    if value > MAX_SECONDS:
+        _refuse(f"{info.field_name}={value!r} is more than {MAX_SECONDS} seconds (~31 years): "
+                "systemd's and docker's time spans would overflow")
+    return value
+
+
 # A number stays the type the operator wrote (7 renders as 7, not 7.0): the rendered files, and so
 # the fingerprint, do not change when the schema is applied.
 Number = Annotated[StrictInt | StrictFloat, BeforeValidator(_finite)]
@@ -332,7 +344,8 @@ class Schema(BaseModel):
         7, "derived gate's headroom: 0.72 x 122 + 7 = 94.8 GiB, the seed's 95",
         "must be a non-negative number (GiB)")
     # memory-gate compares it with sh's integer test: a whole number.
-    memory_gate_timeout_s: Annotated[StrictInt, Field(gt=0)] = setting(
+    memory_gate_timeout_s: Annotated[StrictInt, Field(gt=0),
+                                     AfterValidator(_at_most_max_seconds)] = setting(
         300, "give up waiting for the page cache to drain after this long",
         "must be a positive whole number of seconds")
     memory_gate_interval_s: Annotated[Number, Field(ge=1)] = setting(
@@ -443,7 +456,8 @@ class Schema(BaseModel):
         None, "inventory group restarted (and proven) before everyone else",
         "must be the name of a group of the inventory, or None")
     # vLLM's --shutdown-timeout is an int; the unit adds its margins to it.
-    rollout_drain_timeout_s: Annotated[StrictInt, Field(ge=0)] = setting(
+    rollout_drain_timeout_s: Annotated[StrictInt, Field(ge=0),
+                                       AfterValidator(_at_most_max_seconds)] = setting(
         120, "before a restart, wait this long for answers in flight; vLLM's shutdown_timeout too",
         "must be a whole number of seconds, 0 or more (0: a restart cuts answers in flight)")
     rollout_benchmark: Literal["first-install", "always", "never"] = setting(
@@ -531,6 +545,13 @@ def _secret_problems(api_key, hf_token, data):
     return problems
 
 
+def _repository(image):
+    """REPO of REPO[:TAG]@sha256:..."""
+    name = image.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+
+
 def check(data, *, api_key=None, hf_token=None, groups=None):
     """(Schema, []) for one host's data, or (None, problems): every problem, one line each.
 
@@ -556,6 +577,11 @@ def check(data, *, api_key=None, hf_token=None, groups=None):
             problems.append(f"service_host={host!r} without an API key would expose the server: "
                             "set an API key, or service_allow_no_api_key='anywhere' if you "
                             "really mean it")
+    if values is not None and values.image_name == _repository(values.image_base):
+        problems.append(f"image_name={values.image_name!r} is image_base's own repository: "
+                        "thorfleet would tag its derived image there and remove that "
+                        "repository's other tags as its old versions (thorfleet-clean); use a "
+                        "name of its own, like thorfleet/mistral-small4")
     canary = data.get("rollout_canary_group")
     if groups is not None and isinstance(canary, str) and canary not in groups:
         names = sorted(g for g in groups if g != "all")
