@@ -109,10 +109,11 @@ _IMAGE_BY_DIGEST = rf"{_REPOSITORY}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?@sha
 # so a name a box already has (ssh, docker, nvpmodel, another team's container) would be replaced
 # or killed. No list of the names a box has can be complete; a prefix no package uses can.
 _SERVICE_NAME = r"(?=.{1,63}\Z)(?:thorfleet-|vllm)[A-Za-z0-9_.-]*"
-# thorfleet's own other names on the box: the clocks unit, the weights fetch containers.
+# thorfleet's own other names on the box: the clocks unit, the weights fetch containers, the copy
+# user.
 _RESERVED_SERVICE = r"thorfleet-(?:clocks|fetch|peer)(?:[_.-].*)?"
 # Hugging Face's repo id rule (huggingface_hub validate_repo_id): no "--" or "..", 96 at most.
-_HF_NAME = r"(?!.*(?:--|\.\.))[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?"
+_HF_NAME = r"(?!.*(?:--|\.\.))[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
 _HF_REPO = rf"{_HF_NAME}/{_HF_NAME}"
 # Goes into a unit's ExecStart, a docker -v and rrsync's command: no spaces, quotes, $, %, \ or ':'.
 _BOX_PATH = r"(?:/[A-Za-z0-9_.+-]+)+"
