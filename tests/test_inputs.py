@@ -18,7 +18,13 @@ import yaml
 from pyinfra.api import Inventory
 
 from tests.helpers import ROOT
-from tests.parse_back import command_words, rsync_words, shell_words, unit_entries
+from tests.parse_back import (
+    command_words,
+    environment_file,
+    rsync_words,
+    shell_words,
+    unit_entries,
+)
 from thorfleet import peers, schema
 from thorfleet.render import Settings
 from thorfleet.settings import SettingsError, settings_for_inventory
@@ -244,3 +250,12 @@ def test_plain_values_are_written_as_they_are():
     text = unchecked().unit_text
     assert "--ulimit memlock=-1 \\\n" in text and "-e VLLM_API_KEY \\\n" in text
     assert '"' not in text  # nothing of the defaults needs quoting
+
+
+# --- the env file: one line, the key as it is ---------------------------------------------------
+
+def test_a_key_secrets_env_cannot_hold_as_it_is_is_never_written():
+    s = Settings(schema.Schema(**PINS), api_key="sk-a\nFOO=bar")
+    with pytest.raises(ValueError, match="secrets.env"):
+        s.secrets_env_text  # noqa: B018
+    assert environment_file(unchecked().secrets_env_text) == {"VLLM_API_KEY": KEY}

@@ -17,7 +17,7 @@ import yaml
 
 from thorfleet import layout
 from thorfleet.recipe import PROFILES, SEED_ENV
-from thorfleet.schema import Schema
+from thorfleet.schema import API_KEY, Schema
 
 
 def image_files_hash(folder=layout.FILES / "image"):
@@ -34,7 +34,10 @@ def systemd_word(value):
     """`value` written so that a unit's command line gives it to the command as it is
     (systemd.service(5), "Command lines"): % and $ doubled (systemd expands specifiers and
     variables), and anything beyond plain characters double-quoted with C escapes, so no value can
-    split a word, end the line or start another. Plain values are written as they are."""
+    split a word, end the line or start another. Plain values are written as they are.
+
+    (A value that is a whole word by itself, such as service_name, can never be a lone `;`, which
+    systemd reads as a command separator: the schema holds those to their own patterns.)"""
     if isinstance(value, bool) or value is None:
         raise TypeError(f"{value!r} has no unit spelling")
     if isinstance(value, (int, float)):
@@ -147,6 +150,9 @@ class Settings:
 
     @cached_property
     def secrets_env_text(self):
+        # systemd's EnvironmentFile and thorfleet-serve both read the value unquoted, as it is
+        if self.api_key and not API_KEY.fullmatch(self.api_key):
+            raise ValueError("the API key cannot be written to secrets.env as it is")
         return f"VLLM_API_KEY={self.api_key}\n" if self.api_key else ""
 
     @cached_property

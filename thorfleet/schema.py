@@ -523,13 +523,13 @@ def _messages(error: ValidationError, data):
 
 # What secrets.env (systemd's EnvironmentFile, and thorfleet-serve, read it unquoted) and an HTTP
 # Authorization header hold as they are: visible ASCII; the key without quotes, \, $ or `.
-_API_KEY = re.compile(r"[!#%&(-\[\]-_a-~]+")
+API_KEY = re.compile(r"[!#%&(-\[\]-_a-~]+")
 _TOKEN = re.compile(r"[!-~]+")
 
 
 def _secret_problems(api_key, hf_token, data):
     problems = []
-    if api_key and not _API_KEY.fullmatch(api_key):
+    if api_key and not API_KEY.fullmatch(api_key):
         problems.append("the API key (service_api_key_file or THORFLEET_API_KEY) holds whitespace, "
                         "a quote, a backslash, $, ` or something unprintable, which secrets.env "
                         "cannot hold as it is: use a key of letters, digits and - . _ ~ + / =")
