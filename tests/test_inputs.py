@@ -111,13 +111,13 @@ def test_the_config_is_written_by_a_yaml_emitter_whatever_the_host():
 
 # --- names and folders that belong to the system ------------------------------------------------
 
-@pytest.mark.parametrize("name", ["ssh", "docker", "nvpmodel", "containerd", "thorfleet-clocks",
-                                  "thorfleet-fetch-aaaaaaaaaaaa"])
+@pytest.mark.parametrize("name", ["ssh", "docker", "nvpmodel", "containerd", "vllm", "vllmx",
+                                  "thorfleet-clocks", "thorfleet-fetch-aaaaaaaaaaaa", "thorfleet-"])
 def test_a_service_name_the_box_already_has_is_refused(name):
     refused_naming("service_name", {"service_name": name})
 
 
-@pytest.mark.parametrize("name", ["thorfleet-vllm", "thorfleet-vllm-2", "vllm", "vllm_2.mistral"])
+@pytest.mark.parametrize("name", ["thorfleet-vllm", "thorfleet-vllm-2", "vllm-2", "vllm_2.mistral"])
 def test_thorfleet_s_own_service_names_pass(name):
     assert not problems_of({"service_name": name})
 

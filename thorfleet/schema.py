@@ -108,7 +108,8 @@ _IMAGE_BY_DIGEST = rf"{_REPOSITORY}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?@sha
 # name is thorfleet's: it writes /etc/systemd/system/<name>.service and runs `docker rm -f <name>`,
 # so a name a box already has (ssh, docker, nvpmodel, another team's container) would be replaced
 # or killed. No list of the names a box has can be complete; a prefix no package uses can.
-_SERVICE_NAME = r"(?=.{1,63}\Z)(?:thorfleet-|vllm)[A-Za-z0-9_.-]*"
+# (Bare `vllm` is the name other guides give their own vLLM container: not thorfleet's.)
+_SERVICE_NAME = r"(?=.{1,63}\Z)(?:thorfleet-|vllm[_.-])[A-Za-z0-9_.-]+"
 # thorfleet's own other names on the box: the clocks unit, the weights fetch containers, the copy
 # user.
 _RESERVED_SERVICE = r"thorfleet-(?:clocks|fetch|peer)(?:[_.-].*)?"
@@ -416,7 +417,7 @@ class Schema(BaseModel):
                             AfterValidator(_service_name)] = setting(
         "thorfleet-vllm", "systemd unit and container name",
         "is not a name both systemd and Docker accept that is thorfleet's own: thorfleet-... or "
-        "vllm..., up to 63 letters, digits, _ . -, like thorfleet-vllm (a name the box has "
+        "vllm-..., up to 63 letters, digits, _ . -, like thorfleet-vllm (a name the box has "
         "already, like ssh, would lose its unit and its container)")
     service_profile: Literal[tuple(PROFILES)] = setting(
         "default", "\"default\": EAGLE-3, 64K context; \"no-eagle\": no speculation, 256K",
