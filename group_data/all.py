@@ -33,6 +33,7 @@ weights_model_revision = None  # REQUIRED: 40-hex commit of the checkpoint to se
 weights_draft_repo = "mistralai/Mistral-Small-4-119B-2603-eagle"  # the EAGLE-3 draft (~0.4 GB)
 weights_draft_revision = None  # REQUIRED: 40-hex commit of the draft to serve (pin it)
 weights_hf_endpoint = os.environ.get("HF_ENDPOINT")  # hub or site mirror the boxes download from
+weights_hf_allow_plain_http = False  # allow an http:// weights_hf_endpoint with a token: the token and the code the model runs (trust_remote_code) then travel unencrypted
 weights_hf_token_file = None  # laptop path of a file holding HF_TOKEN (else env HF_TOKEN); never logged
 weights_source = "auto"  # hub: every box downloads; fleet: the run's first box does, the others copy from boxes that have it (rsync over SSH); auto: fleet for 2+ hosts
 weights_peer_address = None  # host[:port] the other boxes reach this one at over SSH (None: its ssh_hostname)

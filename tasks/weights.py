@@ -5,6 +5,7 @@ where they have it and from the hub for the rest; then every other host copies f
 (that first host first), falling back to the hub for what none of them gives.
 """
 
+import shlex
 from io import StringIO
 
 from pyinfra import host, inventory, state
@@ -82,7 +83,9 @@ def peer_access(s):
                     mode="755")
     files.whole_file(name="Authorize the fleet's copy key, read-only",
                      path=f"{BOX_PEER_HOME}/.ssh/authorized_keys",
-                     src=StringIO(f'command="{RRSYNC} -ro {s.weights_dir}",restrict {public}\n'))
+                     # sshd runs the command with the user's shell: the folder is one shell word
+                     src=StringIO(f'command="{RRSYNC} -ro {shlex.quote(s.weights_dir)}",restrict '
+                                  f'{public}\n'))
     files.secret_file(name="Install the fleet's copy key (root-only)", path=BOX_PEER_KEY,
                       content=private)
     files.directory(name=f"Create {BOX_MANIFESTS}", path=BOX_MANIFESTS, mode="755")

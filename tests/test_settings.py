@@ -151,6 +151,11 @@ GOOD_VALUES = [
     {"service_docker_ulimits": {"memlock": -1, "nofile": "65536:65536"}},
     {"service_extra_env": {"VLLM_LOGGING_LEVEL": "DEBUG", "NCCL_P2P_LEVEL": 3, "A_B": "x:y=z,w/v"}},
     {"rollout_batch": 3}, {"rollout_canary_group": "canary"}, {"ssh_user": "anything: not ours"},
+    {"weights_hf_endpoint": "https://[fd00::5]:8443/mirror/"}, {"weights_hf_endpoint": None},
+    {"weights_hf_allow_plain_http": True}, {"service_host": "fe80::1%eth0"},
+    {"weights_dir": "/home/ubuntu/models"}, {"weights_dir": "/opt/thorfleet/models/site"},
+    {"weights_peer_address": "10.0.0.7:2222"}, {"service_name": "thorfleet-vllm-2"},
+    {"service_extra_env": {"A": "é,ü;#!"}},
 ]
 
 
@@ -196,6 +201,34 @@ BAD_INPUTS = [
     ({"weights_hf_endpoint": "hub.internal"},
      "weights_hf_endpoint='hub.internal' must be an http(s) URL"),
     ({"weights_hf_token_file": ""}, "weights_hf_token_file='' must be a file path on the laptop"),
+    ({"weights_hf_allow_plain_http": "yes"},
+     "weights_hf_allow_plain_http='yes' must be True or False"),
+    ({"weights_hf_endpoint": "http://hub.internal\n"}, "must be an http(s) URL"),
+    ({"weights_hf_endpoint": "http://hub internal"}, "must be an http(s) URL"),
+    ({"weights_hf_endpoint": "http://hub.internal:99999"}, "must be an http(s) URL"),
+    ({"weights_hf_endpoint": "https://user@hub.internal"}, "must be an http(s) URL"),
+    ({"weights_dir": "/etc"}, "weights_dir='/etc' is not a folder of its own (it is inside /etc"),
+    ({"weights_dir": "/opt/thorfleet"}, "it is or holds thorfleet's /opt/thorfleet"),
+    ({"weights_model_repo": "mistralai/.."}, "is not a Hugging Face repo id"),
+    ({"weights_model_repo": "mistralai/a--b"}, "is not a Hugging Face repo id"),
+    ({"service_name": "ssh"}, ("service_name='ssh' is not a name both systemd and Docker accept "
+                              "that is thorfleet's own")),
+    ({"service_name": "thorfleet-clocks"}, "is a name thorfleet uses for something else"),
+    ({"service_host": "fe80::1%x y"}, "must be an IP address or host name"),
+    ({"service_host": "thor..lan"}, "must be an IP address or host name"),
+    ({"service_docker_ulimits": {"nofile": 1.5}}, "service_docker_ulimits['nofile']=1.5 must be"),
+    ({"service_extra_env": {"A": float("nan")}}, "service_extra_env['A']=nan must be a string or"),
+    ({"service_extra_env": {"A": "x\u2028y"}}, "is not safe in a unit line"),
+    ({"memory_gate_timeout_s": 10**30},
+     "memory_gate_timeout_s=1000000000000000000000000000000 is more than 1000000000 seconds"),
+    ({"rollout_drain_timeout_s": 2**40}, "rollout_drain_timeout_s=1099511627776 is more than"),
+    ({"image_name": "registry.example/vllm"},
+     "image_name='registry.example/vllm' is image_base's own repository"),
+    ({"memory_gate_interval_s": float("inf")},
+     "memory_gate_interval_s=inf must be a number of seconds, at least 1, not inf or nan"),
+    ({"memory_min_available_gib": float("nan")},
+     ("memory_min_available_gib=nan must be a non-negative number, or None to derive it from "
+     "service_gpu_memory_utilization, not inf or nan")),
     ({"weights_source": "mirror"}, "weights_source='mirror' is not 'auto', 'hub' or 'fleet'"),
     ({"weights_peer_address": "thor-2:22 "}, "weights_peer_address='thor-2:22 ' is not a host"),
     ({"weights_peer_key_file": ""}, "weights_peer_key_file='' must be a file path on the laptop"),
@@ -296,6 +329,40 @@ def test_no_api_key_needs_an_explicit_setting(monkeypatch):
         settings_for({**GOOD, "service_allow_no_api_key": True, "service_host": "0.0.0.0"})
     s = settings_for({**GOOD, "service_allow_no_api_key": "anywhere", "service_host": "0.0.0.0"})
     assert s.listen_host == "0.0.0.0"
+
+
+def test_a_token_is_not_sent_to_a_plain_http_hub_unless_allowed(tmp_path, api_key_file):
+    token = tmp_path / "hf_token"
+    token.write_text("hf_" + "x" * 30 + "\n")
+    data = {**GOOD, "service_api_key_file": api_key_file, "weights_hf_token_file": str(token),
+            "weights_hf_endpoint": "http://hub.internal:8080"}
+    with pytest.raises(SettingsError) as error:
+        settings_for(data)
+    assert error.value.problems == [
+        ("weights_hf_endpoint='http://hub.internal:8080' is plain HTTP and a Hugging Face token is "
+        "set: the token, and the code the model runs (trust_remote_code), would travel "
+        "unencrypted; use https://, or set weights_hf_allow_plain_http=True if you trust that "
+        "network")]
+    settings_for({**data, "weights_hf_allow_plain_http": True})
+    settings_for({**data, "weights_hf_endpoint": "https://hub.internal:8443"})
+    settings_for({**data, "weights_hf_token_file": None})  # nothing to send: a site mirror
+
+
+def test_secrets_that_their_files_cannot_hold_as_they_are_are_refused(tmp_path):
+    key = tmp_path / "api_key"
+    for bad in ("sk key", "sk'key", 'sk"key', "sk\\key", "sk$key", "sk`key", "sk\x01key",
+                "sk\nFOO=bar"):
+        key.write_text(bad + "\n")
+        with pytest.raises(SettingsError) as error:
+            settings_for({**GOOD, "service_api_key_file": str(key)})
+        assert len(error.value.problems) == 1 and "the API key" in error.value.problems[0]
+        assert bad not in error.value.problems[0]  # never the key itself
+    key.write_text("sk-" + "Az09-._~+/=" * 3 + "\n")
+    assert settings_for({**GOOD, "service_api_key_file": str(key)}).secrets_env_text.count("\n") == 1
+    token = tmp_path / "hf_token"
+    token.write_text("hf_abc\nhf_def\n")
+    with pytest.raises(SettingsError, match="the Hugging Face token"):
+        settings_for({**GOOD, "service_api_key_file": str(key), "weights_hf_token_file": str(token)})
 
 
 def test_every_problem_is_named_at_once(api_key_file):

@@ -132,6 +132,19 @@ class VLLM(BaseHTTPRequestHandler):
         return self.answer(200, {"choices": [{"message": {"content": "Hello!"}, "text": "x"}]})
 
 
+# The tool with every way to change a file's mode after creating it made to do nothing, under
+# root's usual umask: each file it writes keeps the mode it was created with, which is what another
+# user could read it by until a chmod ran.
+NO_CHMOD = """
+import os, runpy, shutil, sys
+os.umask(0o022)
+os.chmod = os.fchmod = os.lchmod = lambda *args, **kwargs: None
+shutil.copystat = shutil.copymode = lambda *args, **kwargs: None
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 @pytest.fixture
 def box(tmp_path):
     """A box in a temporary folder: the layout file, live unit/config/secrets, the fakes, a port."""
@@ -162,15 +175,18 @@ def box(tmp_path):
         proven = paths["STATE_DIR"] / "proven-fingerprint"
         last_good = paths["STATE_DIR"] / "last-good"
 
-        def serve(self, command, *args, layout_file=layout_file):
-            argv = [sys.executable, str(TOOL), command, "--service", SERVICE,
-                    "--port", str(server.server_port), "--layout", str(layout_file), *args]
+        secrets = paths["SECRETS_ENV"]
+
+        def serve(self, command, *args, layout_file=layout_file, no_chmod=False):
+            argv = [sys.executable, *(["-c", NO_CHMOD] if no_chmod else []), str(TOOL), command,
+                    "--service", SERVICE, "--port", str(server.server_port),
+                    "--layout", str(layout_file), *args]
             return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60,
                                   check=False)
 
-        def activate(self, config, fingerprint):
+        def activate(self, config, fingerprint, **how):
             self.config.write_text(config)
-            return self.serve("activate", "--timeout", "30", "--fingerprint", fingerprint)
+            return self.serve("activate", "--timeout", "30", "--fingerprint", fingerprint, **how)
 
         def busy(self, reads):
             (fakes / "busy").write_text(str(reads))
@@ -287,6 +303,23 @@ def test_hold_puts_the_proven_files_back_over_untested_ones(box):
     assert done.returncode == 0 and "kept the last good version (111111111111)" in done.stdout
     assert box.config.read_text() == "version: 1\n"
     assert box.calls()[-1] == "systemctl daemon-reload"
+
+
+@pytest.mark.parametrize("how", ["hold", "roll back"])
+def test_the_secrets_are_never_copied_through_a_file_another_user_can_read(box, how):
+    box.secrets.chmod(0o600)  # as the deploy installs it
+    assert box.activate("version: 1\n", "1" * 64).returncode == 0
+    if how == "hold":
+        box.config.write_text("version: 2\n")
+        done = box.serve("hold", no_chmod=True)
+        assert done.returncode == 0 and "kept the last good version" in done.stdout, done.stderr
+    else:
+        done = box.activate("version: 2 marlin\n", "2" * 64, no_chmod=True)
+        assert "Rolled back" in done.stdout, done.stdout + done.stderr
+    assert box.secrets.read_text() == f"VLLM_API_KEY={KEY}\n"
+    for path in (box.secrets, box.last_good / "secrets"):
+        assert oct(path.stat().st_mode & 0o777) == oct(0o600), path
+    assert not list(box.secrets.parent.glob(".*thorfleet-tmp"))
 
 
 def test_hold_with_nothing_proven_leaves_the_new_files(box):

@@ -17,6 +17,8 @@ import os
 from functools import cache
 from pathlib import Path
 
+from thorfleet.schema import is_peer_address
+
 
 def fleet_copy(s, inventory) -> bool:
     if s.weights_source == "auto":
@@ -32,6 +34,23 @@ def first_of_run(inventory, state) -> str | None:
 def peer_address(h) -> str:
     """How the other boxes dial `h`: weights_peer_address, else its SSH address (no port: 22)."""
     return h.data.get("weights_peer_address") or h.data.get("ssh_hostname") or h.name
+
+
+def peer_address_problems(inventory) -> list[str]:
+    """One line per host whose address the other boxes could not dial as it is: it lands in the
+    copying box's rsync and ssh command lines (run as root), so it must be a host name or IPv4
+    address (with an optional :port), nothing more. weights_peer_address is the schema's to check."""
+    problems = []
+    for h in inventory:
+        if h.data.get("weights_peer_address"):
+            continue
+        key = "ssh_hostname" if h.data.get("ssh_hostname") else "its inventory name"
+        address = peer_address(h)
+        if not is_peer_address(address):
+            problems.append(f"{h.name}: {key} {address!r} is not a host name or IPv4 address the "
+                            "other boxes can dial for the fleet copy (weights_source): set "
+                            "weights_peer_address to one, or weights_source='hub'")
+    return problems
 
 
 def sources(name, inventory, state) -> list[str]:

@@ -8,13 +8,16 @@ values are computed once per host (and the image's files hashed once per run, by
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 from functools import cached_property
 
 import jinja2
+import yaml
 
 from thorfleet import layout
 from thorfleet.recipe import PROFILES, SEED_ENV
-from thorfleet.schema import Schema
+from thorfleet.schema import API_KEY, Schema
 
 
 def image_files_hash(folder=layout.FILES / "image"):
@@ -27,11 +30,51 @@ def image_files_hash(folder=layout.FILES / "image"):
     return digest
 
 
-_templates = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(layout.FILES)),
-    keep_trailing_newline=True,
-    undefined=jinja2.StrictUndefined,
-)
+def systemd_word(value):
+    """`value` written so that a unit's command line gives it to the command as it is
+    (systemd.service(5), "Command lines"): % and $ doubled (systemd expands specifiers and
+    variables), and anything beyond plain characters double-quoted with C escapes, so no value can
+    split a word, end the line or start another. Plain values are written as they are.
+
+    (A value that is a whole word by itself, such as service_name, can never be a lone `;`, which
+    systemd reads as a command separator: the schema holds those to their own patterns.)"""
+    if isinstance(value, bool) or value is None:
+        raise TypeError(f"{value!r} has no unit spelling")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r} in a unit")
+        return str(value)
+    text = str(value)
+    if _SYSTEMD_PLAIN.fullmatch(text):
+        return text
+    text = text.replace("%", "%%").replace("$", "$$")
+    return '"' + "".join(_SYSTEMD_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if c < " " or c == "\x7f"
+                                                   else c) for c in text) + '"'
+
+
+_SYSTEMD_PLAIN = re.compile(r"[A-Za-z0-9_@+=:,./-]*")
+_SYSTEMD_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t"}
+
+
+def yaml_scalar(value):
+    """`value` as one YAML scalar, written by PyYAML's emitter (a string always double-quoted, so
+    it can hold nothing that ends it, the line or the comment it is in)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value!r} in the config")
+    style = '"' if isinstance(value, str) else None
+    text = yaml.safe_dump(value, default_style=style, default_flow_style=True, width=math.inf,
+                          allow_unicode=False)
+    return text.removesuffix("\n...\n").removesuffix("\n")
+
+
+def _environment(finalize):
+    # Every {{ value }} of a template passes through `finalize`: the emitter of the file it lands in.
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(layout.FILES)),
+                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
+                              finalize=finalize)
+
+
+_templates = {".yaml.j2": _environment(yaml_scalar), ".service.j2": _environment(systemd_word)}
 
 
 class Settings:
@@ -93,7 +136,8 @@ class Settings:
 
     # --- rendered files ---------------------------------------------------------------------------
     def render(self, template):
-        return _templates.get_template(template).render(
+        emitter = next(e for suffix, e in _templates.items() if template.endswith(suffix))
+        return emitter.get_template(template).render(
             s=self, profile=PROFILES[self.service_profile], layout=layout)
 
     @cached_property
@@ -106,6 +150,9 @@ class Settings:
 
     @cached_property
     def secrets_env_text(self):
+        # systemd's EnvironmentFile and thorfleet-serve both read the value unquoted, as it is
+        if self.api_key and not API_KEY.fullmatch(self.api_key):
+            raise ValueError("the API key cannot be written to secrets.env as it is")
         return f"VLLM_API_KEY={self.api_key}\n" if self.api_key else ""
 
     @cached_property

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -18,6 +19,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -28,7 +30,16 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from thorfleet.layout import BOX_MODELS
+from thorfleet.layout import (
+    BOX_BIN,
+    BOX_ETC,
+    BOX_HOME,
+    BOX_IMAGE_CONTEXT,
+    BOX_MODELS,
+    BOX_PEER_HOME,
+    BOX_STATE,
+    BOX_VLLM_CACHE,
+)
 from thorfleet.recipe import PROFILES, SECRET_ENV
 
 # Group data keys with these prefixes are thorfleet's: one no setting has is a typo, not a choice.
@@ -44,31 +55,88 @@ class SettingsError(ValueError):
 
 
 # --- value types ------------------------------------------------------------------------------
+# Every pattern is a whole-value match (re.fullmatch): Python's `$` also matches before a final
+# "\n", and a value that ends in one ends the unit line or YAML scalar it lands in.
+
+
+def _full(pattern):
+    """A check that the whole value matches `pattern`."""
+    compiled = re.compile(pattern)
+
+    def matches(value):
+        if not compiled.fullmatch(value):
+            raise ValueError("no full match")
+        return value
+
+    return AfterValidator(matches)
+
+
+def _finite(value, info):
+    """inf and nan are floats, and pass a range check one way or the other: a wait of inf never
+    ends, a floor of nan never fails."""
+    if isinstance(value, float) and not math.isfinite(value):
+        key = info.field_name
+        _refuse(f"{key}={value!r} {must(key)}, not inf or nan")
+    return value
+
+
+# Whole seconds that reach the unit's TimeoutStartSec/TimeoutStopSec, docker stop -t and vLLM's
+# shutdown_timeout: kept far below where systemd's microsecond clock or a 32-bit int overflows.
+MAX_SECONDS = 10**9
+
+
+def _at_most_max_seconds(value, info):
+    if value > MAX_SECONDS:
+        _refuse(f"{info.field_name}={value!r} is more than {MAX_SECONDS} seconds (~31 years): "
+                "systemd's and docker's time spans would overflow")
+    return value
+
+
 # A number stays the type the operator wrote (7 renders as 7, not 7.0): the rendered files, and so
 # the fingerprint, do not change when the schema is applied.
-Number = StrictInt | StrictFloat
+Number = Annotated[StrictInt | StrictFloat, BeforeValidator(_finite)]
 NonNegative = Annotated[Number, Field(ge=0)]
 Positive = Annotated[Number, Field(gt=0)]
 
-_HEX40 = r"^[0-9a-f]{40}$"
+_HEX40 = r"[0-9a-f]{40}"
 _PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPOSITORY = rf"(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
-_IMAGE_NAME = rf"^{_REPOSITORY}$"
-_IMAGE_BY_DIGEST = rf"^{_REPOSITORY}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?@sha256:[0-9a-f]{{64}}$"
-# systemd unit names and Docker container names both accept these (the intersection).
-_SERVICE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
-_HF_REPO = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
-# Goes into a unit's ExecStart and a docker -v: no spaces, quotes, $, %, \ or ':'.
-_BOX_PATH = r"^(/[A-Za-z0-9_.+-]+)+$"
-_URL = r"^https?://[^\s\"'$%\\]+$"
-_GPUS = r"^(all|[1-9][0-9]*|device=[A-Za-z0-9,-]+)$"
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IMAGE_NAME = _REPOSITORY
+_IMAGE_BY_DIGEST = rf"{_REPOSITORY}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?@sha256:[0-9a-f]{{64}}"
+# systemd unit names and Docker container names both accept these (the intersection), and the
+# name is thorfleet's: it writes /etc/systemd/system/<name>.service and runs `docker rm -f <name>`,
+# so a name a box already has (ssh, docker, nvpmodel, another team's container) would be replaced
+# or killed. No list of the names a box has can be complete; a prefix no package uses can.
+# (Bare `vllm` is the name other guides give their own vLLM container: not thorfleet's.)
+_SERVICE_NAME = r"(?=.{1,63}\Z)(?:thorfleet-|vllm[_.-])[A-Za-z0-9_.-]+"
+# thorfleet's own other names on the box: the clocks unit, the weights fetch containers, the copy
+# user.
+_RESERVED_SERVICE = r"thorfleet-(?:clocks|fetch|peer)(?:[_.-].*)?"
+# Hugging Face's repo id rule (huggingface_hub validate_repo_id): no "--" or "..", 96 at most.
+_HF_NAME = r"(?!.*(?:--|\.\.))[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+_HF_REPO = rf"{_HF_NAME}/{_HF_NAME}"
+# Goes into a unit's ExecStart, a docker -v and rrsync's command: no spaces, quotes, $, %, \ or ':'.
+_BOX_PATH = r"(?:/[A-Za-z0-9_.+-]+)+"
+_GPUS = r"all|[1-9][0-9]{0,3}|device=[A-Za-z0-9-]+(?:,[A-Za-z0-9-]+)*"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # systemd expands $ and % in ExecStart, splits on whitespace, and unquotes quotes and backslashes.
-_UNSAFE_IN_UNIT = re.compile(r"[\s\"'\\$%]|[\x00-\x1f\x7f]")
-_ULIMIT_VALUE = re.compile(r"^-?[0-9]+(:-?[0-9]+)?$")
+_UNSAFE_IN_UNIT = re.compile(r"[\s\"'\\$%]")
+_ULIMIT_VALUE = re.compile(r"-?[0-9]{1,19}(?::-?[0-9]{1,19})?")
 # docker run --ulimit accepts these names (docker/go-units ulimit.go).
 ULIMITS = ("core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile",
            "nproc", "rss", "rtprio", "rttime", "sigpending", "stack")
+# A DNS name (RFC 1123 labels), as a YAML host, an ssh destination and rsync's host:path take it.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")  # and 253 characters at most
+# An IPv6 zone is an interface name (Linux: at most 15 characters, no / or whitespace).
+_ZONE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+# The folders of the system and thorfleet's own other folders: weights_dir is made 755, served to
+# the other boxes read-only (rrsync -ro) and cleaned of old revisions, so it must be a folder of
+# its own. (the system's: the FHS top level; thorfleet's: thorfleet/layout.py)
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32",
+                "/lost+found", "/proc", "/root", "/run", "/sbin", "/snap", "/sys", "/tmp",
+                "/usr", "/var")
+THORFLEET_TREES = (BOX_BIN, BOX_IMAGE_CONTEXT, BOX_ETC, BOX_STATE, BOX_PEER_HOME, BOX_VLLM_CACHE)
 
 
 def _refuse(*problems):
@@ -77,6 +145,8 @@ def _refuse(*problems):
 
 
 def _version(value):
+    if not re.fullmatch(r"[0-9A-Za-z.+!-]+", str(value)):
+        raise ValueError("not a version")
     try:
         Version(str(value))
     except InvalidVersion:
@@ -90,14 +160,69 @@ def _no_dotdot(path):
     return path
 
 
+def _inside(path, tree):
+    return path == tree or path.startswith(f"{tree}/")
+
+
+def _own_folder(path):
+    """weights_dir: not a system folder, not a home folder itself, not one of thorfleet's other
+    folders, nor a folder above one of them (BOX_MODELS, the default, is below BOX_HOME, which
+    holds BOX_BIN: inside BOX_HOME, only BOX_HOME itself and its other folders are refused)."""
+    parts = path.strip("/").split("/")
+    system = next((t for t in SYSTEM_TREES if _inside(path, t)), None)
+    ours = next((t for t in (BOX_HOME, *THORFLEET_TREES) if _inside(t, path)
+                 or (t != BOX_HOME and _inside(path, t))), None)
+    if system or ours or len(parts) < 2 or (parts[0] == "home" and len(parts) < 3):
+        why = (f"it is inside {system}, a folder of the system" if system else
+               f"it is or holds thorfleet's {ours}" if ours else
+               "it is a top-level or home folder")
+        _refuse(f"weights_dir={path!r} is not a folder of its own ({why}): the deploy makes it "
+                "755, serves it to the other boxes and removes old revisions from it; use a "
+                f"folder for the weights alone, like {BOX_MODELS} or /data/models")
+    return path
+
+
+def is_host(value):
+    """A DNS name, or an IP address as a YAML scalar and a listening socket take it."""
+    address, _, zone = value.partition("%")
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return len(value) <= 253 and bool(HOSTNAME.fullmatch(value))
+    # ipaddress takes anything after an IPv6 '%' as its zone: only an interface name is one.
+    return not zone if ip.version == 4 or "%" not in value else bool(_ZONE.fullmatch(zone))
+
+
 def _listen_address(host):
-    if host is not None:
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$", host):
-                raise ValueError("not an address") from None
+    if host is not None and not is_host(host):
+        raise ValueError("not an address")
     return host
+
+
+# A peer's address as another box dials it (ssh's host, rsync's host:path): a DNS name or IPv4
+# address, optionally :port. files/bin/thorfleet-weights checks it again (PEER there, the same).
+PEER = re.compile(rf"(?:{HOSTNAME.pattern}|[0-9]{{1,3}}(?:\.[0-9]{{1,3}}){{3}})(?::[0-9]{{1,5}})?")
+
+
+def is_peer_address(value):
+    """Whether `value` is a host[:port] another box can dial for the fleet copy."""
+    if not isinstance(value, str) or not PEER.fullmatch(value):
+        return False
+    address, _, port = value.partition(":")
+    if len(address) > 253:
+        return False
+    if re.fullmatch(r"[0-9.]+", address):
+        try:
+            ipaddress.IPv4Address(address)
+        except ValueError:
+            return False
+    return not port or 1 <= int(port) <= 65535
+
+
+def _peer_address(value):
+    if not is_peer_address(value):
+        raise ValueError("not a peer address")
+    return value
 
 
 def _extra_env(env):
@@ -109,15 +234,18 @@ def _extra_env(env):
     for name, value in env.items():
         if name in SECRET_ENV:
             continue
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             problems.append(f"service_extra_env has {name!r}, not an environment variable name: "
                             "use letters, digits and _, not starting with a digit")
         elif isinstance(value, bool) or not isinstance(value, (str, int, float)):
             problems.append(f"service_extra_env[{name!r}]={value!r} must be a string or a number")
-        elif _UNSAFE_IN_UNIT.search(str(value)):
+        elif isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"service_extra_env[{name!r}]={value!r} must be a string or a "
+                            "number, not inf or nan")
+        elif _UNSAFE_IN_UNIT.search(str(value)) or not str(value).isprintable():
             problems.append(f"service_extra_env[{name!r}]={value!r} is not safe in a unit line: "
                             "no spaces, newlines, quotes, backslashes, $ or % (systemd would "
-                            "split or expand them)")
+                            "split or expand them), nothing unprintable")
     if problems:
         _refuse(*problems)
     return env
@@ -130,7 +258,8 @@ def _ulimits(limits):
             near = difflib.get_close_matches(str(name), ULIMITS, n=1)
             hint = f"did you mean {near[0]}?" if near else f"use one of {', '.join(ULIMITS)}"
             problems.append(f"service_docker_ulimits has {name!r}, not a ulimit docker knows: {hint}")
-        elif isinstance(value, bool) or not _ULIMIT_VALUE.match(str(value)):
+        elif isinstance(value, bool) or not isinstance(value, (str, int)) or \
+                not _ULIMIT_VALUE.fullmatch(str(value)):
             problems.append(f"service_docker_ulimits[{name!r}]={value!r} must be a number, -1 for "
                             "unlimited, or SOFT:HARD")
     if problems:
@@ -138,14 +267,35 @@ def _ulimits(limits):
     return limits
 
 
+def _service_name(name):
+    if re.fullmatch(_RESERVED_SERVICE, name):
+        _refuse(f"service_name={name!r} is a name thorfleet uses for something else on the box "
+                "(its clocks unit, its weights fetch, its copy user): use another, like "
+                "thorfleet-vllm")
+    return name
+
+
+# An http(s) URL of a hub: a host (name or address, IPv6 in brackets), an optional port and a path
+# of plain characters; it lands in a command line and in huggingface_hub's HF_ENDPOINT.
+_URL = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[^/?#:\[\]@]+)(?::([0-9]{1,5}))?"
+                  r"((?:/[A-Za-z0-9._~!*()+,;=:@-]*)*)")
+
+
+def _url(url):
+    found = _URL.fullmatch(url)
+    host = found[1].strip("[]") if found else ""
+    if not found or not is_host(host) or "%" in host or \
+            found[1].startswith("[") != (":" in host) or \
+            (found[2] and not 1 <= int(found[2]) <= 65535):
+        raise ValueError("not a URL")
+    return url
+
+
 def setting(default, meaning, must, **constraints):
     """A setting: its default, its one-line meaning (the comment in group_data/all.py), and what a
     bad value is told ("<key>=<value> <must>")."""
     return Field(default, description=meaning, json_schema_extra={"must": must}, **constraints)
 
-
-# A peer's address as another box dials it: a DNS name or IPv4 address, optionally :port.
-_PEER = r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?$"
 
 # Both checkpoints are pinned the same way, and refused with the same fix.
 UNPINNED_REVISION = ("is not pinned: set the 40-hex commit hash you tested "
@@ -197,7 +347,8 @@ class Schema(BaseModel):
         7, "derived gate's headroom: 0.72 x 122 + 7 = 94.8 GiB, the seed's 95",
         "must be a non-negative number (GiB)")
     # memory-gate compares it with sh's integer test: a whole number.
-    memory_gate_timeout_s: Annotated[StrictInt, Field(gt=0)] = setting(
+    memory_gate_timeout_s: Annotated[StrictInt, Field(gt=0),
+                                     AfterValidator(_at_most_max_seconds)] = setting(
         300, "give up waiting for the page cache to drain after this long",
         "must be a positive whole number of seconds")
     memory_gate_interval_s: Annotated[Number, Field(ge=1)] = setting(
@@ -205,25 +356,29 @@ class Schema(BaseModel):
         "must be a number of seconds, at least 1")
 
     # --- weights: huggingface_hub downloads on the box -------------------------------------------
-    weights_dir: Annotated[StrictStr, Field(pattern=_BOX_PATH), AfterValidator(_no_dotdot)] = setting(
+    weights_dir: Annotated[StrictStr, _full(_BOX_PATH), AfterValidator(_no_dotdot),
+                         AfterValidator(_own_folder)] = setting(
         BOX_MODELS, "where checkpoints live on the box, one folder per revision",
         f"must be an absolute path on the box like {BOX_MODELS} (letters, digits, _ . + - and /; "
         "no spaces, quotes, $, %, : or ..)")
-    weights_model_repo: Annotated[StrictStr, Field(pattern=_HF_REPO)] = setting(
+    weights_model_repo: Annotated[StrictStr, _full(_HF_REPO)] = setting(
         "mistralai/Mistral-Small-4-119B-2603-NVFP4", "the NVFP4 checkpoint (~71 GB)",
         "is not a Hugging Face repo id like owner/name")
-    weights_model_revision: Annotated[StrictStr, Field(pattern=_HEX40)] = setting(
+    weights_model_revision: Annotated[StrictStr, _full(_HEX40)] = setting(
         None, "REQUIRED: 40-hex commit of the checkpoint to serve (pin it)",
         UNPINNED_REVISION)
-    weights_draft_repo: Annotated[StrictStr, Field(pattern=_HF_REPO)] = setting(
+    weights_draft_repo: Annotated[StrictStr, _full(_HF_REPO)] = setting(
         "mistralai/Mistral-Small-4-119B-2603-eagle", "the EAGLE-3 draft (~0.4 GB)",
         "is not a Hugging Face repo id like owner/name")
-    weights_draft_revision: Annotated[StrictStr, Field(pattern=_HEX40)] = setting(
+    weights_draft_revision: Annotated[StrictStr, _full(_HEX40)] = setting(
         None, "REQUIRED: 40-hex commit of the draft to serve (pin it)",
         UNPINNED_REVISION)
-    weights_hf_endpoint: Annotated[StrictStr, Field(pattern=_URL)] | None = setting(
+    weights_hf_endpoint: Annotated[StrictStr, AfterValidator(_url)] | None = setting(
         None, "hub or site mirror the boxes download from",
         "must be an http(s) URL of the hub or a mirror, or None for huggingface.co")
+    weights_hf_allow_plain_http: StrictBool = setting(
+        False, "allow an http:// weights_hf_endpoint with a token: the token and the code the model "
+        "runs (trust_remote_code) then travel unencrypted", "must be True or False")
     weights_hf_token_file: Annotated[StrictStr, Field(min_length=1)] | None = setting(
         None, "laptop path of a file holding HF_TOKEN (else env HF_TOKEN); never logged",
         "must be a file path on the laptop, or None")
@@ -231,7 +386,7 @@ class Schema(BaseModel):
         "auto", "hub: every box downloads; fleet: the run's first box does, the others copy from "
         "boxes that have it (rsync over SSH); auto: fleet for 2+ hosts",
         "is not 'auto', 'hub' or 'fleet' (a site mirror is weights_hf_endpoint)")
-    weights_peer_address: Annotated[StrictStr, Field(pattern=_PEER)] | None = setting(
+    weights_peer_address: Annotated[StrictStr, AfterValidator(_peer_address)] | None = setting(
         None, "host[:port] the other boxes reach this one at over SSH (None: its ssh_hostname)",
         "is not a host name or address with an optional :port")
     weights_progress_interval_s: Positive = setting(
@@ -242,15 +397,15 @@ class Schema(BaseModel):
         "read weights_dir); made when missing", "must be a file path on the laptop")
 
     # --- image: the derived vLLM image with the chat patches -------------------------------------
-    image_base: Annotated[StrictStr, Field(pattern=_IMAGE_BY_DIGEST)] = setting(
+    image_base: Annotated[StrictStr, _full(_IMAGE_BY_DIGEST)] = setting(
         None, "REQUIRED: base vLLM image pinned by digest, e.g. ghcr.io/nvidia-ai-iot/vllm@sha256:…",
         "is not pinned by digest: use REPO@sha256:<64 hex> (the tag moves; python -m thorfleet "
         "pin INVENTORY looks it up)")
-    image_name: Annotated[StrictStr, Field(pattern=_IMAGE_NAME)] = setting(
+    image_name: Annotated[StrictStr, _full(_IMAGE_NAME)] = setting(
         "thorfleet/mistral-small4", "local name of the derived image; the tag is a hash of its inputs",
         "is not a Docker repository name: lowercase, like thorfleet/mistral-small4, without a tag "
         "(thorfleet tags it with a hash of its inputs)")
-    image_registry: Annotated[StrictStr, Field(pattern=_IMAGE_NAME)] | None = setting(
+    image_registry: Annotated[StrictStr, _full(_IMAGE_NAME)] | None = setting(
         None, "registry the image is shared through: the run's first host builds and pushes, the "
         "others pull (None: every box builds)",
         "is not a registry path like registry.site:5000/thorfleet (no tag), or None")
@@ -259,10 +414,12 @@ class Schema(BaseModel):
         "must be True or False")
 
     # --- service: the systemd-supervised vLLM container ------------------------------------------
-    service_name: Annotated[StrictStr, Field(pattern=_SERVICE_NAME)] = setting(
+    service_name: Annotated[StrictStr, _full(_SERVICE_NAME),
+                            AfterValidator(_service_name)] = setting(
         "thorfleet-vllm", "systemd unit and container name",
-        "is not a name both systemd and Docker accept: up to 63 letters, digits, _ . -, starting "
-        "with a letter or digit, like thorfleet-vllm")
+        "is not a name both systemd and Docker accept that is thorfleet's own: thorfleet-... or "
+        "vllm-..., up to 63 letters, digits, _ . -, like thorfleet-vllm (a name the box has "
+        "already, like ssh, would lose its unit and its container)")
     service_profile: Literal[tuple(PROFILES)] = setting(
         "default", "\"default\": EAGLE-3, 64K context; \"no-eagle\": no speculation, 256K",
         f"is unknown: use one of {sorted(PROFILES)}")
@@ -284,7 +441,7 @@ class Schema(BaseModel):
     service_health_timeout_s: Positive = setting(
         1200, "how long a (re)start may take to answer /health (seed: 20 min)",
         "must be a positive number of seconds")
-    service_docker_gpus: Annotated[StrictStr, Field(pattern=_GPUS)] = setting(
+    service_docker_gpus: Annotated[StrictStr, _full(_GPUS)] = setting(
         "all", "value of docker run --gpus",
         "is not a docker --gpus value: 'all', a count like '1', or 'device=0,1'")
     service_docker_ulimits: Annotated[dict[StrictStr, Any], AfterValidator(_ulimits)] = setting(
@@ -298,11 +455,12 @@ class Schema(BaseModel):
     rollout_batch: Annotated[StrictInt, Field(ge=1)] = setting(
         1, "hosts restarted at once; each batch must serve before the next starts",
         "must be at least 1 (a whole number of hosts)")
-    rollout_canary_group: Annotated[StrictStr, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = setting(
+    rollout_canary_group: Annotated[StrictStr, _full(r"[A-Za-z_][A-Za-z0-9_]*")] | None = setting(
         None, "inventory group restarted (and proven) before everyone else",
         "must be the name of a group of the inventory, or None")
     # vLLM's --shutdown-timeout is an int; the unit adds its margins to it.
-    rollout_drain_timeout_s: Annotated[StrictInt, Field(ge=0)] = setting(
+    rollout_drain_timeout_s: Annotated[StrictInt, Field(ge=0),
+                                       AfterValidator(_at_most_max_seconds)] = setting(
         120, "before a restart, wait this long for answers in flight; vLLM's shutdown_timeout too",
         "must be a whole number of seconds, 0 or more (0: a restart cuts answers in flight)")
     rollout_benchmark: Literal["first-install", "always", "never"] = setting(
@@ -349,21 +507,59 @@ def _unknown_keys(data):
 
 
 def _messages(error: ValidationError, data):
-    found = []
+    """One line per key: thorfleet's own lines where a validator gave them (a union of types
+    reports each member's failure; one mistake is still one line), else the key's fix."""
+    own, other = {}, []
     for detail in error.errors(include_url=False):
         key = detail["loc"][0]
         if detail["type"] == "thorfleet":
-            lines = detail["ctx"]["problems"]
-        else:
-            lines = [f"{key}={data.get(key, FIELDS[key].default)!r} {must(key)}"]
+            own.setdefault(key, []).extend(detail["ctx"]["problems"])
+        elif key not in other:
+            other.append(key)
+    found = []
+    for key in [*own, *(k for k in other if k not in own)]:
+        lines = own.get(key) or [f"{key}={data.get(key, FIELDS[key].default)!r} {must(key)}"]
         found += [line for line in lines if line not in found]
     return found
 
 
-def check(data, *, api_key=None, groups=None):
+# What secrets.env (systemd's EnvironmentFile, and thorfleet-serve, read it unquoted) and an HTTP
+# Authorization header hold as they are: visible ASCII; the key without quotes, \, $ or `.
+API_KEY = re.compile(r"[!#%&(-\[\]-_a-~]+")
+_TOKEN = re.compile(r"[!-~]+")
+
+
+def _secret_problems(api_key, hf_token, data):
+    problems = []
+    if api_key and not API_KEY.fullmatch(api_key):
+        problems.append("the API key (service_api_key_file or THORFLEET_API_KEY) holds whitespace, "
+                        "a quote, a backslash, $, ` or something unprintable, which secrets.env "
+                        "cannot hold as it is: use a key of letters, digits and - . _ ~ + / =")
+    if hf_token and not _TOKEN.fullmatch(hf_token):
+        problems.append("the Hugging Face token (weights_hf_token_file or HF_TOKEN) holds "
+                        "whitespace or something unprintable: put the token alone in the file")
+    endpoint = data.get("weights_hf_endpoint")
+    if hf_token and isinstance(endpoint, str) and endpoint.lower().startswith("http://") and \
+            data.get("weights_hf_allow_plain_http") is not True:
+        problems.append(f"weights_hf_endpoint={endpoint!r} is plain HTTP and a Hugging Face token "
+                        "is set: the token, and the code the model runs (trust_remote_code), "
+                        "would travel unencrypted; use https://, or set "
+                        "weights_hf_allow_plain_http=True if you trust that network")
+    return problems
+
+
+def _repository(image):
+    """REPO of REPO[:TAG]@sha256:..."""
+    name = image.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+
+
+def check(data, *, api_key=None, hf_token=None, groups=None):
     """(Schema, []) for one host's data, or (None, problems): every problem, one line each.
 
-    `api_key`: whether the laptop has one for this host (the file or env var was read);
+    `api_key`: the laptop's key for this host (the file or env var read), or whether it has one;
+    `hf_token`: the Hugging Face token read the same way (None: none);
     `groups`: the inventory's group names, for rollout_canary_group (None: not checked).
     """
     problems = _unknown_keys(data)
@@ -373,6 +569,7 @@ def check(data, *, api_key=None, groups=None):
     except ValidationError as error:
         problems += _messages(error, data)
     # Rules across keys.
+    problems += _secret_problems(api_key if isinstance(api_key, str) else None, hf_token, data)
     if not api_key:
         if not data.get("service_allow_no_api_key"):
             problems.append("no API key: set service_api_key_file (or env THORFLEET_API_KEY), "
@@ -383,6 +580,11 @@ def check(data, *, api_key=None, groups=None):
             problems.append(f"service_host={host!r} without an API key would expose the server: "
                             "set an API key, or service_allow_no_api_key='anywhere' if you "
                             "really mean it")
+    if values is not None and values.image_name == _repository(values.image_base):
+        problems.append(f"image_name={values.image_name!r} is image_base's own repository: "
+                        "thorfleet would tag its derived image there and remove that "
+                        "repository's other tags as its old versions (thorfleet-clean); use a "
+                        "name of its own, like thorfleet/mistral-small4")
     canary = data.get("rollout_canary_group")
     if groups is not None and isinstance(canary, str) and canary not in groups:
         names = sorted(g for g in groups if g != "all")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from thorfleet.peers import fleet_copy, peer_address_problems
 from thorfleet.render import Settings, image_files_hash
 from thorfleet.schema import SettingsError, check
 
@@ -43,7 +44,7 @@ def settings_for(data, *, groups=None, image_files=None):
         hf_token = _read_secret(data.get("weights_hf_token_file"), "HF_TOKEN")
     except (OSError, TypeError) as error:
         raise SettingsError([f"cannot read a secrets file: {error}"]) from error
-    values, problems = check(data, api_key=api_key, groups=groups)
+    values, problems = check(data, api_key=api_key, hf_token=hf_token, groups=groups)
     if problems:
         raise SettingsError(problems)
     return Settings(values, api_key=api_key, hf_token=hf_token, image_files=image_files)
@@ -66,6 +67,8 @@ def settings_for_inventory(inventory):
         address = (data.get("ssh_hostname") or h.name, data.get("ssh_port") or 22,
                    data.get("service_port"))
         boxes.setdefault(address, []).append(h.name)
+    if any(fleet_copy(s, inventory) for s in settings.values()):
+        found += peer_address_problems(inventory)
     for (addr, ssh_port, port), names in boxes.items():
         if len(names) > 1:
             found.append(f"{', '.join(names)}: the same box ({addr}:{ssh_port}) twice with "

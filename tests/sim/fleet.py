@@ -537,6 +537,9 @@ def sim_group_data() -> dict:
     if hub:
         revisions = hub.get("revisions", {})
         data["weights_hf_endpoint"] = hub["endpoint_in_sim"]
+        # The sim's hub is plain HTTP on the sim's own network, and the stories that make it ask
+        # for a token (tests/test_security.py) give the boxes one: allowed here, as a site would.
+        data["weights_hf_allow_plain_http"] = True
         for key, repo in (("weights_model_revision", MODEL_REPO),
                           ("weights_draft_revision", DRAFT_REPO)):
             if repo in revisions:
