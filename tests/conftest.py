@@ -28,7 +28,7 @@ BOXES = {
     "test_faults": (2, 9),  # 9 is only ever cut: the host that is down at the start
     "test_thor_says_no": (8,),
     "test_rollout": (3, 4, 5), "test_benchmark": (3, 4, 5), "test_shared_image": (3, 4, 5),
-    "test_air_gapped": (6,), "test_drain": (6,), "test_sim_box": (6,),
+    "test_air_gapped": (6,), "test_drain": (6,), "test_sim_box": (6,), "test_two_runs": (6,),
 }
 # Longest first (seconds each took in a 4-worker run), so the longest start at once and the short
 # ones fill in: xdist hands groups out in this order (--no-loadscope-reorder), one at a time.

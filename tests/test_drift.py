@@ -102,8 +102,10 @@ def test_a_converged_rerun_reads_the_box_in_one_round_trip(sim_fleet, drift_box)
     logged = box(sim_fleet, host, f"journalctl _COMM=sudo --since '{since}' -o cat")
     sent = [line.split("COMMAND=", 1)[1][:160] for line in logged.splitlines()
             if line.lstrip().startswith("thor :") and "COMMAND=" in line]
-    # the operations' reads in one command; `sudo -n true`, the preflight's check of sudo itself
-    assert len(sent) == 2 and "/usr/bin/true" in sent, "\n".join(sent)
+    # the run lock (taken before anything is read); the operations' reads in one command;
+    # `sudo -n true`, the preflight's check of sudo itself
+    assert len(sent) == 3 and "/usr/bin/true" in sent, "\n".join(sent)
+    assert sum("thorfleet-run-lock" in command for command in sent) == 1, "\n".join(sent)
 
 
 def test_a_lone_box_lets_no_box_read_it(sim_fleet, drift_box):
