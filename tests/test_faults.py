@@ -318,3 +318,36 @@ def test_a_version_that_fails_its_checks_is_rolled_back(sim_fleet, fault_box, wh
     assert box(sim_fleet, host, f"systemctl cat {SERVICE}") == unit
     assert serves(sim_fleet, host, timeout=5)
     assert changed_on(converge(inventory()), host) == []
+
+
+def test_a_key_rotated_then_a_version_that_fails_keeps_the_rotated_key(sim_fleet, fault_box,
+                                                                      tmp_path):
+    # The operator rotates a leaked key and, in the same run, a change that fails its proof: the
+    # roll-back puts back the last good unit and config, never the leaked key.
+    host, inventory, report = fault_box
+    old_key = sim_fleet.exec(host, "sed -n 's/^VLLM_API_KEY=//p' /etc/thorfleet/secrets.env")[1]
+    rotated = tmp_path / "rotated_key"
+    rotated.write_text("sk-rotated-" + "r" * 32 + "\n")
+    rotated.chmod(0o600)
+    previous, unit = proven(sim_fleet, host), box(sim_fleet, host, f"systemctl cat {SERVICE}")
+    run = deploy(inventory(service_api_key_file=str(rotated), **BAD_VERSIONS[0][1]))
+    assert failed_alone(run, host)
+    assert "a roll-back keeps a rotated key" in run.stderr, run.stderr[-3000:]
+    # the report says so
+    assert "a roll-back keeps a rotated key" in json.loads(report.read_text())["hosts"][host]["error"]
+    assert proven(sim_fleet, host) == previous
+    assert box(sim_fleet, host, f"systemctl cat {SERVICE}") == unit
+    assert serves(sim_fleet, host, timeout=30)
+
+    def models(key):
+        return box(sim_fleet, host, "curl -s -o /dev/null -w '%{http_code}' -H "
+                                    f"'Authorization: Bearer {key.strip()}' "
+                                    "http://127.0.0.1:8002/v1/models")
+
+    assert models(rotated.read_text()) == "200"
+    assert models(old_key) == "401"
+    # the fingerprint shown has nothing of either key in it, and the re-run changes nothing
+    assert changed_on(converge(inventory(service_api_key_file=str(rotated))), host) == []
+    # back to the fleet's own key for the stories after this one
+    assert converge(inventory()).returncode == 0
+    assert models(old_key) == "200"

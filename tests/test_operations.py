@@ -76,7 +76,7 @@ def test_every_operation_runs_twice_to_the_same_noop():
              facts.WeightsState: {"complete": True},
              facts.DockerImageLabels: {"thorfleet.patches": "p"},
              facts.ServerState: {"active": "active", "proven_fingerprint": "f" * 64,
-                                 "healthy": True}}
+                                 "secrets_proven": True, "healthy": True}}
     for op, kwargs in ((power.power_mode, {"mode": 1}), (power.clocks_locked, {}),
                        (weights.checkpoint, {"folder": "/m", "repo": "o/r", "revision": "a" * 40,
                                           "image": "i"}),
@@ -507,7 +507,7 @@ ABSENT_AND_RIGHT = {
                             "health_timeout": 1200}, [
         {facts.ServerState: {}},
         {facts.ServerState: {"active": "active", "proven_fingerprint": "f" * 64,
-                             "healthy": True}}]),
+                             "secrets_proven": True, "healthy": True}}]),
     verification.benchmark: ({"port": 8002}, [{}]),
     verification.benchmark_gate: ({"min_fraction": 0.8, "floor": 27}, [{}]),
     cleanup.leftovers_removed: ({"weights_dir": "/m", "keep_dirs": ["/m/M/" + "a" * 40],

@@ -471,3 +471,17 @@ def test_hosts_with_different_batch_sizes_are_refused(api_key_file):
         "thor-1: rollout_batch=2 but thor-2, thor-3: rollout_batch=1: the restart order is one "
         "plan for the whole run: set rollout_batch once (in group_data/all.py, or in the data "
         "of a group every host is in)")]
+
+
+def test_the_fingerprint_holds_nothing_derived_from_the_key(tmp_path):
+    # it is shown in the report, pyinfra's output and the box's process list: with the key in
+    # its hash, a short key could be brute-forced from it and the unit and config (readable on
+    # the box). Whether the server runs the live key is compared on the box instead.
+    prints = set()
+    for key in ("sk-first-key", "sk-rotated-key"):
+        path = tmp_path / key
+        path.write_text(key + "\n")
+        s = settings_for({**GOOD, "service_api_key_file": str(path)})
+        assert key in s.secrets_env_text
+        prints.add(s.fingerprint)
+    assert len(prints) == 1

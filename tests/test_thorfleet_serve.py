@@ -52,6 +52,8 @@ systemctl)
                 > "$box/journal"
         else
             echo active > "$box/active"; cp "$FAKE_CONFIG" "$box/running"
+            # the container reads the key when it starts (EnvironmentFile=, `-e VLLM_API_KEY`)
+            cp "$FAKE_SECRETS" "$box/running-secrets"
             if grep -q busy "$FAKE_CONFIG"; then echo 2 > "$box/busy"; fi
             # the lines vLLM 0.19.0 logs for its kernel choice (cuda.py, nvfp4_utils.py, oracle)
             if grep -q marlin "$FAKE_CONFIG"; then k=MARLIN; else k=FLASHINFER_CUTLASS; fi
@@ -117,7 +119,9 @@ class VLLM(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if self.headers.get("Authorization") != f"Bearer {KEY}":
+        started_with = self.box / "running-secrets"
+        key = started_with.read_text().strip().split("=", 1)[1] if started_with.exists() else KEY
+        if self.headers.get("Authorization") != f"Bearer {key}":
             return self.answer(401, {"error": "Unauthorized"})
         if not (self.box / "running").exists():
             return self.answer(503, {})
@@ -167,7 +171,8 @@ def box(tmp_path):
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     env = {**os.environ, "PATH": f"{fakes}{os.pathsep}{os.environ['PATH']}",
-           "FAKE_BOX": str(fakes), "FAKE_CONFIG": str(paths["CONFIG"])}
+           "FAKE_BOX": str(fakes), "FAKE_CONFIG": str(paths["CONFIG"]),
+           "FAKE_SECRETS": str(paths["SECRETS_ENV"])}
 
     class Box:
         config, unit = paths["CONFIG"], paths["UNIT_DIR"] / f"{SERVICE}.service"
@@ -210,12 +215,13 @@ def test_a_version_that_proves_itself_becomes_the_last_good_one(box):
     # where disk hygiene (thorfleet-clean) reads the unit a roll-back would start
     assert layout.BOX_LAST_GOOD_UNIT == f"{layout.BOX_STATE}/last-good/unit"
     assert box.last_good.parent.name == Path(layout.BOX_STATE).name
-    assert (box.last_good / "secrets").read_text() == f"VLLM_API_KEY={KEY}\n"
+    # the secrets are not part of a version: no copy of the key in last-good
+    assert not (box.last_good / "secrets").exists()
     assert (box.last_good / "timeout").read_text() == "30.0"
     assert "systemctl restart thorfleet-vllm" in box.calls()
     state = json.loads(box.serve("state", "--chat").stdout)
     assert state == {"active": "active", "enabled": "enabled", "proven_fingerprint": "1" * 64,
-                     "healthy": True, "chat_ok": True}
+                     "secrets_proven": True, "healthy": True, "chat_ok": True}
 
 
 def test_a_version_on_the_slow_kernels_is_rolled_back_to_the_last_good_one(box):
@@ -223,7 +229,7 @@ def test_a_version_on_the_slow_kernels_is_rolled_back_to_the_last_good_one(box):
     done = box.activate("version: 2 marlin\n", "2" * 64)
     assert done.returncode == 1
     assert "FAILED: start-up log shows the slow Marlin FP4 fallback (marlin_utils_fp4)" in done.stdout
-    assert f"Rolled back: the last good version ({'1' * 12}) serves again." in done.stdout
+    assert f"Rolled back: the last good version ({'1' * 12}) serves again" in done.stdout
     assert box.config.read_text() == "version: 1\n"  # the live files are the last good ones again
     assert (box.fake / "running").read_text() == "version: 1\n"
     assert box.proven.read_text() == "1" * 64
@@ -289,7 +295,7 @@ def test_a_roll_back_drains_the_version_that_failed_before_restarting(box):
     assert done.returncode == 1
     assert "drain: no request in flight, restarting thorfleet-vllm" in done.stdout
     assert "drain: waiting up to 30s (rollout_drain_timeout_s) for 1 running" in done.stdout
-    assert f"Rolled back: the last good version ({'1' * 12}) serves again." in done.stdout
+    assert f"Rolled back: the last good version ({'1' * 12}) serves again" in done.stdout
     calls = box.calls()
     restarts = [i for i, c in enumerate(calls) if c == "systemctl restart thorfleet-vllm"]
     rollback_polls = [c for c in calls[restarts[-2]:restarts[-1]] if c.startswith("GET /metrics")]
@@ -317,7 +323,7 @@ def test_the_secrets_are_never_copied_through_a_file_another_user_can_read(box, 
         done = box.activate("version: 2 marlin\n", "2" * 64, no_chmod=True)
         assert "Rolled back" in done.stdout, done.stdout + done.stderr
     assert box.secrets.read_text() == f"VLLM_API_KEY={KEY}\n"
-    for path in (box.secrets, box.last_good / "secrets"):
+    for path in (box.secrets, box.state_dir / "proven-secrets"):
         assert oct(path.stat().st_mode & 0o777) == oct(0o600), path
     assert not list(box.secrets.parent.glob(".*thorfleet-tmp"))
 
@@ -332,7 +338,7 @@ def test_hold_with_nothing_proven_leaves_the_new_files(box):
 def test_state_of_a_box_never_served(box):
     state = json.loads(box.serve("state").stdout)
     assert state == {"active": "inactive", "enabled": "enabled", "proven_fingerprint": None,
-                     "healthy": False}
+                     "secrets_proven": False, "healthy": False}
 
 
 def test_without_its_layout_file_it_says_so(box, tmp_path):
@@ -358,3 +364,42 @@ def test_the_layout_the_deploy_writes_is_the_one_the_tool_reads():
     assert tuple(written) == tool["LAYOUT_KEYS"]
     assert written == {"STATE_DIR": layout.BOX_STATE, "CONFIG": layout.BOX_CONFIG,
                        "SECRETS_ENV": layout.BOX_SECRETS_ENV, "UNIT_DIR": layout.BOX_UNIT_DIR}
+
+
+def test_a_roll_back_never_undoes_a_key_rotation(box):
+    assert box.activate("version: 1\n", "1" * 64).returncode == 0
+    old_unit = box.unit.read_text()
+    # the operator rotates a leaked key and changes the config; the new version fails its proof
+    box.secrets.write_text("VLLM_API_KEY=sk-rotated\n")
+    box.unit.write_text("[Service]\nExecStart=v2\n")
+    done = box.activate("version: 2 marlin\n", "2" * 64)
+    assert done.returncode == 1
+    assert ("its unit and config with the current secrets (a roll-back keeps a rotated key)"
+            in done.stdout)
+    # the unit and config are the last good ones, the key the rotated one, and proven with it
+    assert box.unit.read_text() == old_unit and box.config.read_text() == "version: 1\n"
+    assert box.secrets.read_text() == "VLLM_API_KEY=sk-rotated\n"
+    state = json.loads(box.serve("state").stdout)
+    assert state["proven_fingerprint"] == "1" * 64 and state["secrets_proven"] is True
+    # and no file on the box holds the old key any more
+    assert not any(KEY in path.read_text(errors="replace")
+                   for path in box.state_dir.rglob("*") if path.is_file())
+
+
+def test_the_box_says_whether_the_live_secrets_are_the_proven_ones_and_nothing_of_them(box):
+    assert box.activate("version: 1\n", "1" * 64).returncode == 0
+    assert json.loads(box.serve("state").stdout)["secrets_proven"] is True
+    box.secrets.write_text("VLLM_API_KEY=sk-rotated\n")  # written by a deploy, not restarted yet
+    said = box.serve("state").stdout
+    assert json.loads(said)["secrets_proven"] is False
+    assert "sk-" not in said
+
+
+def test_hold_keeps_the_live_secrets(box):
+    assert box.activate("version: 1\n", "1" * 64).returncode == 0
+    box.config.write_text("version: 2\n")
+    box.secrets.write_text("VLLM_API_KEY=sk-rotated\n")
+    done = box.serve("hold")
+    assert done.returncode == 0 and "the secrets stay the live ones" in done.stdout
+    assert box.config.read_text() == "version: 1\n"
+    assert box.secrets.read_text() == "VLLM_API_KEY=sk-rotated\n"

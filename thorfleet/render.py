@@ -157,6 +157,10 @@ class Settings:
 
     @cached_property
     def fingerprint(self):
-        """Hash of everything the running server reads: a different one means restart."""
-        parts = (self.unit_text, self.config_text, self.secrets_env_text)
+        """Hash of the files the running server reads but the secrets (unit and config, and through
+        the unit the image and weights): a different one means restart. It is shown in the report,
+        pyinfra's output and the box's process list, so it holds nothing derived from a secret:
+        whether the server runs the live secrets is compared on the box (thorfleet-serve state's
+        `secrets_proven`), so a key cannot be guessed offline from the fingerprint."""
+        parts = (self.unit_text, self.config_text)
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()

@@ -17,6 +17,8 @@ One host's turn, `decide(served, rendered, first_install, earlier, canaries)`:
     first install  nothing proven                         -                   activate
     batch          the rendered version, healthy          -                   noop
     batch          the rendered version, not healthy      -                   prove
+    (the rendered version: its fingerprint, and the live secrets are the ones it was proven with;
+    a rotated key is a new version)
     batch          anything else (or stopped)             one failed, or a    hold
                                                           canary did not pass
     batch          anything else (or stopped)             the others          activate
@@ -103,8 +105,8 @@ class Decision:
 def decide(served, rendered, first_install=False, earlier=None, canaries=()):
     """One host's turn (see the module's table).
 
-    + served: what the box serves, facts.ServerState: {"active", "proven_fingerprint", "healthy"}
-      ({} on a bare box)
+    + served: what the box serves, facts.ServerState: {"active", "proven_fingerprint",
+      "secrets_proven", "healthy"} ({} on a bare box)
     + rendered: the fingerprint rendered from group data (render.Settings.fingerprint)
     + first_install: the first installs' step (before the batches), not the host's batch
     + earlier: {host name: PASSED, FAILED, DROPPED or OUTSIDE} of every turn before this one in
@@ -122,7 +124,7 @@ def decide(served, rendered, first_install=False, earlier=None, canaries=()):
         if proven:
             return Decision(NOOP, "it has proven a version before: its batch restarts or proves it")
         return Decision(ACTIVATE, "it never proved a version: it starts with the first installs")
-    if proven == rendered and served.get("active") == "active":
+    if proven == rendered and served.get("active") == "active" and served.get("secrets_proven"):
         if served.get("healthy"):
             return Decision(NOOP, f"it is serving fingerprint {rendered[:12]}, the rendered version")
         return Decision(PROVE, f"it runs fingerprint {rendered[:12]}, not answering yet: proven, "
@@ -130,6 +132,9 @@ def decide(served, rendered, first_install=False, earlier=None, canaries=()):
     why = _why_stopped(earlier or {}, canaries)
     if why:
         return Decision(HOLD, f"not restarted: the rollout stopped{why}")
+    if proven == rendered and served.get("active") == "active":
+        return Decision(ACTIVATE, f"it serves fingerprint {rendered[:12]} with other secrets than "
+                                  "the live ones (a rotated key): restarted with them and proven")
     return Decision(ACTIVATE, f"it does not serve fingerprint {rendered[:12]}: restarted into it "
                               "and proven")
 
