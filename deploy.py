@@ -9,9 +9,14 @@ nothing, a drifted box is put right.
 
 from pyinfra import config, host
 
+from thorfleet.settings import refuse_outside_the_repository, settings_for_run
+
+# Run elsewhere, pyinfra loads neither config.py (the check before connecting) nor group_data/
+# (thorfleet's strict host-key default): stop before anything is planned, saying where to run.
+refuse_outside_the_repository()
+
 from tasks import cleanup, image, memory, power, preflight, service, verification, weights
 from thorfleet import report
-from thorfleet.settings import settings_for_run
 
 config.SUDO = True  # everything on the box is root's; the deploy user needs passwordless sudo
 

@@ -18,6 +18,7 @@ from thorfleet.layout import (
     BOX_MANIFESTS,
     BOX_PEER_HOME,
     BOX_PEER_KEY,
+    BOX_PEER_KNOWN_HOSTS,
     BOX_WEIGHTS,
     FILES,
     PEER_USER,
@@ -89,3 +90,6 @@ def peer_access(s):
     files.secret_file(name="Install the fleet's copy key (root-only)", path=BOX_PEER_KEY,
                       content=private)
     files.directory(name=f"Create {BOX_MANIFESTS}", path=BOX_MANIFESTS, mode="755")
+    # the laptop checked each box's host key when it connected: the boxes check them the same way
+    files.whole_file(name="Install the boxes' host keys for the copy (as the laptop knows them)",
+                     path=BOX_PEER_KNOWN_HOSTS, src=StringIO(fleet.peer_known_hosts(inventory)))

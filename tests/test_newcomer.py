@@ -5,6 +5,7 @@ check what it relies on, in seconds.
 """
 
 import json
+import os
 import runpy
 import shlex
 import subprocess
@@ -79,3 +80,29 @@ def test_an_inventory_with_no_fleet_recorded_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("THORFLEET_SIM_STATE", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="tests.sim up"):
         fleet.write_inventory(tmp_path / "sim.py", ["thor-1"])
+
+
+def test_a_run_from_another_folder_is_refused_saying_where_to_run(tmp_path):
+    inventory = tmp_path / "local.py"
+    inventory.write_text('hosts = ["@local"]\n')
+    done = subprocess.run(["pyinfra", "-y", str(inventory), str(ROOT / "deploy.py")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert (f"thorfleet: run pyinfra from the repository root, not {tmp_path.resolve()}: "
+            f"cd {ROOT} && pyinfra INVENTORY deploy.py") in done.stderr
+
+
+def test_inventories_in_inventory_check_host_keys_strictly_wherever_pyinfra_runs(tmp_path):
+    # pyinfra connects before deploy.py can refuse: the strict default must come with the
+    # inventory, from the group data pyinfra reads beside it
+    inventory = ROOT / "inventory" / f"test-{os.getpid()}.py"
+    inventory.write_text('thors = ["@local"]\n')
+    try:
+        done = subprocess.run(["pyinfra", str(inventory), "debug-inventory"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL, check=False)
+    finally:
+        inventory.unlink()
+    assert '"ssh_strict_host_key_checking": "yes"' in done.stdout + done.stderr, done.stdout

@@ -1,6 +1,7 @@
 """Who copies weights from whom (thorfleet/peers.py), and the fleet's copy key on the laptop."""
 
 import stat
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -56,3 +57,24 @@ def test_the_copy_key_is_made_once_private_to_its_owner_and_then_reused(tmp_path
     assert public.startswith("ssh-ed25519 ") and public.endswith(" thorfleet-peer")
     peers.key_pair.cache_clear()
     assert peers.key_pair(str(path)) == (private, public)
+
+
+def test_the_copy_checks_each_peer_by_the_key_the_laptop_trusts(tmp_path):
+    # the laptop's known_hosts as ssh-keyscan and HashKnownHosts leave it: one box on a port of
+    # its own, one hashed; the boxes dial them by their peer addresses on port 22
+    key_a = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+    key_b = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:22001 {key_a}\nthor-02.lan {key_b}\n")
+    subprocess.run(["ssh-keygen", "-H", "-f", str(known)], check=True, capture_output=True)
+    assert "thor-02.lan" not in known.read_text()  # hashed, as Ubuntu's default leaves it
+
+    def box(name, **data):
+        return SimpleNamespace(name=name, data={"ssh_known_hosts_file": str(known), **data})
+
+    fleet = [box("thor-1", ssh_hostname="127.0.0.1", ssh_port=22001,
+                 weights_peer_address="thorfleet-thor-1"),
+             box("thor-02.lan"),
+             box("thor-3", ssh_hostname="10.0.0.9", weights_peer_address="10.0.0.9:2222")]
+    assert peers.peer_known_hosts(fleet) == (f"thor-02.lan {key_b}\n"
+                                             f"thorfleet-thor-1 {key_a}\n")

@@ -41,7 +41,7 @@ PEER_USER = "thorfleet-peer"
 # Not under BOX_STATE: that is root-only, and sshd reads authorized_keys as the user.
 BOX_PEER_HOME = "/var/lib/thorfleet-peer"
 BOX_PEER_KEY = f"{BOX_ETC}/peer_key"  # the fleet's box-to-box private key, root-only
-BOX_PEER_KNOWN_HOSTS = f"{BOX_STATE}/peer_known_hosts"  # peers' host keys, learnt on first use
+BOX_PEER_KNOWN_HOSTS = f"{BOX_STATE}/peer_known_hosts"  # peers' host keys, as the laptop knows them
 BOX_MANIFESTS = f"{BOX_STATE}/manifests"  # the hub's file list of each pinned revision
 RRSYNC = "/usr/bin/rrsync"  # rsync's own restricted-rsync wrapper (Debian and Ubuntu ship it)
 BOX_REBOOT_MARKER = "/run/thorfleet-before-reboot"  # /run is emptied by every boot

@@ -14,6 +14,7 @@ byte is checked against the hub's sha256 on arrival (files/bin/thorfleet-weights
 from __future__ import annotations
 
 import os
+import subprocess
 from functools import cache
 from pathlib import Path
 
@@ -60,6 +61,32 @@ def sources(name, inventory, state) -> list[str]:
     others = [h for h in inventory if h.name != name]
     others.sort(key=lambda h: h.name != first)  # stable: inventory order otherwise
     return [peer_address(h) for h in others]
+
+
+def _dialled(address: str, port: int | str | None) -> str:
+    """How known_hosts names a host reached at address:port ("[a]:p" unless the port is 22)."""
+    return address if str(port or 22) == "22" else f"[{address}]:{port}"
+
+
+def known_hosts_lines(h) -> list[str]:
+    """The laptop's known_hosts lines for `h` (its ssh_known_hosts_file, else ~/.ssh/known_hosts),
+    as the other boxes dial it: the key pyinfra checked when it connected, under the peer address.
+    `ssh-keygen -F` finds hashed entries too."""
+    path = Path(h.data.get("ssh_known_hosts_file") or "~/.ssh/known_hosts").expanduser()
+    laptop = _dialled(h.data.get("ssh_hostname") or h.name, h.data.get("ssh_port"))
+    found = subprocess.run(["ssh-keygen", "-F", laptop, "-f", str(path)], capture_output=True,
+                           text=True, check=False).stdout
+    address, _, port = peer_address(h).partition(":")
+    return [f"{_dialled(address, port)} {' '.join(line.split()[1:3])}"
+            for line in found.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def peer_known_hosts(inventory) -> str:
+    """known_hosts for the boxes' copies between them: every box's host key as the laptop knows
+    it, so a copy checks each peer strictly, a re-flashed box's new key arrives with the next run
+    once the laptop trusts it, and an air-gapped box needs to learn nothing."""
+    lines = sorted({line for h in inventory for line in known_hosts_lines(h)})
+    return "".join(f"{line}\n" for line in lines)
 
 
 @cache

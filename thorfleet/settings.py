@@ -10,14 +10,30 @@ render.py, the box's paths in layout.py; this module reads the secrets and check
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from thorfleet.peers import fleet_copy, peer_address_problems
 from thorfleet.render import Settings, image_files_hash
 from thorfleet.schema import SettingsError, check
 
-__all__ = ["Settings", "SettingsError", "no_hosts", "settings_for", "settings_for_inventory",
-           "settings_for_run"]
+__all__ = ["Settings", "SettingsError", "no_hosts", "refuse_outside_the_repository", "settings_for",
+           "settings_for_inventory", "settings_for_run"]
+
+
+def refuse_outside_the_repository(cwd=None) -> None:
+    """Exit 2 with one line when pyinfra runs from another folder than this checkout: it reads
+    config.py and group_data/ from its working directory only, so thorfleet's check of every
+    host's data before connecting and its strict host-key default would be off."""
+    from thorfleet.layout import ROOT
+
+    here = Path(cwd or os.getcwd()).resolve()
+    if here != ROOT:
+        print(f"thorfleet: run pyinfra from the repository root, not {here}: cd {ROOT} && "
+              "pyinfra INVENTORY deploy.py (pyinfra reads config.py and group_data/ from the "
+              "working directory; without them the settings check and strict host keys are "
+              "off). No operation ran.", file=sys.stderr)
+        sys.exit(2)
 
 
 def no_hosts(source) -> str:
