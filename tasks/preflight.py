@@ -11,7 +11,7 @@ from thorfleet.runstate import run_state
 @deploy("Preflight")
 def run(settings):
     this_run = run_state(host.state)
-    preflight.run_held(name="Hold the box for this run (one thorfleet run at a time)",
+    preflight.box_held(name="Hold the box for this run (one thorfleet run at a time)",
                        holder=this_run.holder, token=this_run.token,
                        wait_s=settings.preflight_lock_wait_s)
     preflight.thor_ready(name="Check L4T, memory, disk, Docker's nvidia runtime and sudo",

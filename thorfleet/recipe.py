@@ -13,7 +13,7 @@ PROFILES = {
 
 # The container environment the recipe was validated with on a Thor (FlashInfer CUTLASS NVFP4
 # kernels, the Jetson libcuda preloaded); service_extra_env is merged over it.
-SEED_ENV = {
+RECIPE_ENV = {
     "VLLM_USE_FLASHINFER_MOE_FP4": "1",
     "VLLM_FLASHINFER_MOE_BACKEND": "latency",
     "VLLM_NVFP4_GEMM_BACKEND": "flashinfer-cutlass",
