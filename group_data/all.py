@@ -16,13 +16,13 @@ preflight_min_free_disk_gib = 100  # least free disk under weights_dir for weigh
 preflight_lock_wait_s = 0  # how long a run waits for another thorfleet run holding a box (0: stop at once)
 
 # --- power: nvpmodel mode and locked clocks -------------------------------------------------------
-power_mode = 1  # nvpmodel mode; on the T5000 0=MAXN, 1=120W (the seed), 2=90W, 3=70W
+power_mode = 1  # nvpmodel mode; on the T5000 0=MAXN, 1=120W (the recipe's), 2=90W, 3=70W
 power_allow_reboot = False  # allow a reboot when the mode needs one (2 and 3); otherwise fail clearly
 power_reboot_timeout_s = 900  # how long to wait for a box to come back from that reboot
 
 # --- memory: the page-cache gate run before every start of the server ----------------------------
 memory_min_available_gib = None  # MemAvailable a start needs; None: gpu_memory_utilization x MemTotal + margin
-memory_gate_margin_gib = 7  # derived gate's headroom: 0.72 x 122 + 7 = 94.8 GiB, the seed's 95
+memory_gate_margin_gib = 7  # derived gate's headroom: 0.72 x 122 + 7 = 94.8 GiB, the recipe's 95
 memory_gate_timeout_s = 300  # give up waiting for the page cache to drain after this long
 memory_gate_interval_s = 5  # seconds between drop_caches attempts
 
@@ -54,10 +54,10 @@ service_port = 8002  # port vLLM listens on
 service_gpu_memory_utilization = 0.72  # share of unified memory vLLM may take (~96 GB on a Thor)
 service_api_key_file = None  # laptop path of a file holding the API key (else env THORFLEET_API_KEY)
 service_allow_no_api_key = False  # explicitly serve without an API key (then binds 127.0.0.1 unless set)
-service_health_timeout_s = 1200  # how long a (re)start may take to answer /health (seed: 20 min)
+service_health_timeout_s = 1200  # how long a (re)start may take to answer /health (the recipe waits 20 min)
 service_docker_gpus = "all"  # value of docker run --gpus
-service_docker_ulimits = {"memlock": "-1", "stack": "67108864"}  # docker run --ulimit, as the seed
-service_extra_env = {}  # extra environment for the container, merged over the seed's
+service_docker_ulimits = {"memlock": "-1", "stack": "67108864"}  # docker run --ulimit, as the recipe runs it
+service_extra_env = {}  # extra environment for the container, merged over the recipe's (thorfleet/recipe.py)
 
 # --- rollout: how a fleet is converged -----------------------------------------------------------
 rollout_batch = 1  # hosts restarted at once; each batch must serve before the next starts
@@ -65,5 +65,5 @@ rollout_canary_group = None  # inventory group restarted (and proven) before eve
 rollout_drain_timeout_s = 120  # before a restart, wait this long for answers in flight; vLLM's shutdown_timeout too
 rollout_benchmark = "first-install"  # benchmark after the proof: on a first install, always or never
 rollout_bench_min_fraction = 0.8  # a host below this share of the fleet's median tok/s fails the run
-rollout_bench_min_toks = 27  # a host below this many tok/s fails the run (seed: 33.7 EAGLE, 17.5 base)
+rollout_bench_min_toks = 27  # a host below this many tok/s fails the run (a Thor: 33.7 EAGLE, 17.5 base)
 rollout_report_path = "thorfleet-report.json"  # laptop path of the JSON report of the last run

@@ -8,10 +8,12 @@ from thorfleet.operations import cleanup, files
 
 
 @deploy("Cleanup")
-def run(s):
+def run(settings):
     files.whole_file(name="Install the leftover finder", src=str(FILES / "bin" / "thorfleet-clean"),
                      path=BOX_CLEAN, mode="755")
     cleanup.leftovers_removed(name="Remove old revisions, images and build contexts",
-                              weights_dir=s.weights_dir, keep_dirs=[s.model_dir, s.draft_dir],
-                              image_name=s.image_name, keep_image=s.image_tag,
-                              keep_context=s.image_inputs_hash[:12], service=s.service_name)
+                              weights_dir=settings.weights_dir,
+                              keep_dirs=[settings.model_dir, settings.draft_dir],
+                              image_name=settings.image_name, keep_image=settings.image_tag,
+                              keep_context=settings.image_inputs_hash[:12],
+                              service=settings.service_name)

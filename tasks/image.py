@@ -14,15 +14,18 @@ from thorfleet.peers import first_of_run
 
 
 @deploy("Image")
-def run(s):
-    context = f"{BOX_IMAGE_CONTEXT}/{s.image_inputs_hash[:12]}"
+def run(settings):
+    context = f"{BOX_IMAGE_CONTEXT}/{settings.image_inputs_hash[:12]}"
     files.tree(name="Upload the image build context (Dockerfile, patches)",
                src=str(FILES / "image"), dest=context)
-    built_from = {"tag": s.image_tag, "base": s.image_base, "inputs_hash": s.image_inputs_hash,
-                  "think_prefill": s.image_think_prefill, "context": context}
-    if not s.image_registry or host.name == first_of_run(inventory, state):
-        image.derived_image(name=f"Build {s.image_tag} unless it exists", **built_from,
-                            registry=s.image_registry, shared_ref=s.image_shared_ref)
+    built_from = {"tag": settings.image_tag, "base": settings.image_base,
+                  "inputs_hash": settings.image_inputs_hash,
+                  "think_prefill": settings.image_think_prefill, "context": context}
+    if not settings.image_registry or host.name == first_of_run(inventory, state):
+        image.derived_image(name=f"Build {settings.image_tag} unless it exists", **built_from,
+                            registry=settings.image_registry,
+                            shared_ref=settings.image_shared_ref)
     else:  # a later line: pyinfra runs it after the build (and push) above on every host
-        image.shared_image(name=f"Pull {s.image_tag} from {s.image_registry} unless it exists",
-                           **built_from, registry=s.image_registry, shared_ref=s.image_shared_ref)
+        image.shared_image(
+            name=f"Pull {settings.image_tag} from {settings.image_registry} unless it exists",
+            **built_from, registry=settings.image_registry, shared_ref=settings.image_shared_ref)

@@ -7,7 +7,7 @@ from thorfleet.operations import files
 
 
 @deploy("Memory")
-def run(s):
+def run(settings):
     files.directory(name="Create thorfleet's bin folder", path=BOX_BIN, mode="755")
     files.whole_file(
         name="Install the memory gate (drop caches until MemAvailable is enough)",

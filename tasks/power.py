@@ -8,12 +8,12 @@ from thorfleet.operations import files, power
 
 
 @deploy("Power")
-def run(s):
+def run(settings):
     mode = power.power_mode(
-        name=f"Set power mode {s.power_mode} (nvpmodel, never waiting on its reboot prompt)",
-        mode=s.power_mode,
-        allow_reboot=s.power_allow_reboot,
-        reboot_timeout=s.power_reboot_timeout_s,
+        name=f"Set power mode {settings.power_mode} (nvpmodel, never waiting on its reboot prompt)",
+        mode=settings.power_mode,
+        allow_reboot=settings.power_allow_reboot,
+        reboot_timeout=settings.power_reboot_timeout_s,
     )
     # jetson_clocks does not survive a reboot: a oneshot unit ordered after nvpmodel.service does.
     unit = files.whole_file(

@@ -25,23 +25,25 @@ from thorfleet.operations import files
 
 
 @deploy("Service")
-def run(s):
+def run(settings):
     files.directory(name="Create the config folder mounted into the container",
                     path=BOX_CONFIG_DIR, mode="755")
     files.directory(name="Create the vLLM cache folder", path=BOX_VLLM_CACHE, mode="755")
     files.directory(name="Create thorfleet's state folder", path=BOX_STATE, mode="700")
     # Every file is replaced whole (temporary name, then rename): never half-written, even on a cut.
-    files.whole_file(name=f"Write the vLLM runtime config ({s.service_profile} profile)",
-                     src=StringIO(s.config_text), path=BOX_CONFIG, mode="644")
+    files.whole_file(name=f"Write the vLLM runtime config ({settings.service_profile} profile)",
+                     src=StringIO(settings.config_text), path=BOX_CONFIG, mode="644")
     files.secret_file(name="Write the service secrets (root-only)", path=BOX_SECRETS_ENV,
-                      content=s.secrets_env_text)
+                      content=settings.secrets_env_text)
     # thorfleet-serve spells no path of the box: it reads them here (thorfleet/layout.py's).
     files.whole_file(name="Write the box layout the start/prove/roll-back tool reads",
                      src=StringIO(layout_env_text()), path=BOX_LAYOUT_ENV, mode="644")
     files.whole_file(name="Install the start/prove/roll-back tool",
                      src=str(FILES / "bin" / "thorfleet-serve"), path=BOX_SERVE, mode="755")
-    unit = files.whole_file(name=f"Write the {s.service_name} unit", src=StringIO(s.unit_text),
-                            path=box_unit(s.service_name), mode="644")
+    unit = files.whole_file(name=f"Write the {settings.service_name} unit",
+                            src=StringIO(settings.unit_text),
+                            path=box_unit(settings.service_name), mode="644")
     systemd.daemon_reload(name="Reload systemd after the unit changed", _if=unit.did_change)
     # Enabled only: starting it is the verification step's job, which proves what it starts.
-    files.unit_enabled(name=f"Enable {s.service_name} at boot", unit=f"{s.service_name}.service")
+    files.unit_enabled(name=f"Enable {settings.service_name} at boot",
+                       unit=f"{settings.service_name}.service")

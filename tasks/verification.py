@@ -22,28 +22,30 @@ from thorfleet.operations import files, verification
 
 
 @deploy("Verification")
-def run(s):
+def run(settings):
     files.whole_file(name="Install the benchmark tool", src=str(FILES / "bin" / "thorfleet-bench"),
                      path=BOX_BENCH, mode="755")
-    service = {"service": s.service_name, "port": s.service_port, "fingerprint": s.fingerprint,
-               "health_timeout": s.service_health_timeout_s}
+    service = {"service": settings.service_name, "port": settings.service_port,
+               "fingerprint": settings.fingerprint,
+               "health_timeout": settings.service_health_timeout_s}
     first_installs = verification.serving(
         name="First installs: start every host that never served a version, together (no "
              "serving capacity at stake)", first_install=True, **service)
     # what each turn does, and what a failed one means for the later batches: rollout.py
-    plan = rollout.plan(inventory, s.rollout_batch, s.rollout_canary_group)
+    plan = rollout.plan(inventory, settings.rollout_batch, settings.rollout_canary_group)
     for index in host.loop(range(len(plan.batches))):
         if host.name in plan.batches[index]:
             verification.serving(
                 name=f"Batch {index + 1}/{len(plan.batches)}: serve the rendered version and prove "
                      "it (health, kernels, chat, reasoning, tools)",
                 earlier=plan.before(index), canaries=plan.canaries, **service)
-    if s.rollout_benchmark != "never":
+    if settings.rollout_benchmark != "never":
         verification.benchmark(
             name="Benchmark the decode rate (the seed's method: /v1/completions, 512 tokens, "
                  "warm-up + 3 runs)",
-            port=s.service_port, when=s.rollout_benchmark, first_installs_step=first_installs)
+            port=settings.service_port, when=settings.rollout_benchmark,
+            first_installs_step=first_installs)
         verification.benchmark_gate(
             name="Fleet benchmark gate (rollout_bench_min_fraction of the median, "
                  "rollout_bench_min_toks)",
-            min_fraction=s.rollout_bench_min_fraction, floor=s.rollout_bench_min_toks)
+            min_fraction=settings.rollout_bench_min_fraction, floor=settings.rollout_bench_min_toks)

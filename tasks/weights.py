@@ -28,7 +28,7 @@ from thorfleet.operations import files, weights
 
 
 @deploy("Weights")
-def run(s):
+def run(settings):
     files.whole_file(
         name="Install the weights fetcher and verifier",
         src=str(FILES / "bin" / "thorfleet-weights"),
@@ -36,32 +36,33 @@ def run(s):
         mode="755",
     )
     files.directory(name=f"Create {BOX_ETC}", path=BOX_ETC, mode="755")
-    if s.hf_token:
+    if settings.hf_token:
         files.secret_file(name="Install the Hugging Face token (root-only)", path=BOX_HF_TOKEN,
-                          content=s.hf_token + "\n")
+                          content=settings.hf_token + "\n")
     else:
         files.absent(name="No Hugging Face token configured", path=BOX_HF_TOKEN)
-    files.directory(name=f"Create {s.weights_dir}", path=s.weights_dir, mode="755")
-    copying = fleet.fleet_copy(s, inventory)
+    files.directory(name=f"Create {settings.weights_dir}", path=settings.weights_dir, mode="755")
+    copying = fleet.fleet_copy(settings, inventory)
     if copying:
-        peer_access(s)
+        peer_access(settings)
     else:  # the copy turned off (weights_source = "hub", or one box): nobody may read the box
         files.absent(name="No fleet copy access (the copy is off)",
                      path=f"{BOX_PEER_HOME}/.ssh/authorized_keys")
         files.absent(name="No fleet copy key (the copy is off)", path=BOX_PEER_KEY)
     first = fleet.first_of_run(inventory, state)
     checkpoints = (
-        ("checkpoint (~71 GB; this takes a while)", s.weights_model_repo, s.model_dir,
-        s.weights_model_revision),
-        ("EAGLE-3 draft (~0.4 GB)", s.weights_draft_repo, s.draft_dir, s.weights_draft_revision),
+        ("checkpoint (~71 GB; this takes a while)", settings.weights_model_repo, settings.model_dir,
+         settings.weights_model_revision),
+        ("EAGLE-3 draft (~0.4 GB)", settings.weights_draft_repo, settings.draft_dir,
+         settings.weights_draft_revision),
     )
     where = {
-        "image": s.image_tag,
-        "endpoint": s.weights_hf_endpoint,
-        "token_file": BOX_HF_TOKEN if s.hf_token else None,
+        "image": settings.image_tag,
+        "endpoint": settings.weights_hf_endpoint,
+        "token_file": BOX_HF_TOKEN if settings.hf_token else None,
         "peers": fleet.sources(host.name, inventory, state) if copying else (),
-        "root": s.weights_dir,
-        "progress_every": s.weights_progress_interval_s,
+        "root": settings.weights_dir,
+        "progress_every": settings.weights_progress_interval_s,
     }
     for label, repo, folder, revision in checkpoints:
         if not copying or host.name == first:
@@ -74,19 +75,19 @@ def run(s):
                                folder=folder, repo=repo, revision=revision, **where)
 
 
-def peer_access(s):
+def peer_access(settings):
     """What the boxes copy weights with: a user that may only read weights_dir (rrsync -ro), the
     fleet's shared key authorized for it, and that key for this box's own copies."""
-    private, public = fleet.key_pair(s.weights_peer_key_file)
-    files.system_user(name=f"Create {PEER_USER}, who may only read {s.weights_dir}",
+    private, public = fleet.key_pair(settings.weights_peer_key_file)
+    files.system_user(name=f"Create {PEER_USER}, who may only read {settings.weights_dir}",
                       user=PEER_USER, home=BOX_PEER_HOME, shell="/bin/sh")
     files.directory(name=f"Create {BOX_PEER_HOME}/.ssh", path=f"{BOX_PEER_HOME}/.ssh",
                     mode="755")
     files.whole_file(name="Authorize the fleet's copy key, read-only",
                      path=f"{BOX_PEER_HOME}/.ssh/authorized_keys",
                      # sshd runs the command with the user's shell: the folder is one shell word
-                     src=StringIO(f'command="{RRSYNC} -ro {shlex.quote(s.weights_dir)}",restrict '
-                                  f'{public}\n'))
+                     src=StringIO(f'command="{RRSYNC} -ro {shlex.quote(settings.weights_dir)}",'
+                                  f'restrict {public}\n'))
     files.secret_file(name="Install the fleet's copy key (root-only)", path=BOX_PEER_KEY,
                       content=private)
     files.directory(name=f"Create {BOX_MANIFESTS}", path=BOX_MANIFESTS, mode="755")

@@ -29,7 +29,7 @@ from tests.parse_back import (
     unit_entries,
 )
 from thorfleet import layout, schema
-from thorfleet.recipe import PROFILES, SEED_ENV
+from thorfleet.recipe import PROFILES, RECIPE_ENV
 from thorfleet.render import Settings
 
 pytestmark = pytest.mark.fast
@@ -154,7 +154,7 @@ def unit_reads_back(s):
     mounts = [f"{s.model_dir}:/model:ro", *([f"{s.draft_dir}:/eagle:ro"] if eagle else []),
               f"{layout.BOX_VLLM_CACHE}:/root/.cache/vllm", f"{layout.BOX_CONFIG_DIR}:/config:ro"]
     assert pairs(start, "-v") == mounts
-    env = {**SEED_ENV, **{k: str(v) for k, v in s.service_extra_env.items()}}
+    env = {**RECIPE_ENV, **{k: str(v) for k, v in s.service_extra_env.items()}}
     assert pairs(start, "-e") == [f"{k}={v}" for k, v in sorted(env.items())] + ["VLLM_API_KEY"]
     assert start[start.index("vllm") - 1] == s.image_tag
     assert without_values(start) == START_SKELETON

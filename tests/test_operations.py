@@ -470,7 +470,7 @@ ABSENT_AND_RIGHT = {
         {facts.L4TRelease: "38.2.0", facts.MemTotalGiB: 122.0, facts.FreeDiskGiB: 500.0,
          facts.PinnedWeightsGiB: 0.0, facts.SudoWorks: True,
          facts.DockerRuntimes: ["nvidia"], Which: "/usr/bin/rsync"}]),
-    preflight.run_held: ({"holder": "me", "token": "t"}, [
+    preflight.box_held: ({"holder": "me", "token": "t"}, [
         {facts.RunLock: {"held": False, "why": "held by another run"}},
         {facts.RunLock: {"held": True, "why": None}}]),
     power.power_mode: ({"mode": 1}, [{facts.PowerMode: 0}, {facts.PowerMode: 1}]),

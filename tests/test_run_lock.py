@@ -152,14 +152,14 @@ def test_a_held_box_is_a_noop_and_a_box_held_elsewhere_fails_or_waits_naming_the
     why = ("this box is held by another thorfleet run: bob@desk pid 9, since "
            "2026-12-01T09:00:00Z (waited 3 s; preflight_lock_wait_s sets how long a run waits)")
     held, elsewhere = {"held": True, "why": None}, {"held": False, "why": why}
-    commands, fake = plan(preflight.run_held, {facts.RunLock: held}, holder="me", token="t")
+    commands, fake = plan(preflight.box_held, {facts.RunLock: held}, holder="me", token="t")
     assert commands == [] and fake.noops == ["held for this run (me)"]
     # stops at once: the host fails with the holder's line
-    commands, fake = plan(preflight.run_held, {facts.RunLock: elsewhere}, holder="me", token="t")
+    commands, fake = plan(preflight.box_held, {facts.RunLock: elsewhere}, holder="me", token="t")
     assert execute(commands[0], fake) is False
     assert fake.logged[-1][0] == f"thorfleet: {why}"
     # waits: says so at once, then waits on the box for the holder, and holds it
-    commands, fake = plan(preflight.run_held, {facts.RunLock: elsewhere}, holder="me", token="t",
+    commands, fake = plan(preflight.box_held, {facts.RunLock: elsewhere}, holder="me", token="t",
                           wait_s=600, shell=lambda command: (True, None))
     assert fake.logged[0][0] == ("thorfleet: this box is held by another thorfleet run: bob@desk "
                                  "pid 9, since 2026-12-01T09:00:00Z: waiting up to 600 s "

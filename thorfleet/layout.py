@@ -17,7 +17,7 @@ BOX_MEMORY_GATE = f"{BOX_BIN}/memory-gate"  # the unit's ExecStartPre
 BOX_SERVE = f"{BOX_BIN}/thorfleet-serve"  # start, prove, roll back (system python3)
 BOX_WEIGHTS = f"{BOX_BIN}/thorfleet-weights"  # verify (system python3), fetch (in the image)
 BOX_CLEAN = f"{BOX_BIN}/thorfleet-clean"  # what old revisions, images and build contexts to remove
-BOX_BENCH = f"{BOX_BIN}/thorfleet-bench"  # the seed's decode benchmark (system python3)
+BOX_BENCH = f"{BOX_BIN}/thorfleet-bench"  # the recipe's decode benchmark (system python3)
 BOX_IMAGE_CONTEXT = f"{BOX_HOME}/image"  # one build context per image inputs hash
 BOX_MODELS = f"{BOX_HOME}/models"  # the default weights_dir
 # Inside the derived image, not on the box: where files/image/Dockerfile copies chatfix and the

@@ -1,7 +1,7 @@
 """The fleet copy of the weights: which box of the run downloads, whom every box copies from, and
 the key the boxes copy with.
 
-    fleet_copy(s, inventory)         # does this run copy between boxes (weights_source)?
+    fleet_copy(settings, inventory)  # does this run copy between boxes (weights_source)?
     first_of_run(inventory, state)   # the host that downloads, and builds the shared image
     sources(name, inventory, state)  # peer addresses `name` copies from, best first
     key_pair(path)                   # (private key, public key line), made on first use
@@ -21,10 +21,10 @@ from pathlib import Path
 from thorfleet.schema import is_peer_address
 
 
-def fleet_copy(s, inventory) -> bool:
-    if s.weights_source == "auto":
+def fleet_copy(settings, inventory) -> bool:
+    if settings.weights_source == "auto":
         return len(list(inventory)) > 1
-    return s.weights_source == "fleet"
+    return settings.weights_source == "fleet"
 
 
 def first_of_run(inventory, state) -> str | None:

@@ -1,17 +1,19 @@
-"""The seed's serving recipe: the profiles a host can serve and the container's environment.
+"""The serving recipe (Mistral Small 4 NVFP4 with EAGLE-3 in NVIDIA's Jetson vLLM container on a
+Jetson AGX Thor): the profiles a host can serve and the container's environment.
 
-Facts of the model on a Thor (FACTS.md), not settings: group data picks a profile by name
+Facts of the model on a Thor, not settings: group data picks a profile by name
 (service_profile) and adds to the environment (service_extra_env), it does not restate them.
 """
 
-# Serving profiles of the seed recipe: EAGLE-3 limits the context to 64K, without it 256K fits.
+# Serving profiles: EAGLE-3 limits the context to 64K, without it 256K fits.
 PROFILES = {
     "default": {"eagle": True, "max_model_len": 65536},
     "no-eagle": {"eagle": False, "max_model_len": 262144},
 }
 
-# The seed's container environment (FACTS.md "The container"); service_extra_env is merged over it.
-SEED_ENV = {
+# The container environment the recipe was validated with on a Thor (FlashInfer CUTLASS NVFP4
+# kernels, the Jetson libcuda preloaded); service_extra_env is merged over it.
+RECIPE_ENV = {
     "VLLM_USE_FLASHINFER_MOE_FP4": "1",
     "VLLM_FLASHINFER_MOE_BACKEND": "latency",
     "VLLM_NVFP4_GEMM_BACKEND": "flashinfer-cutlass",

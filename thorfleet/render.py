@@ -16,7 +16,7 @@ import jinja2
 import yaml
 
 from thorfleet import layout
-from thorfleet.recipe import PROFILES, SEED_ENV
+from thorfleet.recipe import PROFILES, RECIPE_ENV
 from thorfleet.schema import API_KEY, Schema
 
 
@@ -132,7 +132,7 @@ class Settings:
 
     @cached_property
     def environment(self):
-        return {**SEED_ENV, **{k: str(v) for k, v in self.service_extra_env.items()}}
+        return {**RECIPE_ENV, **{k: str(v) for k, v in self.service_extra_env.items()}}
 
     # --- rendered files ---------------------------------------------------------------------------
     def render(self, template):

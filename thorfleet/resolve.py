@@ -15,7 +15,8 @@ import urllib.request
 
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-DEFAULT_IMAGE = "ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor"  # FACTS.md: the seed's base image
+# NVIDIA's Jetson vLLM image for Thor, the recipe's base (a moving tag: pin resolves its digest).
+DEFAULT_IMAGE = "ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor"
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "https://registry-1.docker.io"
 # An index first: a multi-arch tag is pinned by its index digest, which `docker pull` accepts.

@@ -1,7 +1,7 @@
 """The run's shared state: what the hosts' operations record and the end-of-run report reads.
 
-    run = run_state(state)   # one RunState per pyinfra run, kept on pyinfra's State
-    run.fail(host, "why")    # the one way a host fails: logged in red, recorded, False
+    records = run_state(state)   # one RunState per pyinfra run, kept on pyinfra's State
+    records.fail(host, "why")    # the one way a host fails: logged in red, recorded, False
 
 One object per run (like the run's checked settings, settings.settings_for_run), not module globals:
 two runs in one process (the Python API, the tests) never see each other's failures.
@@ -60,8 +60,8 @@ class RunState:
 
 def run_state(state) -> RunState:
     """The RunState of this pyinfra run (`state`: pyinfra's State), created on first use."""
-    held = getattr(state, "thorfleet_run", None)
-    if held is None:
-        held = RunState()
-        state.thorfleet_run = held
-    return held
+    records = getattr(state, "thorfleet_run", None)
+    if records is None:
+        records = RunState()
+        state.thorfleet_run = records
+    return records

@@ -330,7 +330,7 @@ class Schema(BaseModel):
 
     # --- power: nvpmodel mode and locked clocks --------------------------------------------------
     power_mode: Annotated[StrictInt, Field(ge=0, le=3)] = setting(
-        1, "nvpmodel mode; on the T5000 0=MAXN, 1=120W (the seed), 2=90W, 3=70W",
+        1, "nvpmodel mode; on the T5000 0=MAXN, 1=120W (the recipe's), 2=90W, 3=70W",
         "is not a T5000 mode (0, 1, 2, 3)")
     power_allow_reboot: StrictBool = setting(
         False, "allow a reboot when the mode needs one (2 and 3); otherwise fail clearly",
@@ -344,7 +344,7 @@ class Schema(BaseModel):
         None, "MemAvailable a start needs; None: gpu_memory_utilization x MemTotal + margin",
         "must be a non-negative number, or None to derive it from service_gpu_memory_utilization")
     memory_gate_margin_gib: NonNegative = setting(
-        7, "derived gate's headroom: 0.72 x 122 + 7 = 94.8 GiB, the seed's 95",
+        7, "derived gate's headroom: 0.72 x 122 + 7 = 94.8 GiB, the recipe's 95",
         "must be a non-negative number (GiB)")
     # memory-gate compares it with sh's integer test: a whole number.
     memory_gate_timeout_s: Annotated[StrictInt, Field(gt=0),
@@ -439,16 +439,16 @@ class Schema(BaseModel):
         False, "explicitly serve without an API key (then binds 127.0.0.1 unless set)",
         "must be True, False or 'anywhere'")
     service_health_timeout_s: Positive = setting(
-        1200, "how long a (re)start may take to answer /health (seed: 20 min)",
+        1200, "how long a (re)start may take to answer /health (the recipe waits 20 min)",
         "must be a positive number of seconds")
     service_docker_gpus: Annotated[StrictStr, _full(_GPUS)] = setting(
         "all", "value of docker run --gpus",
         "is not a docker --gpus value: 'all', a count like '1', or 'device=0,1'")
     service_docker_ulimits: Annotated[dict[StrictStr, Any], AfterValidator(_ulimits)] = setting(
-        {"memlock": "-1", "stack": "67108864"}, "docker run --ulimit, as the seed",
+        {"memlock": "-1", "stack": "67108864"}, "docker run --ulimit, as the recipe runs it",
         "must be a dict of ulimit name: value, like {'memlock': '-1'}")
     service_extra_env: Annotated[dict[StrictStr, Any], AfterValidator(_extra_env)] = setting(
-        {}, "extra environment for the container, merged over the seed's",
+        {}, "extra environment for the container, merged over the recipe's (thorfleet/recipe.py)",
         "must be a dict of NAME: value")
 
     # --- rollout: how a fleet is converged -------------------------------------------------------
@@ -470,7 +470,7 @@ class Schema(BaseModel):
         0.8, "a host below this share of the fleet's median tok/s fails the run",
         "must be a number in [0, 1] (0: no median check)")
     rollout_bench_min_toks: NonNegative = setting(
-        27, "a host below this many tok/s fails the run (seed: 33.7 EAGLE, 17.5 base)",
+        27, "a host below this many tok/s fails the run (a Thor: 33.7 EAGLE, 17.5 base)",
         "must be a non-negative number of tokens per second (0: no floor)")
     rollout_report_path: Annotated[StrictStr, Field(min_length=1)] = setting(
         "thorfleet-report.json", "laptop path of the JSON report of the last run",

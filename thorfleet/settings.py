@@ -83,7 +83,7 @@ def settings_for_inventory(inventory):
         address = (data.get("ssh_hostname") or h.name, data.get("ssh_port") or 22,
                    data.get("service_port"))
         boxes.setdefault(address, []).append(h.name)
-    if any(fleet_copy(s, inventory) for s in settings.values()):
+    if any(fleet_copy(checked, inventory) for checked in settings.values()):
         found += peer_address_problems(inventory)
     for (addr, ssh_port, port), names in boxes.items():
         if len(names) > 1:
@@ -124,8 +124,8 @@ def _the_canary_group(inventory):
 def _one_batch_size(settings):
     """[problem] when the checked hosts ({name: Settings}) set rollout_batch differently."""
     by_value = {}
-    for name, s in settings.items():
-        by_value.setdefault(s.rollout_batch, []).append(name)
+    for name, checked in settings.items():
+        by_value.setdefault(checked.rollout_batch, []).append(name)
     if len(by_value) > 1:
         line = (f"{_disagree('rollout_batch', by_value)}: {ONE_PLAN}: set rollout_batch once (in "
                 "group_data/all.py, or in the data of a group every host is in)")

@@ -143,27 +143,27 @@ def read(fact, target=None, **kwargs):
     look at the box, before it yields a command."""
     target = context_host if target is None else target
     key = key_of(fact, kwargs)
-    run = run_state(target.state)
-    planned = run.planned_reads.get(target.name, {})
+    records = run_state(target.state)
+    planned = records.planned_reads.get(target.name, {})
     if batched() and key in planned and not _changed_in_run(target):
-        held = _held(run, target)
-        if key not in held["values"] and key not in held["tried"]:
-            missing = {k: v for k, v in planned.items() if k not in held["tried"]}
-            held["values"].update(gather(target, missing))
-            held["tried"].update(missing)
-        if key in held["values"]:
-            return held["values"][key]
+        answers = _answers_this_stage(records, target)
+        if key not in answers["values"] and key not in answers["tried"]:
+            missing = {k: v for k, v in planned.items() if k not in answers["tried"]}
+            answers["values"].update(gather(target, missing))
+            answers["tried"].update(missing)
+        if key in answers["values"]:
+            return answers["values"][key]
     return target.get_fact(fact, **{"_sudo": True, **kwargs})
 
 
-def _held(run, target):
+def _answers_this_stage(records, target):
     """The answers read for `target` in this stage of the run (pyinfra plans, then executes: the
     box is read again for the execution)."""
     stage = pyinfra_hooks.stage(target.state)
-    held = run.held_reads.get(target.name)
-    if held is None or held["stage"] != stage:
-        held = run.held_reads[target.name] = {"stage": stage, "values": {}, "tried": set()}
-    return held
+    answers = records.held_reads.get(target.name)
+    if answers is None or answers["stage"] != stage:
+        answers = records.held_reads[target.name] = {"stage": stage, "values": {}, "tried": set()}
+    return answers
 
 
 def _changed_in_run(target):

@@ -20,9 +20,10 @@ The table (TABLE, in this order; the label lists each as applied, skipped or off
 
 `plan` and `apply` only read and write text (ast, difflib, py_compile): they never import vLLM,
 transformers or torch. On a Jetson `docker build` never has the nvidia runtime, and without its
-libcuda.so.1 `import torch` (so vLLM) fails (FACTS.md "Thor realities"; dusty-nv/jetson-containers
-#1397). Whether a patch is needed is read from the code's shape, never from a version string
-(`~=0.19.0` rejects `0.19.1.dev3+g1234abc` and `0.19.0rc2`, FACTS.md "Thor realities").
+libcuda.so.1 `import torch` (so vLLM) fails (dusty-nv/jetson-containers #1397). Whether a
+patch is needed is read from the code's shape, never from a version string (these images carry
+versions like `0.19.1.dev3+g1234abc` and `0.19.0rc2`, which `~=0.19.0` rejects under packaging
+24.x: PEP 440 leaves pre- and dev releases out).
 `check` and `render` import the patched code: build-image.sh runs them in
 `docker run --runtime nvidia` of the built image before tagging it.
 
@@ -51,7 +52,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PATCHES = HERE / "patches"
 THINK, SETTINGS = "[THINK]", "[MODEL_SETTINGS]"
-# What vLLM 0.19.0 + transformers 4.57.3 raise for every chat request (FACTS.md).
+# What vLLM 0.19.0 + transformers 4.57.3 raise for every chat request
+# (tokenization_mistral_common.py, MistralCommonTokenizer.apply_chat_template).
 KWARGS_ERROR = "Kwargs ['reasoning_effort'] are not supported by"
 
 
@@ -243,7 +245,7 @@ def mentions(expr: ast.expr, word: str) -> bool:
 def vllm_already_skips_unset_effort(text: str) -> str | None:
     """vLLM 0.19.0 vllm/tokenizers/mistral.py L433-435: for v15 tokenizers
     `version_kwargs["reasoning_effort"] = kwargs.get("reasoning_effort")`, None included, under
-    an `if` that tests only the version (FACTS.md "The chat-template bug"). Upstream later puts
+    an `if` that tests only the version. Upstream later puts
     it under a test of reasoning_effort itself. Not needed when every such assignment is."""
     relpath = "vllm/tokenizers/mistral.py"
     _, function = method(parse(relpath, text), ("MistralTokenizer",), "apply_chat_template",
@@ -260,7 +262,7 @@ def vllm_already_skips_unset_effort(text: str) -> str | None:
 def transformers_already_takes_effort(text: str) -> str | None:
     """transformers 4.57.3 tokenization_mistral_common.py L1368-1380: apply_chat_template has no
     reasoning_effort parameter and refuses extra kwargs; 5.x's MistralCommonBackend takes it
-    (huggingface/transformers PR #44656; FACTS.md "The chat-template bug")."""
+    (huggingface/transformers PR #44656)."""
     relpath = "transformers/tokenization_mistral_common.py"
     cls, function = method(parse(relpath, text), ("MistralCommonBackend", "MistralCommonTokenizer"),
                            "apply_chat_template", relpath)
@@ -275,7 +277,7 @@ def transformers_already_takes_effort(text: str) -> str | None:
 def base_guards_every_route(text: str) -> str | None:
     """vLLM 0.19.0 entrypoints/openai/server_utils.py L80: AuthenticationMiddleware.__call__
     answers 401 only `if url_path.startswith("/v1") and not self.verify_token(headers)`
-    (vllm #58144; FACTS.md "Thor realities"). Not needed when no test around the 401 looks at
+    (vllm #58144). Not needed when no test around the 401 looks at
     a path prefix (upstream's deny-by-default, PR #58028); `check` then proves it by probing."""
     relpath = "vllm/entrypoints/openai/server_utils.py"
     _, function = method(parse(relpath, text), ("AuthenticationMiddleware",), "__call__",
@@ -293,8 +295,8 @@ def stream_gate_already_ends_without_think(text: str) -> str | None:
     """vLLM 0.19.0 entrypoints/openai/chat_completion/serving.py L936: with tools ("auto") and a
     reasoning parser, the stream hands deltas to the tool parser only after
     `if reasoning_parser.is_reasoning_end(output_token_ids):` (the `if` whose body calls
-    extract_content_ids), which a Mistral answer without [THINK] never satisfies (FACTS.md "Seen
-    working here"; vllm PR #44596). Not needed when that gate tests more than that one call."""
+    extract_content_ids), which a Mistral answer without [THINK] never satisfies (upstream
+    discussion in vllm PR #44596). Not needed when that gate tests more than that one call."""
     relpath = "vllm/entrypoints/openai/chat_completion/serving.py"
     _, function = method(parse(relpath, text), ("OpenAIServingChat",),
                          "chat_completion_stream_generator", relpath)
@@ -336,7 +338,7 @@ VLLM_FIX = Patch("vllm-reasoning-effort", "vllm-reasoning-effort.diff",
 TRANSFORMERS_FIX = Patch("transformers-reasoning-effort", "transformers-reasoning-effort.diff",
                          "transformers' MistralCommonTokenizer refuses reasoning_effort",
                          transformers_already_takes_effort)
-# mistral_common 1.11.0 never appends [THINK] (FACTS.md "The chat-template bug"); a build option.
+# mistral_common 1.11.0 encodes reasoning_effort but never appends [THINK]; a build option.
 THINK_PREFILL = Patch("think-prefill", "think-prefill.diff",
                       'reasoning_effort "high" opens the [THINK] block', always_needed)
 API_KEY = Patch("api-key-every-route", "vllm-api-key-every-route.diff",
@@ -358,7 +360,7 @@ TABLE = (VLLM_FIX, TRANSFORMERS_FIX, THINK_PREFILL, API_KEY, STREAM_TOOLS, REASO
 
 # mistral_common must know ReasoningEffort and encode [MODEL_SETTINGS] (v15) for any of the chat
 # patches to mean anything: mistral_common 1.11.0 protocol/instruct/request.py L36 and
-# tokens/tokenizers/base.py L105 (FACTS.md "The chat-template bug"). Read from its source.
+# tokens/tokenizers/base.py L105. Read from its source.
 MISTRAL_COMMON_NEEDS = (("mistral_common/protocol/instruct/request.py", "class ReasoningEffort("),
                         ("mistral_common/tokens/tokenizers/base.py", '"[MODEL_SETTINGS]"'))
 
@@ -477,7 +479,7 @@ def check_chat(think_prefill: bool) -> None:
 
 KEY = "thorfleet-self-check-key"
 # Routes vLLM 0.19.0 mounts for a generate model outside /v1 that must need the key (vllm #58144,
-# PR #42064; FACTS.md "Thor realities"), one under /v1, and a path no router knows yet.
+# PR #42064), one under /v1, and a path no router knows yet.
 MUST_NEED_KEY = ("/invocations", "/inference/v1/generate", "/tokenize", "/detokenize",
                  "/v1/chat/completions", "/v1/models", "/some/future/route")
 # Liveness: thorfleet's own health wait calls /health without the key.

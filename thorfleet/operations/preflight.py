@@ -22,7 +22,7 @@ LOCK_GRACE_S = 3
 @reads(lock=lambda holder, token, **_: (
     facts.RunLock, {"holder": holder, "token": token, "wait_s": LOCK_GRACE_S}))
 @operation()
-def run_held(holder, token, wait_s=0, *, lock):
+def box_held(holder, token, wait_s=0, *, lock):
     """Hold the box for this run: one thorfleet run at a time on a box (two runs at once would
     kill each other's downloads and leave a proven fingerprint that is not the live files).
 
@@ -37,7 +37,7 @@ def run_held(holder, token, wait_s=0, *, lock):
 
     .. code:: python
 
-        run_held(name="Hold the box for this run", holder="me@laptop pid 7", token="a1b2", wait_s=0)
+        box_held(name="Hold the box for this run", holder="me@laptop pid 7", token="a1b2", wait_s=0)
     """
     if lock["held"]:
         host.noop(f"held for this run ({holder})")

@@ -127,10 +127,10 @@ def wants_benchmark(when, first_install):
 
 @operation()
 def benchmark(port, when="always", first_installs_step=None):
-    """Measure the host's decode rate the seed's way (thorfleet-bench: /v1/completions, 512 tokens,
-    a warm-up then 3 runs) and record tok/s, time to first token and EAGLE's acceptance for the
-    fleet gate and the report, when `when` (rollout_benchmark) asks for it. A benchmark that cannot
-    run fails the host.
+    """Measure the host's decode rate the recipe's way (thorfleet-bench: /v1/completions, 512
+    tokens, a warm-up then 3 runs) and record tok/s, time to first token and EAGLE's acceptance
+    for the fleet gate and the report, when `when` (rollout_benchmark) asks for it. A benchmark
+    that cannot run fails the host.
 
     + port: the port the service answers on (service_port)
     + when: "always", "never" or "first-install": a host the first installs' step starts
@@ -212,7 +212,7 @@ def benchmark_gate(min_fraction, floor):
                     gate_problems=problems, passed=not problems)
         if problems:
             return run_state(state).fail(
-                host, "too slow: " + "; ".join(problems) + " (EAGLE not engaged? the seed: "
+                host, "too slow: " + "; ".join(problems) + " (EAGLE not engaged? a Thor decodes "
                 "~33.7 tok/s with EAGLE, ~17.5 without)")
         return True
 
