@@ -84,11 +84,30 @@ def test_docker_runtimes():
 
 
 def test_file_state():
-    out = ["9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", "600 root root"]
+    # GNU stat's %F, then sha256sum for a regular file only (what a Thor's coreutils print)
+    out = ["600 root root regular file",
+           "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"]
     assert parse(facts.FileState, out) == {
+        "type": "regular file",
         "sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
         "mode": "600", "user": "root", "group": "root"}
+    assert parse(facts.FileState, ["777 root root symbolic link"]) == {
+        "type": "symbolic link", "sha256": None, "mode": "777", "user": "root", "group": "root"}
     assert parse(facts.FileState, []) is None
+
+
+def test_file_state_reads_a_link_as_a_link_on_this_machine(tmp_path):
+    import subprocess
+
+    (tmp_path / "copy").write_text("hello\n")
+    (tmp_path / "x").symlink_to(tmp_path / "copy")
+    for name, kind in (("copy", "regular file"), ("x", "symbolic link")):
+        out = subprocess.run(["sh", "-c", facts.FileState().command(str(tmp_path / name))],
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+        assert parse(facts.FileState, out)["type"] == kind
+    assert parse(facts.FileState, subprocess.run(
+        ["sh", "-c", facts.FileState().command(str(tmp_path / "x"))], capture_output=True,
+        text=True, check=True).stdout.splitlines())["sha256"] is None
 
 
 def test_image_labels():
@@ -113,7 +132,7 @@ def test_image_id():
 
 def test_fact_commands_quote_what_they_are_given():
     hostile = "/srv/a b;rm -rf ~"
-    assert facts.FileState().command(hostile).count("'/srv/a b;rm -rf ~'") == 3
+    assert facts.FileState().command(hostile).count("'/srv/a b;rm -rf ~'") == 6
     assert facts.FreeDiskGiB().command(hostile).startswith("p='/srv/a b;rm -rf ~'; ")
     assert "inspect --format '{{json .Config.Labels}}' 'r/x:$(id)' " in \
         facts.DockerImageLabels().command("r/x:$(id)")
@@ -176,3 +195,24 @@ def test_every_facts_command_names_its_arguments():
             kinds = {p.kind for p in inspect.signature(fact.command).parameters.values()}
             assert not kinds & {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}, \
                 fact.__name__
+
+
+def test_tree_state_reads_owners_and_what_is_not_a_file_on_this_machine(tmp_path):
+    import subprocess
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a").write_text("a\n")
+    (tmp_path / "b").write_text("b\n")
+    (tmp_path / "b").chmod(0o755)
+    (tmp_path / "link").symlink_to(tmp_path / "b")
+    out = subprocess.run(["sh", "-c", facts.TreeState().command(str(tmp_path))],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    tree = parse(facts.TreeState, out)
+    owner = subprocess.run(["stat", "-c", "%U:%G", str(tmp_path / "b")], capture_output=True,
+                           text=True, check=True).stdout.strip()
+    assert tree == {
+        "sub/a": {"mode": "644", "owner": owner,
+                  "sha256": "87428fc522803d31065e7bce3cf03fe475096631e5e07bbd7a0fde60c4cf25c7"},
+        "b": {"mode": "755", "owner": owner,
+              "sha256": "0263829989b6fd954f72baaf2fc64bc2e2f01d692d4de72986ea808f6e99813f"},
+        "link": {"type": "other"}}

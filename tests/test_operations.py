@@ -173,27 +173,75 @@ SHA_OF_HELLO = "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03
 
 
 def test_whole_file_in_place_is_a_noop():
-    on_box = {"sha256": SHA_OF_HELLO, "mode": "644", "user": "root", "group": "root"}
+    on_box = {"type": "regular file", "sha256": SHA_OF_HELLO, "mode": "644", "user": "root",
+              "group": "root"}
     commands, noops = run(files.whole_file, {facts.FileState: on_box}, path="/etc/x",
                           src=StringIO("hello\n"))
     assert commands == [] and noops == ["/etc/x is already in place"]
 
 
 def test_whole_file_with_only_its_mode_drifted_is_chmodded_not_rewritten():
-    on_box = {"sha256": SHA_OF_HELLO, "mode": "666", "user": "root", "group": "root"}
+    on_box = {"type": "regular file", "sha256": SHA_OF_HELLO, "mode": "666", "user": "root",
+              "group": "root"}
     commands, _ = run(files.whole_file, {facts.FileState: on_box}, path="/etc/x",
                       src=StringIO("hello\n"), mode="600")
     assert commands == ["chown root:root /etc/x && chmod 600 /etc/x"]
 
 
 def test_whole_file_quotes_its_path():
-    on_box = {"sha256": SHA_OF_HELLO, "mode": "666", "user": "root", "group": "root"}
+    on_box = {"type": "regular file", "sha256": SHA_OF_HELLO, "mode": "666", "user": "root",
+              "group": "root"}
     commands, _ = run(files.whole_file, {facts.FileState: on_box}, path="/etc/a b;x",
                       src=StringIO("hello\n"))
     assert commands == ["chown root:root '/etc/a b;x' && chmod 644 '/etc/a b;x'"]
     commands, _ = run(files.whole_file, {facts.FileState: None}, path="/etc/a b",
                       src=StringIO("hello\n"))
     assert "'/etc/a b.thorfleet-tmp' '/etc/a b';" in commands[2]
+
+
+def test_whole_file_replaces_a_link_to_a_copy_and_refuses_a_folder():
+    # a link to a file of the same content is still not the file thorfleet installs: replaced
+    # whole, the link itself (mv -T), never followed
+    link = {"type": "symbolic link", "sha256": None, "mode": "777", "user": "root",
+            "group": "root"}
+    commands, _ = run(files.whole_file, {facts.FileState: link}, path="/etc/x",
+                      src=StringIO("hello\n"))
+    assert len(commands) == 3 and "sudo mv -fT /etc/x.thorfleet-tmp /etc/x" in commands[2]
+    folder = {"type": "directory", "sha256": None, "mode": "755", "user": "root", "group": "root"}
+    commands, fake = plan(files.whole_file, {facts.FileState: folder}, path="/etc/x",
+                          src=StringIO("hello\n"))
+    assert execute(commands[0], fake) is False
+    assert fake.logged[-1][0] == ("thorfleet: /etc/x is a directory, not the file thorfleet "
+                                  "installs there: move it away, then run again")
+
+
+@pytest.mark.parametrize(("state", "expected"), [
+    ("enabled", []),
+    ("disabled", ["systemctl enable u.service"]),
+    ("enabled-runtime", ["systemctl enable u.service"]),
+    ("linked", ["systemctl enable u.service"]),
+    ("linked-runtime", ["systemctl enable u.service"]),
+    ("alias", ["systemctl enable u.service"]),
+    ("indirect", ["systemctl enable u.service"]),
+    ("masked", ["systemctl unmask u.service && systemctl enable u.service"]),
+    ("masked-runtime", ["systemctl unmask --runtime u.service && systemctl enable u.service"]),
+])
+def test_a_unit_in_any_state_systemd_has_is_enabled_with_the_least_work(state, expected):
+    commands, _ = run(files.unit_enabled, {facts.UnitEnabled: state}, unit="u.service")
+    assert commands == expected
+
+
+@pytest.mark.parametrize(("state", "said"), [
+    ("static", "u.service is static: its unit file has no [Install] section"),
+    ("generated", "u.service is generated: a systemd generator made it"),
+    ("transient", "u.service is transient: systemd-run made it: `systemctl stop` it"),
+    ("bad", "u.service is bad: its unit file does not parse"),
+    (None, "u.service is unknown to systemd: `systemctl daemon-reload`, then run the deploy"),
+])
+def test_a_unit_state_a_run_cannot_put_right_fails_saying_how_to(state, said):
+    commands, fake = plan(files.unit_enabled, {facts.UnitEnabled: state}, unit="u.service")
+    assert execute(commands[0], fake) is False
+    assert fake.logged[-1][0].startswith(f"thorfleet: {said}")
 
 
 def test_whole_file_is_staged_then_renamed_into_place():
@@ -203,7 +251,7 @@ def test_whole_file_is_staged_then_renamed_into_place():
     assert commands[1] == f"upload {staged}"
     # the live file only ever changes by a rename of a complete file beside it
     assert f"sudo install -m 644 -o root -g root {staged} /etc/x.thorfleet-tmp" in commands[2]
-    assert "sudo mv -f /etc/x.thorfleet-tmp /etc/x" in commands[2]
+    assert "sudo mv -fT /etc/x.thorfleet-tmp /etc/x" in commands[2]
 
 
 def test_checkpoint_complete_is_a_noop_and_missing_is_fetched():
@@ -442,18 +490,28 @@ def test_a_tree_uploads_only_the_files_that_differ_and_removes_the_extra(tmp_pat
     (tmp_path / "__pycache__").mkdir()
     (tmp_path / "__pycache__" / "x.pyc").write_bytes(b"\0")
 
-    def on_box(name, mode="644"):
-        return {"sha256": hashlib.sha256((tmp_path / name).read_bytes()).hexdigest(), "mode": mode}
+    def on_box(name, mode="644", owner="root:root"):
+        return {"sha256": hashlib.sha256((tmp_path / name).read_bytes()).hexdigest(), "mode": mode,
+                "owner": owner}
 
     same = {"Dockerfile": on_box("Dockerfile"), "patches/a.diff": on_box("patches/a.diff"),
             "build.sh": on_box("build.sh", "755")}
     commands, noops = run(files.tree, {facts.TreeState: same}, src=str(tmp_path), dest="/c")
     assert commands == [] and noops == [f"/c already holds {tmp_path}"]
-    drifted = {**same, "build.sh": on_box("build.sh", "644"), "old.diff": on_box("Dockerfile")}
+    drifted = {**same, "build.sh": on_box("build.sh", "644"), "old.diff": on_box("Dockerfile"),
+               "patches/a.diff": {"sha256": "0" * 64, "mode": "644", "owner": "root:root"}}
     commands, _ = run(files.tree, {facts.TreeState: drifted}, src=str(tmp_path), dest="/c")
     assert commands[0] == "mkdir -p /c /c/patches"
-    assert "sudo install -m 755 -o root -g root" in commands[3] and "/c/build.sh" in commands[3]
-    assert commands[4:] == ["rm -f -- /c/old.diff"]  # only build.sh was uploaded again
+    # build.sh's content is right: only its mode is put back; a.diff is uploaded again
+    assert commands[1] == "chown root:root /c/build.sh && chmod 755 /c/build.sh"
+    assert "sudo install -m 644 -o root -g root" in commands[4] and "/c/patches/a.diff" in commands[4]
+    assert commands[5:] == ["rm -f -- /c/old.diff"]
+    # a file given away, or replaced by a link to a copy: put right with the least work
+    owned = {**same, "Dockerfile": on_box("Dockerfile", owner="thor:thor"),
+             "build.sh": {"type": "other"}}
+    commands, _ = run(files.tree, {facts.TreeState: owned}, src=str(tmp_path), dest="/c")
+    assert commands[1] == "chown root:root /c/Dockerfile && chmod 644 /c/Dockerfile"
+    assert "sudo mv -fT /c/build.sh.thorfleet-tmp /c/build.sh" in commands[4]
     # a fresh box: the folder is absent, which the fact reads as no file (its default)
     commands, _ = run(files.tree, {facts.TreeState: facts.TreeState().default()},
                       src=str(tmp_path), dest="/c")
@@ -477,7 +535,8 @@ ABSENT_AND_RIGHT = {
     power.clocks_locked: ({}, [{facts.ClocksLocked: False}, {facts.ClocksLocked: True}]),
     files.whole_file: ({"path": "/etc/x", "src": StringIO("hello\n")}, [
         {facts.FileState: None},
-        {facts.FileState: {"sha256": SHA_OF_HELLO, "mode": "644", "user": "root",
+        {facts.FileState: {"type": "regular file", "sha256": SHA_OF_HELLO, "mode": "644",
+                           "user": "root",
                            "group": "root"}}]),
     files.directory: ({"path": "/etc/t"}, [
         {facts.PathState: None},

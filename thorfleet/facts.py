@@ -187,19 +187,21 @@ class RebootMarker(FactBase[bool]):
 
 
 class FileState(FactBase[dict | None]):
-    """sha256, mode and owner of a file (read as root), or None when it does not exist."""
+    """What is at a file's path (read as root, never through a symbolic link): {"type", "mode",
+    "user", "group", "sha256"}; the sha256 only of a regular file (None for a link, a folder...),
+    so a link to a copy with the same content is seen as what it is. None when nothing is there."""
 
     def command(self, path):
-        return (
-            f"if [ -f {q(path)} ]; then sha256sum {q(path)} | cut -d' ' -f1; "
-            f"stat -c '%a %U %G' {q(path)}; fi"
-        )
+        return (f"if [ -e {q(path)} ] || [ -L {q(path)} ]; then stat -c '%a %U %G %F' {q(path)}; "
+                f"if [ -f {q(path)} ] && [ ! -L {q(path)} ]; then "
+                f"sha256sum {q(path)} | cut -d' ' -f1; fi; fi")
 
     def process(self, output):
-        if len(output) < 2:
+        if not output or not output[0].strip():
             return None
-        mode, user, group = output[1].split()
-        return {"sha256": output[0], "mode": mode, "user": user, "group": group}
+        mode, user, group, kind = output[0].split(" ", 3)
+        return {"type": kind, "mode": mode, "user": user, "group": group,
+                "sha256": output[1].strip() if len(output) > 1 else None}
 
 
 class DockerImageLabels(FactBase[dict | None]):
@@ -293,7 +295,8 @@ class PasswdEntry(FactBase[dict | None]):
 
 
 class TreeState(FactBase[dict]):
-    """Every file under `path` as {relative path: {"sha256", "mode"}} ({} when `path` is absent)."""
+    """Every file under `path` as {relative path: {"sha256", "mode", "owner"}} ({} when `path` is
+    absent); anything that is not a regular file (a link, a fifo) is listed with type "other"."""
 
     @staticmethod
     def default():
@@ -301,15 +304,19 @@ class TreeState(FactBase[dict]):
 
     def command(self, path):
         return (f"if [ -d {q(path)} ]; then cd {q(path)} && "
-                "find . -type f -exec stat -c 'mode %a %n' {} + && "
+                "find . -type f -exec stat -c 'mode %a %U:%G %n' {} + && "
+                "find . ! -type f ! -type d -exec stat -c 'other %F %n' {} + && "
                 "find . -type f -exec sha256sum {} +; fi")
 
     def process(self, output):
         tree = {}
         for line in output:
             if line.startswith("mode "):
-                _, mode, name = line.split(" ", 2)
-                tree.setdefault(name[2:], {})["mode"] = mode
+                _, mode, owner, name = line.split(" ", 3)
+                tree.setdefault(name[2:], {}).update(mode=mode, owner=owner)
+            elif line.startswith("other "):
+                name = line.rsplit(" ./", 1)[1]
+                tree[name] = {"type": "other"}
             else:
                 digest, name = line.split("  ", 1)
                 tree.setdefault(name[2:], {})["sha256"] = digest

@@ -46,12 +46,18 @@ def whole_file(path, src, mode="644", *, current):
     """
     content = _text_of(src)
     wanted = hashlib.sha256(content).hexdigest()
-    if current == {"sha256": wanted, "mode": mode, "user": "root", "group": "root"}:
+    if current == {"type": "regular file", "sha256": wanted, "mode": mode, "user": "root",
+                   "group": "root"}:
         host.noop(f"{path} is already in place")
         return
-    if current and current["sha256"] == wanted:
+    if current and current["type"] == "directory":
+        yield fail_host(f"{path} is a directory, not the file thorfleet installs there: move it "
+                        "away, then run again")
+        return
+    if current and current["type"] == "regular file" and current["sha256"] == wanted:
         yield f"{sh('chown', 'root:root', path)} && {sh('chmod', mode, path)}"
         return
+    # anything else (no file, other content, a link even to the same content) is replaced whole
     yield from _replace(path, content, wanted, mode)
 
 
@@ -62,7 +68,7 @@ def _replace(path, content, digest, mode):
     yield StringCommand(sh("install", "-d", "-m", "700", BOX_UPLOAD_STAGING), _sudo=False)
     yield FileUploadCommand(BytesIO(content), staged, _sudo=False)
     install = sh("sudo", "install", "-m", mode, "-o", "root", "-g", "root", staged, tmp)
-    rename = sh("sudo", "mv", "-f", tmp, path)
+    rename = sh("sudo", "mv", "-fT", tmp, path)  # -T: a link at `path` is replaced, not followed
     yield StringCommand(f"{install} && {rename}; status=$?; {sh('rm', '-f', staged)}; "
                         "exit $status", _sudo=False)
 
@@ -113,6 +119,29 @@ def absent(path, *, current):
     yield sh("rm", "-rf", "--", path)
 
 
+# Each state `systemctl is-enabled` can print (systemctl(1)) and the least that makes it
+# "enabled": a mask (also one for this boot only, --runtime) goes first, else enable would fail;
+# a link, an alias, an enabling for this boot only or none at all are enabled for good.
+UNIT_STATES = {
+    "disabled": [("enable",)],
+    "enabled-runtime": [("enable",)],
+    "linked": [("enable",)],
+    "linked-runtime": [("enable",)],
+    "alias": [("enable",)],
+    "indirect": [("enable",)],
+    "masked": [("unmask",), ("enable",)],
+    "masked-runtime": [("unmask", "--runtime"), ("enable",)],
+}
+# The states a run cannot put right by itself, and what the operator does.
+UNCHANGEABLE = {
+    "static": "its unit file has no [Install] section: run the deploy again to restore thorfleet's",
+    "generated": "a systemd generator made it (/run/systemd/generator*): remove what made it",
+    "transient": "systemd-run made it: `systemctl stop` it, then run the deploy again",
+    "bad": "its unit file does not parse: run the deploy again to restore thorfleet's",
+    None: "`systemctl daemon-reload`, then run the deploy again",
+}
+
+
 @reads(enabled=lambda unit, **_: (facts.UnitEnabled, {"unit": unit}))
 @operation()
 def unit_enabled(unit, *, enabled):
@@ -127,7 +156,12 @@ def unit_enabled(unit, *, enabled):
     if enabled == "enabled":
         host.noop(f"{unit} is already enabled")
         return
-    yield sh("systemctl", "enable", unit)
+    fix = UNIT_STATES.get(enabled)
+    if fix is None:
+        yield fail_host(f"{unit} is {enabled or 'unknown to systemd'}: "
+                        f"{UNCHANGEABLE.get(enabled, UNCHANGEABLE[None])}")
+        return
+    yield " && ".join(sh("systemctl", *words, unit) for words in fix)
 
 
 @reads(current=lambda user, **_: (facts.PasswdEntry, {"user": user}))
@@ -162,7 +196,7 @@ def _tree(src):
             content = path.read_bytes()
             tree[str(path.relative_to(src))] = (content, {
                 "sha256": hashlib.sha256(content).hexdigest(),
-                "mode": "755" if path.stat().st_mode & 0o111 else "644"})
+                "mode": "755" if path.stat().st_mode & 0o111 else "644", "owner": "root:root"})
     return tree
 
 
@@ -186,8 +220,13 @@ def tree(src, dest, *, current):
     folders = sorted({str(PurePosixPath(dest, name).parent) for name in wanted})
     yield sh("mkdir", "-p", *folders)
     for name, (content, on_box) in wanted.items():
-        if current.get(name) != on_box:
-            yield from _replace(f"{dest}/{name}", content, on_box["sha256"], on_box["mode"])
+        found, path = current.get(name), f"{dest}/{name}"
+        if found == on_box:
+            continue
+        if found and found.get("sha256") == on_box["sha256"]:  # the content is right: its mode
+            yield f"{sh('chown', on_box['owner'], path)} && {sh('chmod', on_box['mode'], path)}"
+        else:
+            yield from _replace(path, content, on_box["sha256"], on_box["mode"])
     extra = sorted(set(current) - set(wanted))
     if extra:
         yield sh("rm", "-f", "--", *(f"{dest}/{name}" for name in extra))
