@@ -27,6 +27,7 @@ REVISION = "4" * 40
 
 def checkpoint(folder, files, revision=REVISION):
     """A folder as `hf download --local-dir` leaves it, plus the manifest thorfleet writes."""
+    folder.chmod(0o755)  # pytest's own folders are 0700; a checkpoint's is everyone's to read
     manifest = {}
     for name, data in files.items():
         (folder / name).write_bytes(data)
@@ -345,3 +346,13 @@ def test_copy_appends_to_a_file_cut_short_instead_of_starting_again(fleet):
     assert done.returncode == 0, done.stderr
     assert (folder / shard).read_bytes() == FILES[shard]
     assert (folder / shard).stat().st_ino == inode  # appended in place, not copied anew
+
+
+def test_a_complete_checkpoint_with_a_file_others_cannot_read_says_which(tmp_path):
+    # the other boxes copy it as thorfleet-peer: a 600 shard would be refused to them
+    folder = checkpoint(tmp_path, FILES)
+    name = min(FILES)
+    (folder / name).chmod(0o600)
+    folder.chmod(0o700)
+    result = verify(folder)
+    assert result["complete"] is True and result["modes"] == [".", name]

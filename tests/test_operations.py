@@ -597,3 +597,10 @@ def test_an_operation_reads_only_what_it_declared():
             _, fake = plan(op, known, state=fleet_state({"thor-2": False}), **kwargs)
             undeclared = [asked for asked in fake.asked if asked not in declared]
             assert undeclared == [], f"{op.__name__} reads {undeclared} it did not declare"
+
+
+def test_a_complete_checkpoint_with_loose_modes_gets_its_owner_and_modes_back_and_nothing_else():
+    found = {"complete": True, "problems": [], "modes": ["consolidated-00001.safetensors"]}
+    commands, _ = run(weights.checkpoint, {facts.WeightsState: found}, folder="/m/r",
+                      repo="o/r", revision="a" * 40, image="i")
+    assert commands == ["chown -R root:root /m/r && chmod -R u+rwX,go+rX,go-w /m/r"]
