@@ -75,6 +75,27 @@ DRIFTS = [
     Drift("weight shard corrupted",
           "printf 'XXXXXXXX' | dd of={model}/" + SHARD.format(7) + " bs=1 seek=4096 conv=notrunc",
           {"Fetch and verify the checkpoint"}, fetched=[SHARD.format(7)]),
+    # Drift of kind: what is there is no longer the kind of thing thorfleet put there.
+    Drift("unit file replaced by a link to a copy",
+          f"cp /etc/systemd/system/{SERVICE}.service /root/unit-copy && "
+          f"ln -sf /root/unit-copy /etc/systemd/system/{SERVICE}.service",
+          {f"Write the {SERVICE} unit", "Reload systemd after the unit changed"},
+          may_redo={f"Enable {SERVICE} at boot"}),
+    Drift("runtime config replaced by a link to a copy",
+          "cp /etc/thorfleet/vllm/vllm.yaml /root/config-copy && "
+          "ln -sf /root/config-copy /etc/thorfleet/vllm/vllm.yaml",
+          {"Write the vLLM runtime config"}),
+    Drift("build context given to another user",
+          "chown thor:thor /opt/thorfleet/image/*/Dockerfile", {"Upload the image build context"}),
+    Drift("weight shard made unreadable to the other boxes",
+          "chmod 600 {model}/" + SHARD.format(2) + " && chown thor {model}/" + SHARD.format(2),
+          {"Fetch and verify the checkpoint"}),
+    Drift("service enabled for this boot only",
+          f"systemctl disable {SERVICE} && systemctl enable --runtime {SERVICE}",
+          {f"Enable {SERVICE} at boot"}),
+    Drift("service masked for this boot and stopped",
+          f"systemctl mask --runtime --now {SERVICE}", {f"Enable {SERVICE} at boot", VERIFY},
+          restart=True),
     Drift("service stopped", f"systemctl stop {SERVICE}", {VERIFY}, restart=True),
 ]
 
