@@ -15,6 +15,7 @@ import json
 import urllib.request
 
 import pytest
+import yaml
 
 from tests.sim.base.testing import (  # noqa: F401
     base_image,
@@ -60,7 +61,9 @@ def image(docker_client, base_image):
 def server(docker_client, image, model_dir):
     config = rendered_config()
     assert "reasoning_parser: thorfleet_mistral" in config
-    assert "reasoning_parser_plugin: /opt/thorfleet/image/thorfleet_reasoning.py" in config
+    # the values as vLLM reads them (the file is written by a YAML emitter, which quotes them)
+    assert yaml.safe_load(config)["reasoning_parser_plugin"] == \
+        "/opt/thorfleet/image/thorfleet_reasoning.py"
     with serving(docker_client, image, model_dir, config=config,
                  env={"VLLM_API_KEY": KEY, "THORFLEET_SIM_DECODE_TOKS": "200"}) as running:
         running.wait_healthy(timeout=600)  # 2 busy cores: start-up can take minutes
