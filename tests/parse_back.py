@@ -10,6 +10,11 @@ SYSTEMD_WHITESPACE = " \t\n\r"
 _C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
               "s": " ", "\\": "\\", '"': '"', "'": "'"}
 
+# The pins every rendering in the input tests starts from (the schema refuses none of them).
+PINS = {"weights_model_revision": "a" * 40, "weights_draft_revision": "b" * 40,
+        "image_base": "r/vllm@sha256:" + "c" * 64}
+
+
 
 def unit_entries(text):
     """[(section, key, value)] of a unit file as systemd's conf-parser reads it: `#`/`;` lines

@@ -20,6 +20,7 @@ from pyinfra.api import Inventory
 
 from tests.helpers import ROOT
 from tests.parse_back import (
+    PINS,
     command_words,
     environment_file,
     rsync_words,
@@ -32,8 +33,6 @@ from thorfleet.settings import SettingsError, settings_for_inventory
 
 pytestmark = pytest.mark.fast
 
-PINS = {"weights_model_revision": "a" * 40, "weights_draft_revision": "b" * 40,
-        "image_base": "r/vllm@sha256:" + "c" * 64}
 KEY = "sk-test-key"
 
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import ROOT
 from tests.parse_back import (
+    PINS,
     command_words,
     environment_file,
     rsync_words,
@@ -34,8 +35,6 @@ from thorfleet.render import Settings
 
 pytestmark = pytest.mark.fast
 
-PINS = {"weights_model_revision": "a" * 40, "weights_draft_revision": "b" * 40,
-        "image_base": "r/vllm@sha256:" + "c" * 64}
 KEY = "sk-Az09-._~+/="
 GROUPS = {"all", "canary", "sim_thors"}
 BOUND = settings(max_examples=40, deadline=None, derandomize=True, database=None,
