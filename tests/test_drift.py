@@ -93,9 +93,13 @@ DRIFTS = [
     Drift("service enabled for this boot only",
           f"systemctl disable {SERVICE} && systemctl enable --runtime {SERVICE}",
           {f"Enable {SERVICE} at boot"}),
-    Drift("service masked for this boot and stopped",
-          f"systemctl mask --runtime --now {SERVICE}", {f"Enable {SERVICE} at boot", VERIFY},
-          restart=True),
+    # systemd's own mask: a link to /dev/null where the unit file was (`systemctl mask` refuses
+    # while thorfleet's file is there; a runtime mask in /run is outranked by it)
+    Drift("service masked and stopped",
+          f"systemctl stop {SERVICE} && rm /etc/systemd/system/{SERVICE}.service && "
+          f"systemctl mask {SERVICE}",
+          {f"Write the {SERVICE} unit", "Reload systemd after the unit changed", VERIFY},
+          may_redo={f"Enable {SERVICE} at boot"}, restart=True),
     Drift("service stopped", f"systemctl stop {SERVICE}", {VERIFY}, restart=True),
 ]
 

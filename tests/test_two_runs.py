@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.helpers import changed_on, deploy, failed_on, outcome
+from tests.helpers import changed_on, deploy, outcome
 
 pytestmark = pytest.mark.fleet
 
@@ -44,15 +44,18 @@ def test_two_runs_a_second_apart_serve_the_change_once_and_the_third_is_told_who
     for thread in threads:
         thread.join(timeout=900)
     try:
-        assert third.returncode != 0 and failed_on(third, host), outcome(third, host)
+        assert third.returncode != 0, third.stderr[-3000:]
         assert HOLDER.search(third.stderr), third.stderr[-3000:]
         assert runs["first"].returncode == 0, outcome(runs["first"], host)
         assert "Batch 1/1: serve the rendered version" in " ".join(changed_on(runs["first"], host))
         assert runs["second"].returncode == 0, outcome(runs["second"], host)
         assert HOLDER.search(runs["second"].stderr) and "waiting up to 600 s" in \
             runs["second"].stderr, runs["second"].stderr[-3000:]
-        # the second run held the box only once the first had let go: the change was there
-        assert changed_on(runs["second"], host) == [], outcome(runs["second"], host)
+        # the second run held the box only once the first had let go: the change was there, and
+        # all it did was wait for the box (its hold is the one operation it reports as run)
+        assert changed_on(runs["second"], host) == [
+            "Preflight | Hold the box for this run (one thorfleet run at a time)"], \
+            outcome(runs["second"], host)
         unit = sim_fleet.exec(host, "cat /etc/systemd/system/thorfleet-vllm.service")[1]
         assert "THORFLEET_TWO_RUNS" in unit
         assert changed_on(deploy(first), host) == []
