@@ -16,6 +16,8 @@ class DelayProxy:
 
     def __init__(self, target: int, one_way_ms: float):
         self.target, self.delay = target, one_way_ms / 1000
+        self.open = set()  # both ends of every connection: closed with the proxy, so a box's
+        # sshd sees its session end (a run's lock on the box goes with it)
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
         self.thread = threading.Thread(target=self._serve, args=(ready,), daemon=True)
@@ -36,8 +38,14 @@ class DelayProxy:
         except OSError:
             client_writer.close()
             return
-        await asyncio.gather(self._pipe(client_reader, box_writer),
-                             self._pipe(box_reader, client_writer), return_exceptions=True)
+        self.open.update((client_writer, box_writer))
+        try:
+            await asyncio.gather(self._pipe(client_reader, box_writer),
+                                 self._pipe(box_reader, client_writer), return_exceptions=True)
+        finally:
+            for writer in (client_writer, box_writer):
+                writer.close()
+                self.open.discard(writer)
 
     async def _pipe(self, reader, writer):
         queue: asyncio.Queue = asyncio.Queue()
@@ -65,6 +73,8 @@ class DelayProxy:
     def close(self):
         async def stop():
             self.server.close()
+            for writer in list(self.open):
+                writer.close()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for task in tasks:
                 task.cancel()

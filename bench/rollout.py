@@ -232,12 +232,11 @@ def main():
 
     for number, batch in enumerate(args.batches):
         results["rollouts"].append(rolling_change(sim, workdir, hosts, batch, f"bench-{number}"))
+    print_table(results)
+    if args.json:  # before the restore below: what was measured is kept whatever it does
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
     # Leave the boxes on the group data's own version, as other runs expect.
     timed_deploy(sim, workdir, "restore", hosts, {"rollout_batch": 2})
-
-    print_table(results)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
 
 
 def print_table(results):
