@@ -106,3 +106,18 @@ def test_inventories_in_inventory_check_host_keys_strictly_wherever_pyinfra_runs
     finally:
         inventory.unlink()
     assert '"ssh_strict_host_key_checking": "yes"' in done.stdout + done.stderr, done.stdout
+
+
+def test_the_rootfs_build_shows_debootstraps_phases_not_a_line_per_package():
+    from tests.sim.rootfs import _new_phase
+
+    said = ["I: Retrieving InRelease", "I: Retrieving libc6 2.36", "I: Validating libc6 2.36",
+            "I: Retrieving zlib1g 1:1.2.13", "I: Validating zlib1g 1:1.2.13",
+            "I: Extracting adduser...", "I: Extracting zlib1g...", "I: Installing core packages...",
+            "I: Unpacking required packages...", "I: Unpacking libc6...",
+            "W: Failure trying to run: chroot", "I: Base system installed successfully."]
+    shown = _new_phase()
+    assert [line for line in said if shown(line)] == [
+        "I: Retrieving InRelease", "I: Validating libc6 2.36", "I: Extracting adduser...",
+        "I: Installing core packages...", "I: Unpacking required packages...",
+        "W: Failure trying to run: chroot", "I: Base system installed successfully."]

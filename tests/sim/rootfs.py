@@ -87,7 +87,8 @@ def _new_phase():
         words = line.split()
         if len(words) < 2 or words[0] not in ("I:", "W:", "E:"):
             return False
-        if words[0] != "I:" or line.rstrip().endswith("..."):
+        # a phase: "I: Installing core packages..."; not a package: "I: Extracting zlib1g..."
+        if words[0] != "I:" or (line.rstrip().endswith("...") and len(words) > 3):
             return True
         first = words[1] not in seen
         seen.add(words[1])
