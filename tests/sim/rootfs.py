@@ -88,11 +88,9 @@ def _new_phase():
         if len(words) < 2 or words[0] not in ("I:", "W:", "E:"):
             return False
         # a phase: "I: Installing core packages..."; not a package: "I: Extracting zlib1g..."
-        if words[0] != "I:" or (line.rstrip().endswith("...") and len(words) > 3):
-            return True
         first = words[1] not in seen
         seen.add(words[1])
-        return first
+        return words[0] != "I:" or (line.rstrip().endswith("...") and len(words) > 3) or first
 
     return shown
 
