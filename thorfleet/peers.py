@@ -74,11 +74,19 @@ def known_hosts_lines(h) -> list[str]:
     `ssh-keygen -F` finds hashed entries too."""
     path = Path(h.data.get("ssh_known_hosts_file") or "~/.ssh/known_hosts").expanduser()
     laptop = _dialled(h.data.get("ssh_hostname") or h.name, h.data.get("ssh_port"))
-    found = subprocess.run(["ssh-keygen", "-F", laptop, "-f", str(path)], capture_output=True,
-                           text=True, check=False).stdout
+    stamp = path.stat().st_mtime_ns if path.exists() else None
     address, _, port = peer_address(h).partition(":")
-    return [f"{_dialled(address, port)} {' '.join(line.split()[1:3])}"
-            for line in found.splitlines() if line.strip() and not line.startswith("#")]
+    return [f"{_dialled(address, port)} {key}" for key in _keys_of(str(path), stamp, laptop)]
+
+
+@cache
+def _keys_of(path: str, stamp, laptop: str) -> tuple[str, ...]:
+    """"type key" of each known_hosts entry for `laptop` in `path` as it was at `stamp`: looked up
+    once per run, not once per host (every host's deploy renders the whole fleet's file)."""
+    found = subprocess.run(["ssh-keygen", "-F", laptop, "-f", path], capture_output=True,
+                           text=True, check=False).stdout
+    return tuple(" ".join(line.split()[1:3]) for line in found.splitlines()
+                 if line.strip() and not line.startswith("#"))
 
 
 def peer_known_hosts(inventory) -> str:
