@@ -70,7 +70,7 @@ def snapshot(sim_fleet, hosts):
     found = {}
     for host in hosts:
         _, sums = sim_fleet.exec(host, f"sha256sum {files} 2>&1")
-        _, logins = sim_fleet.exec(host, "journalctl -u ssh --no-pager -o cat | grep -c Accepted")
+        _, logins = sim_fleet.exec(host, "journalctl --sync && journalctl -u ssh --no-pager -o cat | grep -c Accepted")
         found[host] = (sums, container_started(sim_fleet, host), logins.strip())
     return found
 

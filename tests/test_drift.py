@@ -124,7 +124,8 @@ def test_a_converged_rerun_reads_the_box_in_one_round_trip(sim_fleet, drift_box)
     time.sleep(1)
     run = deploy(inventory)
     assert run.returncode == 0 and changed_on(run, host) == [], run.stderr[-4000:]
-    logged = box(sim_fleet, host, f"journalctl _COMM=sudo --since '{since}' -o cat")
+    # --sync: sudo's lines reach the journal through syslog, after the command they log has run
+    logged = box(sim_fleet, host, f"journalctl --sync && journalctl _COMM=sudo --since '{since}' -o cat")
     sent = [line.split("COMMAND=", 1)[1][:160] for line in logged.splitlines()
             if line.lstrip().startswith("thor :") and "COMMAND=" in line]
     # the run lock (taken before anything is read); the operations' reads in one command;

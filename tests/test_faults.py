@@ -187,7 +187,7 @@ def test_idle_ssh_sessions_send_keepalives(sim_fleet, fault_box):
     try:
         since = box(sim_fleet, host, "date '+%Y-%m-%d %H:%M:%S'")
         converge(inventory(ssh_keepalive_interval_s=1, service_extra_env={"VLLM_LOGGING_LEVEL": "INFO"}))
-        log = box(sim_fleet, host, f"journalctl -u ssh --since '{since}' --no-pager -o cat")
+        log = box(sim_fleet, host, f"journalctl --sync && journalctl -u ssh --since '{since}' --no-pager -o cat")
         assert "keepalive@lag.net" in log, log[-2000:]
     finally:
         sim_fleet.exec(host, "rm -f /etc/ssh/sshd_config.d/zz-test-debug.conf && systemctl reload ssh")
