@@ -239,3 +239,32 @@ def test_shutdown_finishes_answers_in_flight_for_shutdown_timeout(docker_client,
                 assert finishes[-1] == "length" and tokens == 100, events[-500:]
             else:
                 assert "length" not in finishes and tokens < 100, events[-500:]
+
+
+def test_max_num_seqs_decode_at_once_and_the_rest_wait(docker_client, base_image, model_dir):
+    # The seed's max_num_seqs: 1 (SEED_CONFIG): three requests at once run one after another,
+    # the two behind counted in vllm:num_requests_waiting as vLLM's scheduler reports them
+    # (v1/core/sched/scheduler.py L568, L1957).
+    env = {**SEED_ENV, "VLLM_API_KEY": KEY}
+    body = {"model": "/model", "prompt": "def fib(n):", "max_tokens": 34, "temperature": 0}
+    with serving(docker_client, base_image, model_dir, env=env) as server:
+        server.wait_healthy()
+        ended = []
+
+        def one(server=server):
+            server.request("POST", "/v1/completions", key=KEY, body=body)
+            ended.append(time.monotonic())
+
+        began = time.monotonic()
+        threads = [threading.Thread(target=one) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)
+        _, metrics = server.request("GET", "/metrics")
+        for thread in threads:
+            thread.join(timeout=30)
+    gauge = {name: float(value) for name, value in re.findall(
+        r"^vllm:num_requests_(running|waiting)\{[^}]*\} (\S+)$", metrics, re.MULTILINE)}
+    assert gauge == {"running": 1.0, "waiting": 2.0}, metrics
+    # 34 tokens at 33.7 tok/s is ~1 s each: one after another they end ~1, ~2 and ~3 s in
+    assert [round(t - began) for t in sorted(ended)] == [1, 2, 3], ended

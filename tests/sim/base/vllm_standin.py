@@ -38,6 +38,9 @@ IMITATED (cannot run without a CUDA GPU and 66 GB of weights), each rule citing 
   makes that check for unquantized models (default_loader.py L389-397): a real Thor would load a
   quantized checkpoint with a missing shard and serve garbage. The sim fails instead). Loading takes
   THORFLEET_SIM_LOAD_SECONDS (default 5) from start; the port refuses meanwhile.
+- Scheduling: at most max_num_seqs requests decode at once, the rest wait first come first served
+  and are reported as waiting (vllm:num_requests_waiting), by the rule of vLLM's scheduler
+  (StandInCore.schedule cites it). A running request decodes at the box's rate however many run.
 - Decoding: token ids are chosen, not computed, one at a time at the seed's Thor rates (33.7 tok/s
   with the EAGLE draft, 17.5 without; THORFLEET_SIM_DECODE_TOKS overrides it for tests only):
   with tools in the prompt, the Mistral v11+ tool-call tokens `[TOOL_CALLS]name[ARGS]{json}` (so
@@ -357,6 +360,13 @@ class StandInCore:
         self.spec_tokens = spec.num_speculative_tokens if spec is not None else 0
         self.queue: asyncio.Queue = asyncio.Queue()
         self.tasks: dict[str, asyncio.Task] = {}
+        # vLLM's scheduler runs at most max_num_seqs requests; the rest wait in arrival order
+        # (v1/core/sched/scheduler.py L105 max_num_running_reqs = max_num_seqs, L568 `if
+        # len(self.running) == self.max_num_running_reqs: break` in the loop over self.waiting)
+        # and are counted as waiting (L1957 num_waiting_reqs -> vllm:num_requests_waiting).
+        self.max_running = vllm_config.scheduler_config.max_num_seqs
+        self.running: set[str] = set()
+        self.waiting: dict[str, asyncio.Future] = {}  # insertion order is arrival order
         self.draining = False
         self.loop = None
         vocab = tokenizer.get_vocab()
@@ -394,16 +404,36 @@ class StandInCore:
         Prometheus vllm:num_requests_running comes from this, v1/metrics/loggers.py)."""
         from vllm.v1.metrics.stats import SchedulerStats
 
-        return SchedulerStats(num_running_reqs=sum(not task.done() for task in self.tasks.values()))
+        return SchedulerStats(num_running_reqs=len(self.running),
+                              num_waiting_reqs=len(self.waiting))
+
+    def schedule(self) -> None:
+        """Admit waiting requests, first come first served, while a running slot is free."""
+        while self.waiting and len(self.running) < self.max_running:
+            request_id, admitted = next(iter(self.waiting.items()))
+            del self.waiting[request_id]
+            self.running.add(request_id)
+            if not admitted.done():
+                admitted.set_result(None)
 
     async def run(self, request) -> None:
         from vllm.v1.engine import EngineCoreOutputs
 
+        rid = request.request_id
+        admitted = asyncio.get_running_loop().create_future()
+        self.waiting[rid] = admitted
         try:
-            await self.decode(request)
-        finally:  # however it ended (finished, aborted, failed), it no longer runs
-            if self.tasks.pop(request.request_id, None) is not None:
+            self.schedule()
+            if not admitted.done():  # its wait shows on /metrics, as the scheduler reports it
                 self.queue.put_nowait(EngineCoreOutputs(outputs=[], scheduler_stats=self.stats()))
+            await admitted
+            await self.decode(request)
+        finally:  # however it ended (finished, aborted, failed), it no longer runs nor waits
+            self.tasks.pop(rid, None)
+            self.waiting.pop(rid, None)
+            self.running.discard(rid)
+            self.schedule()
+            self.queue.put_nowait(EngineCoreOutputs(outputs=[], scheduler_stats=self.stats()))
 
     async def decode(self, request) -> None:
         from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
@@ -430,6 +460,7 @@ class StandInCore:
                 finish = FinishReason.LENGTH
             if finish is not None:  # FinishReason.STOP is 0: falsy
                 self.tasks.pop(request.request_id, None)
+                self.running.discard(request.request_id)
             stats = self.stats()
             if self.spec_tokens and left_in_step == 0:
                 # a new EAGLE step: vLLM's scheduler reports each draft it verified
