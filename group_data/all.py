@@ -67,3 +67,14 @@ rollout_benchmark = "first-install"  # benchmark after the proof: on a first ins
 rollout_bench_min_fraction = 0.8  # a host below this share of the fleet's median tok/s fails the run
 rollout_bench_min_toks = 27  # a host below this many tok/s fails the run (a Thor: 33.7 EAGLE, 17.5 base)
 rollout_report_path = "thorfleet-report.json"  # laptop path of the JSON report of the last run
+
+# --- gateway: one HTTPS endpoint in front of the boxes (the inventory group `gateway`) ---------
+gateway_serves_model = False  # the gateway host is also a Thor that serves the model (False: a box of its own)
+gateway_port = 8443  # HTTPS port clients use on the gateway
+gateway_names = []  # more names or addresses clients use for the gateway (its inventory address is one)
+gateway_tls_cert_file = None  # laptop path of your certificate chain for the gateway (None: the fleet CA signs one)
+gateway_tls_key_file = None  # laptop path of that certificate's private key (chmod 600); never logged
+gateway_ca_dir = "~/.config/thorfleet/fleet-ca"  # laptop folder of the fleet CA (made once; clients trust its fleet-ca.pem)
+gateway_fleet_address = None  # IP address the boxes see the gateway connect from (None: its ssh_hostname)
+gateway_queue_timeout_s = 120  # how long a request waits at the gateway for a free box before a 503
+gateway_check_interval_s = 2  # seconds between the gateway's health checks of each box

@@ -19,6 +19,7 @@ from pyinfra.api import deploy
 from thorfleet import rollout
 from thorfleet.layout import BOX_BENCH, FILES
 from thorfleet.operations import files, verification
+from thorfleet.roles import is_thor
 
 
 @deploy("Verification")
@@ -32,7 +33,8 @@ def run(settings):
         name="First installs: start every host that never served a version, together (no "
              "serving capacity at stake)", first_install=True, **service)
     # what each turn does, and what a failed one means for the later batches: rollout.py
-    plan = rollout.plan(inventory, settings.rollout_batch, settings.rollout_canary_group)
+    plan = rollout.plan(inventory, settings.rollout_batch, settings.rollout_canary_group,
+                        serves=is_thor)
     for index in host.loop(range(len(plan.batches))):
         if host.name in plan.batches[index]:
             verification.serving(

@@ -72,6 +72,10 @@ VALID = {
     "rollout_canary_group": ["canary", "sim_thors"],
     "rollout_benchmark": ["first-install", "always", "never"],
     "rollout_report_path": ["thorfleet-report.json"],
+    "gateway_tls_cert_file": ["~/.config/thorfleet/gateway.pem"],
+    "gateway_tls_key_file": ["~/.config/thorfleet/gateway.key"],
+    "gateway_ca_dir": ["~/.config/thorfleet/fleet-ca"],
+    "gateway_fleet_address": ["10.0.0.5", "fd00::5"],
 }
 STRINGS = sorted(VALID)
 NUMBERS = sorted(k for k, f in schema.FIELDS.items()
@@ -253,7 +257,8 @@ def test_every_setting_is_generated():
     assert set(STRINGS) | set(NUMBERS) | set(MAPPINGS) | {
         "power_allow_reboot", "image_think_prefill", "weights_hf_allow_plain_http",
         "power_mode", "service_port", "memory_gate_timeout_s", "rollout_batch",
-        "rollout_drain_timeout_s"} >= set(schema.FIELDS), set(schema.FIELDS) - set(STRINGS)
+        "rollout_drain_timeout_s", "gateway_serves_model", "gateway_names",
+        "gateway_queue_timeout_s", "gateway_check_interval_s"} >= set(schema.FIELDS), set(schema.FIELDS) - set(STRINGS)
 
 
 @pytest.mark.parametrize("key", STRINGS)

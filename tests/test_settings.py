@@ -167,6 +167,17 @@ def test_good_values_pass(change, api_key_file):
 # --- every rule refuses a bad value, saying key, value and fix ----------------------------------
 
 BAD_INPUTS = [
+    ({"gateway_serves_model": "yes"}, "gateway_serves_model='yes' must be True or False"),
+    ({"gateway_port": 0}, "gateway_port=0 must be at least 1 and at most 65535"),
+    ({"gateway_names": ["gw.lan", "gw lan"]}, "['gw lan'] is not a DNS name or IP address"),
+    ({"gateway_names": "gw.lan"}, "gateway_names='gw.lan' must be a list of DNS names"),
+    ({"gateway_tls_cert_file": ""}, "gateway_tls_cert_file='' must be a file path on the laptop"),
+    ({"gateway_tls_key_file": 5}, "gateway_tls_key_file=5 must be a file path on the laptop"),
+    ({"gateway_ca_dir": None}, "gateway_ca_dir=None must be a folder path on the laptop"),
+    ({"gateway_fleet_address": "10.0.0.5/24"}, "gateway_fleet_address='10.0.0.5/24' must be an IP"),
+    ({"gateway_fleet_address": "gw.lan"}, "gateway_fleet_address='gw.lan' must be an IP address"),
+    ({"gateway_queue_timeout_s": 0.5}, "gateway_queue_timeout_s=0.5 must be a whole number"),
+    ({"gateway_check_interval_s": 0}, "gateway_check_interval_s=0 must be a whole number"),
     ({"ssh_strict_host_key_checking": "strict"},
      "ssh_strict_host_key_checking='strict' is not one of pyinfra's values: use 'yes'"),
     ({"ssh_keepalive_interval_s": -1}, "ssh_keepalive_interval_s=-1 must be a non-negative number"),

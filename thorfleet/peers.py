@@ -18,18 +18,19 @@ import subprocess
 from functools import cache
 from pathlib import Path
 
+from thorfleet.roles import thors
 from thorfleet.schema import is_peer_address
 
 
 def fleet_copy(settings, inventory) -> bool:
     if settings.weights_source == "auto":
-        return len(list(inventory)) > 1
+        return len(thors(inventory)) > 1
     return settings.weights_source == "fleet"
 
 
 def first_of_run(inventory, state) -> str | None:
     """The first host, in inventory order, that this run reaches (its --limit)."""
-    return next((h.name for h in inventory if state.is_host_in_limit(h)), None)
+    return next((h.name for h in thors(inventory) if state.is_host_in_limit(h)), None)
 
 
 def peer_address(h) -> str:
@@ -42,7 +43,7 @@ def peer_address_problems(inventory) -> list[str]:
     copying box's rsync and ssh command lines (run as root), so it must be a host name or IPv4
     address (with an optional :port), nothing more. weights_peer_address is the schema's to check."""
     problems = []
-    for h in inventory:
+    for h in thors(inventory):
         if h.data.get("weights_peer_address"):
             continue
         key = "ssh_hostname" if h.data.get("ssh_hostname") else "its inventory name"
@@ -58,7 +59,7 @@ def sources(name, inventory, state) -> list[str]:
     """Every other box of the inventory, the run's first host first (it downloaded just before),
     then the rest in inventory order; boxes outside --limit too: they may hold it already."""
     first = first_of_run(inventory, state)
-    others = [h for h in inventory if h.name != name]
+    others = [h for h in thors(inventory) if h.name != name]
     others.sort(key=lambda h: h.name != first)  # stable: inventory order otherwise
     return [peer_address(h) for h in others]
 
@@ -93,7 +94,7 @@ def peer_known_hosts(inventory) -> str:
     """known_hosts for the boxes' copies between them: every box's host key as the laptop knows
     it, so a copy checks each peer strictly, a re-flashed box's new key arrives with the next run
     once the laptop trusts it, and an air-gapped box needs to learn nothing."""
-    lines = sorted({line for h in inventory for line in known_hosts_lines(h)})
+    lines = sorted({line for h in thors(inventory) for line in known_hosts_lines(h)})
     return "".join(f"{line}\n" for line in lines)
 
 

@@ -43,6 +43,7 @@ from thorfleet.report_rows import (
     whole_report,
 )
 from thorfleet.report_table import print_table
+from thorfleet.roles import thors
 from thorfleet.runstate import run_state
 from thorfleet.settings import settings_for_run
 from thorfleet.snapshot import read, reads
@@ -140,7 +141,7 @@ def host_runs(state):
     """[HostRun] of every inventory host, as this run left it."""
     failed = set(pyinfra_hooks.failed_hosts(state))
     found = []
-    for h in state.inventory:
+    for h in thors(state.inventory):
         if not pyinfra_hooks.in_limit(state, h):
             found.append(HostRun(h.name, in_limit=False))
             continue
@@ -211,7 +212,7 @@ def write(state, path):
         # --dry (or a run not confirmed): nothing ran, the last report still tells the truth.
         dry = f"{path}.dry.json"
         plan = dry_run_plan({h.name: pyinfra_hooks.planned_changes(state, h)
-                             for h in state.inventory if pyinfra_hooks.in_limit(state, h)})
+                             for h in thors(state.inventory) if pyinfra_hooks.in_limit(state, h)})
         try:
             replace_file(dry, json.dumps(plan, indent=2, sort_keys=True))
             print(f"thorfleet: dry run: the last report ({path}) is left alone; the plan is in "

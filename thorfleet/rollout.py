@@ -78,13 +78,15 @@ class Plan:
         return [name for batch in self.batches[:index] for name in batch]
 
 
-def plan(inventory, size, canary_group=None):
+def plan(inventory, size, canary_group=None, serves=lambda h: True):
     """The restart order of every host of `inventory`, `size` at a time, the hosts of the group
     `canary_group` first, then the others in inventory order. Each host computes it from its own
     settings; the settings check makes it one plan (settings.settings_for_inventory): a canary group
-    named in one group's data is every host's, and hosts that disagree are refused."""
-    names = [h.name for h in inventory]
-    canaries = [h.name for h in inventory.get_group(canary_group, [])] if canary_group else []
+    named in one group's data is every host's, and hosts that disagree are refused. `serves`
+    tells the hosts that run a server (roles.is_thor: a gateway of its own has no turn)."""
+    names = [h.name for h in inventory if serves(h)]
+    canaries = [h.name for h in inventory.get_group(canary_group, []) if serves(h)] \
+        if canary_group else []
     rest = [n for n in names if n not in canaries]
 
     def chunk(items):

@@ -27,6 +27,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    create_model,
 )
 from pydantic_core import PydanticCustomError
 
@@ -43,7 +44,8 @@ from thorfleet.layout import (
 from thorfleet.recipe import PROFILES, SECRET_ENV
 
 # Group data keys with these prefixes are thorfleet's: one no setting has is a typo, not a choice.
-PREFIXES = ("preflight_", "power_", "memory_", "weights_", "image_", "service_", "rollout_")
+PREFIXES = ("preflight_", "power_", "memory_", "weights_", "image_", "service_", "rollout_",
+            "gateway_")
 
 
 class SettingsError(ValueError):
@@ -223,6 +225,31 @@ def _peer_address(value):
     if not is_peer_address(value):
         raise ValueError("not a peer address")
     return value
+
+
+def _ip_address(value):
+    """An IP address, written as nftables and HAProxy read it (no zone, no port)."""
+    try:
+        return str(ipaddress.ip_address(value)) == value and value
+    except ValueError:
+        return False
+
+
+def _ip(value):
+    if not _ip_address(value):
+        raise ValueError("not an IP address")
+    return value
+
+
+def _client_names(names):
+    """Each name clients reach the gateway by: a DNS name or an IP address (the certificate's
+    subjectAltName entries)."""
+    bad = [name for name in names if not isinstance(name, str) or "%" in name or
+           not (_ip_address(name) or is_host(name))]
+    if bad:
+        _refuse(f"gateway_names={names!r}: {bad!r} is not a DNS name or IP address (the "
+                "certificate names each as it is)")
+    return names
 
 
 def _extra_env(env):
@@ -477,6 +504,36 @@ class Schema(BaseModel):
         "must be a file path on the laptop")
 
 
+    # --- gateway: one HTTPS endpoint in front of the boxes (the inventory group `gateway`) -------
+    gateway_serves_model: StrictBool = setting(
+        False, "the gateway host is also a Thor that serves the model (False: a box of its own)",
+        "must be True or False")
+    gateway_port: Annotated[StrictInt, Field(ge=1, le=65535)] = setting(
+        8443, "HTTPS port clients use on the gateway",
+        "must be at least 1 and at most 65535 (a TCP port)")
+    gateway_names: Annotated[list[StrictStr], AfterValidator(_client_names)] = setting(
+        [], "more names or addresses clients use for the gateway (its inventory address is one)",
+        "must be a list of DNS names or IP addresses")
+    gateway_tls_cert_file: Annotated[StrictStr, Field(min_length=1)] | None = setting(
+        None, "laptop path of your certificate chain for the gateway (None: the fleet CA signs one)",
+        "must be a file path on the laptop, or None")
+    gateway_tls_key_file: Annotated[StrictStr, Field(min_length=1)] | None = setting(
+        None, "laptop path of that certificate's private key (chmod 600); never logged",
+        "must be a file path on the laptop, or None")
+    gateway_ca_dir: Annotated[StrictStr, Field(min_length=1)] = setting(
+        "~/.config/thorfleet/fleet-ca", "laptop folder of the fleet CA (made once; clients trust "
+        "its fleet-ca.pem)", "must be a folder path on the laptop")
+    gateway_fleet_address: Annotated[StrictStr, AfterValidator(_ip)] | None = setting(
+        None, "IP address the boxes see the gateway connect from (None: its ssh_hostname)",
+        "must be an IP address (the boxes' firewall lets only it in), or None")
+    gateway_queue_timeout_s: Annotated[StrictInt, Field(ge=1, le=86400)] = setting(
+        120, "how long a request waits at the gateway for a free box before a 503",
+        "must be a whole number of seconds from 1 to 86400")
+    gateway_check_interval_s: Annotated[StrictInt, Field(ge=1, le=3600)] = setting(
+        2, "seconds between the gateway's health checks of each box",
+        "must be a whole number of seconds from 1 to 3600")
+
+
 FIELDS = Schema.model_fields
 # Defaults that are REQUIRED: None means "not set", and the check refuses it.
 REQUIRED = tuple(k for k, f in FIELDS.items() if f.description.startswith("REQUIRED"))
@@ -590,4 +647,28 @@ def check(data, *, api_key=None, hf_token=None, groups=None):
         names = sorted(g for g in groups if g != "all")
         problems.append(f"rollout_canary_group={canary!r} is not a group of this inventory: "
                         f"use one of {names} or None")
+    return (None if problems else values), problems
+
+
+# A gateway that is no Thor runs no server: it reads how it is reached and its own settings only,
+# so the Thors' required pins and key need not be in its data.
+GATEWAY_KEYS = tuple(k for k in FIELDS if k.startswith(("ssh_", "gateway_"))) + (
+    "rollout_report_path", "rollout_drain_timeout_s")
+GatewaySchema = create_model(
+    "GatewaySchema", __config__=Schema.model_config,
+    **{key: (FIELDS[key].annotation, FIELDS[key]) for key in GATEWAY_KEYS})
+
+
+def check_gateway(data):
+    """(GatewaySchema, []) for the data of a gateway that is no Thor, or (None, problems)."""
+    problems = _unknown_keys(data)
+    values = None
+    try:
+        values = GatewaySchema.model_validate({k: data[k] for k in GATEWAY_KEYS if k in data})
+    except ValidationError as error:
+        problems += _messages(error, data)
+    cert, key = data.get("gateway_tls_cert_file"), data.get("gateway_tls_key_file")
+    if (cert is None) != (key is None):
+        problems.append("gateway_tls_cert_file and gateway_tls_key_file go together: set both "
+                        "(your certificate and its key), or neither (the fleet CA signs one)")
     return (None if problems else values), problems

@@ -8,6 +8,7 @@ from pyinfra.api import FunctionCommand, operation
 
 from thorfleet import facts, pyinfra_hooks
 from thorfleet.operations.commands import ShownCommand, q, sh
+from thorfleet.roles import thors
 from thorfleet.runstate import run_state
 from thorfleet.snapshot import is_planned, read, reads
 
@@ -68,7 +69,7 @@ def _lacking(tag):
     """The run's other active hosts that will look for `tag` (their image operation declared the
     read) and do not have it: read from their own one-round-trip reads, no extra query."""
     fact, args = _labels(tag)
-    return sorted(other.name for other in host.state.inventory
+    return sorted(other.name for other in thors(host.state.inventory)
                   if other is not host and other in pyinfra_hooks.active_hosts(host.state)
                   and is_planned(other, fact, **args) and read(fact, other, **args) is None)
 
