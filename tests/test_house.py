@@ -14,7 +14,7 @@ pytestmark = pytest.mark.fast
 PACKAGE = ROOT / "thorfleet"
 # Modules that import nothing of thorfleet's: facts of the world, not logic, and the one module
 # that touches pyinfra's run machinery (pyinfra_hooks).
-LEAVES = {"layout", "pyinfra_hooks", "recipe", "runstate", "rollout"}
+LEAVES = {"gateway_tls", "layout", "pyinfra_hooks", "recipe", "runstate", "rollout"}
 # What the box-facing side (facts, operations) may import: never settings, schema or the report.
 BOX_SIDE = {"facts": {"layout"},
             "operations": {"facts", "layout", "pyinfra_hooks", "rollout", "runstate",
