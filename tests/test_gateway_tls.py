@@ -1,5 +1,5 @@
-"""The gateway's certificate on the laptop: a fleet CA made once, a gateway certificate kept byte for
-byte until it must change, the operator's own checked, and a real TLS handshake that verifies the
+"""The gateway's certificate on the laptop: a fleet CA made once, a gateway certificate kept byte
+for byte until it must change, the operator's own checked, and a real TLS handshake that verifies the
 hostname against the fleet CA the way a client does."""
 
 import datetime
@@ -110,7 +110,8 @@ def test_gateway_pair_signed_by_the_ca_and_byte_identical_on_a_rerun(tmp_path):
     cert = x509.load_pem_x509_certificate(cert_pem)
     cert.verify_directly_issued_by(x509.load_pem_x509_certificate(
         (tmp_path / "fleet-ca.pem").read_bytes()))
-    assert sans(cert_pem) == {x509.DNSName("thor-gw.lan"), x509.IPAddress(ipaddress.ip_address("10.0.0.5"))}
+    assert sans(cert_pem) == {x509.DNSName("thor-gw.lan"),
+                              x509.IPAddress(ipaddress.ip_address("10.0.0.5"))}
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "thor-gw.lan"
     assert cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value == \
         x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH])
@@ -124,6 +125,24 @@ def test_a_changed_name_set_reissues_and_a_reordered_one_does_not(tmp_path):
     grown = gateway_pair(tmp_path, "gw-1", [*NAMES, "gw.example"])
     assert grown[0] != first[0] and grown[1] != first[1]
     assert x509.DNSName("gw.example") in sans(grown[0])
+
+
+def test_a_key_that_no_longer_fits_its_certificate_reissues(tmp_path):
+    # what a run cut between writing the new key and the new certificate leaves behind
+    first = gateway_pair(tmp_path, "gw-1", NAMES)
+    (tmp_path / "gateways" / "gw-1.key").write_bytes(gateway_pair(tmp_path, "gw-2", NAMES)[1])
+    second = gateway_pair(tmp_path, "gw-1", NAMES)
+    assert second[0] != first[0]
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    (tmp_path / "gw-1.pem").write_bytes(haproxy_pem(*second))
+    server.load_cert_chain(tmp_path / "gw-1.pem")  # raises when key and certificate differ
+
+
+def test_a_ca_key_left_without_its_certificate_is_replaced(tmp_path):
+    # a run cut after writing the key: no client trusts a CA whose certificate was never written
+    (tmp_path / "fleet-ca.key").write_bytes(b"half a key")
+    ensure_fleet_ca(tmp_path)
+    serialization.load_pem_private_key((tmp_path / "fleet-ca.key").read_bytes(), None)
 
 
 def test_a_new_ca_reissues(tmp_path):
@@ -158,13 +177,14 @@ def test_the_operators_pair_is_returned_as_given(tmp_path):
 def test_the_operators_key_must_be_the_certificates(tmp_path):
     cert_file, _ = operator_files(tmp_path, NAMES)
     _, other_key = operator_files(tmp_path / "other", NAMES)
-    with pytest.raises(ValueError, match=f"{re.escape(str(other_key))}: is not the key of the certificate"):
+    with pytest.raises(ValueError, match=f"{re.escape(str(other_key))}: is not the key of the"):
         operator_pair(cert_file, other_key, NAMES)
 
 
 def test_the_operators_certificate_must_name_every_name(tmp_path):
     cert_file, key_file = operator_files(tmp_path, ["thor-gw.lan"])
-    with pytest.raises(ValueError, match=f"{re.escape(str(cert_file))}: its SANs do not name 10.0.0.5, gw.lan"):
+    with pytest.raises(ValueError,
+                       match=f"{re.escape(str(cert_file))}: its SANs do not name 10.0.0.5, gw.lan"):
         operator_pair(cert_file, key_file, [*NAMES, "gw.lan"])
 
 
@@ -220,7 +240,8 @@ def operator_files(folder, names, days=90):
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
     now = datetime.datetime.now(datetime.timezone.utc)
-    general = [x509.IPAddress(ipaddress.ip_address(n)) if n[0].isdigit() else x509.DNSName(n) for n in names]
+    general = [x509.IPAddress(ipaddress.ip_address(n)) if n[0].isdigit() else x509.DNSName(n)
+               for n in names]
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(days=100))

@@ -80,22 +80,13 @@ def ensure_fleet_ca(ca_dir: Path) -> Path:
             return cert_file
         # No cert yet means no client trusts this CA: a key left by a cut run is replaced.
         key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "thorfleet fleet CA")])
-        now = _now()
-        cert = (
-            x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - SKEW)
-            .not_valid_after(now + datetime.timedelta(days=365 * CA_YEARS))
+        cert = _certificate("thorfleet fleet CA", key.public_key(), None, key, 365 * CA_YEARS, [
             # path_length=0: it signs gateways' certificates, never another CA
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(
-                digital_signature=False, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
+            (x509.BasicConstraints(ca=True, path_length=0), True),
+            (x509.KeyUsage(digital_signature=False, content_commitment=False,
+                           key_encipherment=False, data_encipherment=False, key_agreement=False,
+                           key_cert_sign=True, crl_sign=True, encipher_only=False,
+                           decipher_only=False), True)])
         _write_whole(key_file, _key_pem(key))  # key first: the cert's presence means both are whole
         _write_whole(cert_file, cert.public_bytes(serialization.Encoding.PEM))
         return cert_file
@@ -113,34 +104,19 @@ def gateway_pair(ca_dir: Path, gateway: str, names: list[str]) -> tuple[bytes, b
     with _locked(ca_dir):
         ca_cert = x509.load_pem_x509_certificate(ca_cert_file.read_bytes())
         ca_key = serialization.load_pem_private_key((ca_dir / "fleet-ca.key").read_bytes(), None)
-        folder = ca_dir / "gateways"
-        with contextlib.suppress(FileExistsError):
-            folder.mkdir()
-            folder.chmod(0o700)
+        folder = _private_dir(ca_dir / "gateways")
         cert_file, key_file = folder / f"{gateway}.pem", folder / f"{gateway}.key"
         if cert_file.exists() and key_file.exists():
             cert_pem, key_pem = cert_file.read_bytes(), key_file.read_bytes()
             if _still_good(cert_pem, key_pem, ca_cert, names):
                 return cert_pem, key_pem
         key = ec.generate_private_key(ec.SECP256R1())
-        now = _now()
         ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-            .issuer_name(ca_cert.subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - SKEW).not_valid_after(now + datetime.timedelta(days=GATEWAY_DAYS))
-            .add_extension(x509.SubjectAlternativeName([_general_name(n) for n in names]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
-                           critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski),
-                           critical=False)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
+        cert = _certificate(names[0], key.public_key(), ca_cert.subject, ca_key, GATEWAY_DAYS, [
+            (x509.SubjectAlternativeName([_general_name(n) for n in names]), False),
+            (x509.BasicConstraints(ca=False, path_length=None), True),
+            (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False),
+            (x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), False)])
         cert_pem, key_pem = cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
         # Key first: a cut between the two leaves an old cert that fails _still_good's key match.
         _write_whole(key_file, key_pem)
@@ -173,7 +149,8 @@ def operator_pair(cert_file: Path, key_file: Path, names: list[str]) -> tuple[by
                          f"{leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
     ips = {n.value for n in _san(leaf) if isinstance(n, x509.IPAddress)}
     dns = {n.value.lower() for n in _san(leaf) if isinstance(n, x509.DNSName)}
-    missing = [n for n in names if not (_ip(n) in ips if _ip(n) is not None else _dns_covered(n, dns))]
+    missing = [n for n in names
+               if not (_ip(n) in ips if _ip(n) is not None else _dns_covered(n, dns))]
     if missing:
         raise ValueError(f"gateway_tls_cert_file {cert_file}: its SANs do not name "
                          f"{', '.join(missing)}; clients checking the hostname would refuse it")
@@ -196,6 +173,20 @@ def _still_good(cert_pem: bytes, key_pem: bytes, ca_cert: x509.Certificate, name
     return (_public(key) == _public(cert)  # a cut between the two writes leaves a mismatch
             and set(_san(cert)) == {_general_name(n) for n in names}  # order is not a change
             and cert.not_valid_after_utc - _now() > RENEW_BEFORE)
+
+
+def _certificate(common_name: str, public_key, issuer, signer, days: int, extensions):
+    """A certificate for `public_key` signed by `signer` (self-signed when `issuer` is None)."""
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = _now()
+    builder = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(issuer or name)
+        .public_key(public_key).serial_number(x509.random_serial_number())
+        .not_valid_before(now - SKEW).not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False))
+    for extension, critical in extensions:
+        builder = builder.add_extension(extension, critical=critical)
+    return builder.sign(signer, hashes.SHA256())
 
 
 def _san(cert: x509.Certificate) -> list[x509.GeneralName]:
@@ -238,12 +229,16 @@ def _now() -> datetime.datetime:
 
 @contextlib.contextmanager
 def _locked(ca_dir: Path):
-    with contextlib.suppress(FileExistsError):  # another deploy may make it first
-        ca_dir.mkdir(parents=True)
-        ca_dir.chmod(0o700)  # the CA's key lives here; mkdir's mode is cut by the umask
-    with open(ca_dir / ".lock", "a") as handle:
+    with open(_private_dir(ca_dir) / ".lock", "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
         yield
+
+
+def _private_dir(path: Path) -> Path:
+    with contextlib.suppress(FileExistsError):  # another deploy may make it first
+        path.mkdir(parents=True)
+        path.chmod(0o700)  # keys live here; mkdir's mode is cut by the umask
+    return path
 
 
 def _write_whole(path: Path, data: bytes) -> None:
