@@ -83,14 +83,19 @@ def test_two_deploys_at_once_make_one_ca(tmp_path, monkeypatch):
         return generate(curve)
 
     monkeypatch.setattr(gateway_tls.ec, "generate_private_key", slow_generate)
-    start = threading.Barrier(4)
-    runs = [threading.Thread(target=lambda: (start.wait(), ensure_fleet_ca(tmp_path / "ca")))
+    start, returned = threading.Barrier(4), []
+    runs = [threading.Thread(target=lambda: (start.wait(),
+                                             returned.append(ensure_fleet_ca(tmp_path / "ca"))))
             for _ in range(4)]
     for run in runs:
         run.start()
     for run in runs:
         run.join()
     assert len(made) == 1
+    assert returned == [tmp_path / "ca" / "fleet-ca.pem"] * 4  # none of them failed
+    key = serialization.load_pem_private_key((tmp_path / "ca" / "fleet-ca.key").read_bytes(), None)
+    cert = x509.load_pem_x509_certificate(returned[0].read_bytes())
+    assert cert.public_key() == key.public_key()
 
 
 def test_a_ca_whose_key_is_gone_is_refused_not_replaced(tmp_path):
