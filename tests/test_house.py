@@ -13,8 +13,9 @@ pytestmark = pytest.mark.fast
 
 PACKAGE = ROOT / "thorfleet"
 # Modules that import nothing of thorfleet's: facts of the world, not logic, and the one module
-# that touches pyinfra's run machinery (pyinfra_hooks), and which host is what (roles).
-LEAVES = {"layout", "pyinfra_hooks", "recipe", "roles", "runstate", "rollout"}
+# that touches pyinfra's run machinery (pyinfra_hooks), which host is what (roles), the fleet CA
+# (gateway_tls).
+LEAVES = {"gateway_tls", "layout", "pyinfra_hooks", "recipe", "roles", "runstate", "rollout"}
 # What the box-facing side (facts, operations) may import: never settings, schema or the report.
 BOX_SIDE = {"facts": {"layout"},
             "operations": {"facts", "layout", "pyinfra_hooks", "roles", "rollout", "runstate",

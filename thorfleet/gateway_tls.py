@@ -1,0 +1,256 @@
+"""The gateway's TLS certificate, on the laptop: the operator's own, or one signed by a fleet CA.
+
+    names = check_names(["thor-gw.lan", "10.0.0.5"])   # every name a client uses for the gateway
+    ca = ensure_fleet_ca(ca_dir)                      # made once; the file clients trust
+    cert, key = gateway_pair(ca_dir, "gw-1", names)   # kept, reissued only when it must be
+    pem = haproxy_pem(cert, key)                      # what HAProxy's `crt` reads
+
+A re-run returns the same bytes, so the deploy that uploads them changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import ipaddress
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+# An inventory name becomes a file name under ca_dir/gateways: no '/', no '.' or '..' alone.
+INVENTORY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+CA_YEARS = 10
+# Apple's platforms refuse TLS server certificates valid longer than 825 days, private CAs included
+# (Apple support HT210176, "Requirements for trusted certificates in iOS 13 and macOS 10.15").
+GATEWAY_DAYS = 825
+RENEW_BEFORE = datetime.timedelta(days=30)
+# Backdated so a client whose clock runs a little behind the laptop's still accepts a fresh one.
+SKEW = datetime.timedelta(minutes=5)
+
+
+def check_names(names) -> list[str]:
+    """The names, each an IP address or an RFC 1123 hostname, written one way (IPs compressed, DNS
+    names lower case: a SAN compares case-insensitively), duplicates dropped, order kept."""
+    found: list[str] = []
+    for name in names:
+        # a scoped IPv6 address ("fe80::1%eth0") names one link of one host: no SAN can hold it
+        address = _ip(name) if isinstance(name, str) and "%" not in name else None
+        if address is not None:
+            name = str(address)
+        elif _hostname(name):
+            name = name.lower()
+        else:
+            raise ValueError(
+                f"gateway name {name!r}: neither an IP address (no %scope) nor an RFC 1123 "
+                f"hostname: dot-separated labels of 1-63 letters, digits or '-', not starting or "
+                f"ending with '-', at most 253 characters, no trailing dot, no wildcard, and a "
+                f"last label not all digits (clients read that as an IPv4 address)")
+        if name not in found:
+            found.append(name)
+    if not found:
+        raise ValueError("gateway names: none given; the certificate must name the gateway")
+    return found
+
+
+def _hostname(name) -> bool:
+    if not isinstance(name, str) or len(name) > 253:
+        return False
+    labels = name.split(".")
+    # inet_aton reads "10.1" as an address, so RFC 3696 section 2 rules out an all-digit TLD
+    return all(LABEL.fullmatch(label) for label in labels) and not labels[-1].isdigit()
+
+
+def ensure_fleet_ca(ca_dir: Path) -> Path:
+    """ca_dir/fleet-ca.pem, made once with its key (fleet-ca.key, 0600) and never replaced."""
+    cert_file, key_file = ca_dir / "fleet-ca.pem", ca_dir / "fleet-ca.key"
+    with _locked(ca_dir):  # two deploys at once make one CA
+        if cert_file.exists():
+            if not key_file.exists():  # clients trust this CA: a new one would cut them all off
+                raise ValueError(f"{key_file}: missing, so the fleet CA {cert_file} cannot sign; "
+                                 f"restore the key (or remove both files to start a new CA)")
+            return cert_file
+        # No cert yet means no client trusts this CA: a key left by a cut run is replaced.
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = _certificate("thorfleet fleet CA", key.public_key(), None, key, 365 * CA_YEARS, [
+            # path_length=0: it signs gateways' certificates, never another CA
+            (x509.BasicConstraints(ca=True, path_length=0), True),
+            (x509.KeyUsage(digital_signature=False, content_commitment=False,
+                           key_encipherment=False, data_encipherment=False, key_agreement=False,
+                           key_cert_sign=True, crl_sign=True, encipher_only=False,
+                           decipher_only=False), True)])
+        _write_whole(key_file, _key_pem(key))  # key first: the cert's presence means both are whole
+        _write_whole(cert_file, cert.public_bytes(serialization.Encoding.PEM))
+        return cert_file
+
+
+def gateway_pair(ca_dir: Path, gateway: str, names: list[str]) -> tuple[bytes, bytes]:
+    """(certificate PEM, key PEM) for inventory host `gateway`, signed by the fleet CA for `names`.
+    The chain is the leaf alone: clients hold the CA itself. Kept in ca_dir/gateways/ and returned
+    byte for byte until the names change, the CA changes, or it has 30 days left."""
+    if not isinstance(gateway, str) or not INVENTORY_NAME.fullmatch(gateway):
+        raise ValueError(f"gateway host {gateway!r}: an inventory name of letters, digits, '.', "
+                         f"'_' or '-', starting with a letter or digit")
+    names = check_names(names)
+    ca_cert_file = ensure_fleet_ca(ca_dir)
+    with _locked(ca_dir):
+        ca_cert = x509.load_pem_x509_certificate(ca_cert_file.read_bytes())
+        ca_key = serialization.load_pem_private_key((ca_dir / "fleet-ca.key").read_bytes(), None)
+        folder = _private_dir(ca_dir / "gateways")
+        cert_file, key_file = folder / f"{gateway}.pem", folder / f"{gateway}.key"
+        if cert_file.exists() and key_file.exists():
+            cert_pem, key_pem = cert_file.read_bytes(), key_file.read_bytes()
+            if _still_good(cert_pem, key_pem, ca_cert, names):
+                return cert_pem, key_pem
+        key = ec.generate_private_key(ec.SECP256R1())
+        ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+        cert = _certificate(names[0], key.public_key(), ca_cert.subject, ca_key, GATEWAY_DAYS, [
+            (x509.SubjectAlternativeName([_general_name(n) for n in names]), False),
+            (x509.BasicConstraints(ca=False, path_length=None), True),
+            (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False),
+            (x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), False)])
+        cert_pem, key_pem = cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+        # Key first: a cut between the two leaves an old cert that fails _still_good's key match.
+        _write_whole(key_file, key_pem)
+        _write_whole(cert_file, cert_pem)
+        return cert_pem, key_pem
+
+
+def operator_pair(cert_file: Path, key_file: Path, names: list[str]) -> tuple[bytes, bytes]:
+    """The operator's certificate (chain) and key, as given, once they are known to fit together,
+    to be valid now, and to name every one of `names`."""
+    names = check_names(names)
+    cert_pem, key_pem = Path(cert_file).read_bytes(), Path(key_file).read_bytes()
+    try:
+        leaf = x509.load_pem_x509_certificates(cert_pem)[0]  # the server's own comes first
+    except ValueError as error:
+        raise ValueError(f"gateway_tls_cert_file {cert_file}: not a PEM certificate ({error})")
+    try:
+        key = serialization.load_pem_private_key(key_pem, None)
+    except (ValueError, TypeError) as error:  # TypeError: encrypted, and HAProxy has no password
+        raise ValueError(f"gateway_tls_key_file {key_file}: not an unencrypted PEM key ({error})")
+    if _public(key) != _public(leaf):
+        raise ValueError(f"gateway_tls_key_file {key_file}: is not the key of the certificate "
+                         f"in {cert_file}")
+    now = _now()
+    if leaf.not_valid_after_utc <= now:
+        raise ValueError(f"gateway_tls_cert_file {cert_file}: expired on "
+                         f"{leaf.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+    if leaf.not_valid_before_utc > now:
+        raise ValueError(f"gateway_tls_cert_file {cert_file}: not valid until "
+                         f"{leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
+    ips = {n.value for n in _san(leaf) if isinstance(n, x509.IPAddress)}
+    dns = {n.value.lower() for n in _san(leaf) if isinstance(n, x509.DNSName)}
+    missing = [n for n in names
+               if not (_ip(n) in ips if _ip(n) is not None else _dns_covered(n, dns))]
+    if missing:
+        raise ValueError(f"gateway_tls_cert_file {cert_file}: its SANs do not name "
+                         f"{', '.join(missing)}; clients checking the hostname would refuse it")
+    return cert_pem, key_pem
+
+
+def haproxy_pem(cert: bytes, key: bytes) -> bytes:
+    """One file with the certificate (and chain) then the key: HAProxy's `crt` reads both from it
+    (HAProxy configuration manual, bind option "crt")."""
+    return b"".join(part if part.endswith(b"\n") else part + b"\n" for part in (cert, key))
+
+
+def _still_good(cert_pem: bytes, key_pem: bytes, ca_cert: x509.Certificate, names) -> bool:
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        key = serialization.load_pem_private_key(key_pem, None)
+        cert.verify_directly_issued_by(ca_cert)  # raises when another CA (or key) signed it
+    except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
+        return False  # unreadable, or another CA's: reissue, the CA's key is at hand
+    return (_public(key) == _public(cert)  # a cut between the two writes leaves a mismatch
+            and set(_san(cert)) == {_general_name(n) for n in names}  # order is not a change
+            and cert.not_valid_after_utc - _now() > RENEW_BEFORE)
+
+
+def _certificate(common_name: str, public_key, issuer, signer, days: int, extensions):
+    """A certificate for `public_key` signed by `signer` (self-signed when `issuer` is None)."""
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = _now()
+    builder = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(issuer or name)
+        .public_key(public_key).serial_number(x509.random_serial_number())
+        .not_valid_before(now - SKEW).not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False))
+    for extension, critical in extensions:
+        builder = builder.add_extension(extension, critical=critical)
+    return builder.sign(signer, hashes.SHA256())
+
+
+def _san(cert: x509.Certificate) -> list[x509.GeneralName]:
+    try:
+        return list(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
+    except x509.ExtensionNotFound:
+        return []
+
+
+def _dns_covered(name: str, dns: set[str]) -> bool:
+    # A wildcard covers exactly one leftmost label, as clients match it (RFC 6125 section 6.4.3).
+    return name in dns or ("." in name and "*." + name.split(".", 1)[1] in dns)
+
+
+def _general_name(name: str) -> x509.GeneralName:
+    address = _ip(name)
+    return x509.IPAddress(address) if address is not None else x509.DNSName(name)
+
+
+def _ip(name: str):
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
+
+
+def _public(holder) -> bytes:
+    return holder.public_key().public_bytes(serialization.Encoding.DER,
+                                            serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def _key_pem(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+@contextlib.contextmanager
+def _locked(ca_dir: Path):
+    with open(_private_dir(ca_dir) / ".lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def _private_dir(path: Path) -> Path:
+    with contextlib.suppress(FileExistsError):  # another deploy may make it first
+        path.mkdir(parents=True)
+        path.chmod(0o700)  # keys live here; mkdir's mode is cut by the umask
+    return path
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """`data` as all of `path` (0600) or nothing: a cut leaves the old file or none, never half."""
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:  # mkstemp makes the file 0600 from the start, so a key is never readable by others
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
