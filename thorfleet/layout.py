@@ -50,6 +50,19 @@ BOX_REBOOT_MARKER = "/run/thorfleet-before-reboot"  # /run is emptied by every b
 BOX_RUN_LOCK_DIR = "/run/thorfleet"
 BOX_UPLOAD_STAGING = ".thorfleet-upload"  # in the SSH user's home: uploads wait here, 0700
 CLOCKS_UNIT = "thorfleet-clocks.service"
+# With a gateway: the Thor's nftables table (the vLLM port answers the gateway and the box only),
+# loaded at boot by its own unit.
+BOX_FIREWALL = f"{BOX_ETC}/firewall.nft"
+FIREWALL_UNIT = "thorfleet-firewall.service"
+FIREWALL_TABLE = ("inet", "thorfleet")
+
+# --- the gateway (Debian's haproxy package) ------------------------------------------------------
+GATEWAY_CONFIG = "/etc/haproxy/haproxy.cfg"  # the package's unit reads this one
+GATEWAY_PEM = "/etc/haproxy/thorfleet/gateway.pem"  # certificate chain and key, root-only
+GATEWAY_ADMIN_SOCKET = "/run/haproxy/admin.sock"  # the runtime API: drain, ready, sessions
+GATEWAY_SERVER_STATE = "/var/lib/haproxy/server-state"  # drain states kept across a reload
+GATEWAY_ROTATION = "/usr/local/sbin/thorfleet-rotation"  # drain/ready a box through that API
+GATEWAY_BACKEND = "thors"  # HAProxy's backend of the Thors' vLLM ports
 
 
 def box_unit(service):

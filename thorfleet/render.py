@@ -85,6 +85,11 @@ class Settings:
         self.api_key = api_key
         self.hf_token = hf_token
         self._image_files = image_files
+        # With a gateway (settings.py sets them): the IP it connects from, which the box's
+        # firewall lets alone reach the vLLM port; and, on a Thor that is the gateway too, its
+        # GatewaySettings.
+        self.gateway = None
+        self.gateway_role = None
 
     def __getattr__(self, name):
         # A declared setting reads as an attribute: s.service_port. Nothing else does.

@@ -13,9 +13,14 @@ import os
 import sys
 from pathlib import Path
 
-from thorfleet.peers import fleet_copy, peer_address_problems
+import yaml
+
+from thorfleet import gateway_tls
+from thorfleet.gateway import SERVER_NAME, Backend, GatewaySettings
+from thorfleet.peers import fleet_copy, peer_address, peer_address_problems
 from thorfleet.render import Settings, image_files_hash
-from thorfleet.schema import SettingsError, check
+from thorfleet.roles import is_gateway, is_thor, thors
+from thorfleet.schema import SettingsError, _ip_address, check, check_gateway, is_host
 
 __all__ = ["Settings", "SettingsError", "no_hosts", "refuse_outside_the_repository", "settings_for",
            "settings_for_inventory", "settings_for_run"]
@@ -72,7 +77,7 @@ def settings_for_inventory(inventory):
     groups = set(inventory.groups)
     image_files = image_files_hash()
     canary_group, found = _the_canary_group(inventory)
-    for h in inventory:
+    for h in thors(inventory):
         data = h.data.dict()
         if canary_group and data.get("rollout_canary_group") is None:
             data["rollout_canary_group"] = canary_group  # named in one group's data: the run's
@@ -90,9 +95,77 @@ def settings_for_inventory(inventory):
             found.append(f"{', '.join(names)}: the same box ({addr}:{ssh_port}) twice with "
                          f"service_port={port}: two services cannot share one port")
     found += _one_batch_size(settings)
+    gateways, problems = _the_gateway(inventory, settings)
+    found += problems
     if found:
         raise SettingsError(found)
+    for name, gateway in gateways.items():
+        if name in settings:  # a Thor that is the gateway too (gateway_serves_model)
+            settings[name].gateway_role = gateway
+        else:
+            settings[name] = gateway
     return settings
+
+
+def _the_gateway(inventory, settings):
+    """({name: GatewaySettings}, [problem]) of the inventory's gateway (group `gateway`), and each
+    Thor told where the gateway connects from (Settings.gateway), for its firewall."""
+    hosts = [h for h in inventory if is_gateway(h)]
+    if not hosts:
+        return {}, []
+    if len(hosts) > 1:
+        return {}, [(f"{', '.join(h.name for h in hosts)}: group `gateway` holds one host (two "
+                    "gateways with one shared address are the README's 'Scale' section)")]
+    h = hosts[0]
+    data = h.data.dict()
+    values, problems = check_gateway(data)
+    problems = [f"{h.name}: {p}" for p in problems]
+    backs = [t for t in thors(inventory) if t is not h]
+    if not backs and not is_thor(h):
+        problems.append(f"{h.name}: the gateway has no Thor behind it: list the boxes in a group "
+                        "of their own")
+    address = data.get("ssh_hostname") or h.name
+    try:
+        names = gateway_tls.check_names([address, *(values.gateway_names if values else [])])
+    except ValueError as error:
+        problems.append(f"{h.name}: {error}: the certificate names the gateway's ssh_hostname "
+                        "as clients use it; set ssh_hostname to an address or DNS name")
+        names = []
+    source = (values.gateway_fleet_address if values else None) or address
+    if not _ip_address(source):
+        problems.append(f"{h.name}: gateway_fleet_address is not set and ssh_hostname "
+                        f"{address!r} is not an IP address: set gateway_fleet_address to the IP "
+                        "the boxes see the gateway connect from (their firewall lets only it in)")
+    cert, key = data.get("gateway_tls_cert_file"), data.get("gateway_tls_key_file")
+    if values and cert and key:
+        try:
+            gateway_tls.operator_pair(Path(cert).expanduser(), Path(key).expanduser(), names)
+        except (OSError, ValueError) as error:
+            problems.append(f"{h.name}: gateway_tls_cert_file/gateway_tls_key_file: {error}")
+    backends = []
+    for t in [*backs, *([h] if is_thor(h) else [])]:
+        checked = settings.get(t.name)
+        if checked is None:
+            continue  # its own problems are listed already
+        target = peer_address(t).partition(":")[0]
+        if not SERVER_NAME.fullmatch(t.name):
+            problems.append(f"{t.name}: the gateway names each box by its inventory name, and "
+                            "HAProxy takes letters, digits, '-', '_', '.' and ':' only (64 at "
+                            "most): rename the host in the inventory")
+        if not is_host(target) or "%" in target:
+            problems.append(f"{t.name}: the gateway dials it at {target!r}, not a host name or "
+                            "address: set weights_peer_address (the address the other boxes "
+                            "and the gateway reach it at)")
+        checked.gateway = source if _ip_address(source) else None
+        backends.append(Backend(t.name, target, checked.service_port, _max_num_seqs(checked)))
+    if problems:
+        return {}, problems
+    return {h.name: GatewaySettings(values, h.name, address, backends)}, []
+
+
+def _max_num_seqs(checked) -> int:
+    """The requests vLLM runs at once, as its rendered config says: the gateway's maxconn."""
+    return int(yaml.safe_load(checked.config_text)["max_num_seqs"])
 
 
 # The restart order (rollout.plan) is one plan for the whole run: each host computes it from its

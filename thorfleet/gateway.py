@@ -1,0 +1,173 @@
+"""The gateway, rendered on the laptop: HAProxy's config, its certificate, the Thors' firewall.
+
+    g = GatewaySettings(values, name, address, backends)   # settings.py makes it, checked
+    g.config_text          # /etc/haproxy/haproxy.cfg
+    g.pem                  # certificate chain + key (fleet CA's, or the operator's)
+    g.endpoint             # {"url": ..., "ca_file": ...}: what clients use, in the report
+    firewall_text(port, gateway_ip)  # a Thor's nftables table: its vLLM port answers the gateway
+
+Every value lands through the emitter of the file it lands in (haproxy_word, nft_word), which
+refuses what that file's grammar would read as more than one word; the schema and settings.py
+have checked each value's own rule before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import jinja2
+
+from thorfleet import gateway_tls, layout
+
+# HAProxy's config words (configuration.txt, 2.2 "Quoting and escaping"): outside quotes a space
+# or '#' ends a word, '\', '"', "'" and '$' start an escape, a quote or a variable. A plain word
+# holds none of them; anything else is single-quoted (no escapes inside), or refused.
+_HAPROXY_PLAIN = re.compile(r"[A-Za-z0-9_.:/@+,=-]+")
+_HAPROXY_QUOTABLE = re.compile(r"[ -&(-~]+")  # printable ASCII but the single quote
+# A server name in HAProxy: letters, digits, '-', '_', '.' and ':' (configuration.txt, "server").
+SERVER_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+# What a request needs to be proven served until the watchdog's own signal plugs in here
+# (issue "serving stays proven"): vLLM's /health (200 once the engine is up).
+HEALTH_PATH = "/health"
+
+
+def haproxy_word(value):
+    """`value` as one word of haproxy.cfg."""
+    if isinstance(value, bool) or value is None:
+        raise TypeError(f"{value!r} has no haproxy.cfg spelling")
+    if isinstance(value, int):
+        return str(value)
+    text = str(value)
+    if _HAPROXY_PLAIN.fullmatch(text):
+        return text
+    if _HAPROXY_QUOTABLE.fullmatch(text):
+        return f"'{text}'"
+    raise ValueError(f"{text!r} cannot be one haproxy.cfg word")
+
+
+def nft_word(value):
+    """`value` as one word of an nft script: a number, an IP address, a plain name, or a quoted
+    string (nft's strings take no escapes: one holding a quote or a newline is refused)."""
+    if isinstance(value, bool) or value is None:
+        raise TypeError(f"{value!r} has no nft spelling")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, (ipaddress.IPv4Address, ipaddress.IPv6Address)):
+        return str(value)
+    text = str(value)
+    if re.fullmatch(r"[a-z][a-z0-9_]*", text):
+        return text
+    if re.fullmatch(r"[ !#-~]*", text):
+        return f'"{text}"'
+    raise ValueError(f"{text!r} cannot be one nft word")
+
+
+def _environment(finalize):
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(layout.FILES / "gateway")),
+                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
+                              finalize=finalize)
+
+
+_HAPROXY = _environment(haproxy_word)
+_NFT = _environment(nft_word)
+
+
+def firewall_text(port: int, gateway_ip: str) -> str:
+    """A Thor's nftables script: its vLLM `port` answers `gateway_ip` and the box itself only.
+    Its last rule's comment carries a digest of the rest, so a fact can tell the live table is
+    this one from `nft list table` alone."""
+    address = ipaddress.ip_address(gateway_ip)
+    family, table = layout.FIREWALL_TABLE
+
+    def render(mark):
+        return _NFT.get_template("firewall.nft.j2").render(
+            family=family, table=table, port=int(port), gateway=address,
+            source_family="ip" if address.version == 4 else "ip6", mark=mark)
+
+    return render(firewall_mark(render("thorfleet")))
+
+
+def firewall_mark(text: str) -> str:
+    """The comment on the table's drop rule: what `nft list` shows of the script's version."""
+    return f"thorfleet {hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One Thor behind the gateway: its inventory name, where the gateway dials its vLLM port,
+    and how many requests it takes at once (vLLM's max_num_seqs)."""
+
+    name: str
+    address: str
+    port: int
+    maxconn: int
+
+
+class GatewaySettings:
+    """The gateway host's checked settings (`g.gateway_port`, ...) and what is rendered from them."""
+
+    def __init__(self, values, name: str, address: str, backends: list[Backend]):
+        self.values = values
+        self.name = name  # its inventory name
+        self.address = address  # how the laptop reaches it (ssh_hostname): a name clients use
+        self.backends = backends
+        self.health_path = HEALTH_PATH
+
+    def __getattr__(self, name):
+        fields = type(self.__dict__["values"]).model_fields
+        if name in fields:
+            return getattr(self.__dict__["values"], name)
+        raise AttributeError(name)
+
+    def __repr__(self):
+        return f"GatewaySettings({self.name!r}, {self.values!r})"
+
+    @cached_property
+    def names(self) -> list[str]:
+        """Every name clients use for the gateway: its inventory address first, then
+        gateway_names; the certificate names each."""
+        return gateway_tls.check_names([self.address, *self.gateway_names])
+
+    @property
+    def url(self) -> str:
+        first = self.names[0]
+        host = f"[{first}]" if ":" in first else first
+        return f"https://{host}:{self.gateway_port}"
+
+    @property
+    def operator_certificate(self) -> bool:
+        return self.gateway_tls_cert_file is not None
+
+    @property
+    def ca_file(self) -> str:
+        """What clients trust: the fleet CA's certificate, or the operator's chain."""
+        if self.operator_certificate:
+            return str(Path(self.gateway_tls_cert_file).expanduser())
+        return str(Path(self.gateway_ca_dir).expanduser() / "fleet-ca.pem")
+
+    @property
+    def endpoint(self) -> dict:
+        return {"url": self.url, "ca_file": self.ca_file}
+
+    @cached_property
+    def pem(self) -> str:
+        """HAProxy's `crt` file: the certificate (chain) and its key. Read or made on the laptop
+        when first asked (the fleet CA's folder is made then), the same bytes on a re-run."""
+        if self.operator_certificate:
+            pair = gateway_tls.operator_pair(Path(self.gateway_tls_cert_file).expanduser(),
+                                             Path(self.gateway_tls_key_file).expanduser(),
+                                             self.names)
+        else:
+            ca_dir = Path(self.gateway_ca_dir).expanduser()
+            gateway_tls.ensure_fleet_ca(ca_dir)
+            pair = gateway_tls.gateway_pair(ca_dir, self.name, self.names)
+        return gateway_tls.haproxy_pem(*pair).decode()
+
+    @cached_property
+    def config_text(self) -> str:
+        return _HAPROXY.get_template("haproxy.cfg.j2").render(g=self, layout=layout)
