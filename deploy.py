@@ -15,8 +15,9 @@ from thorfleet.settings import refuse_outside_the_repository, settings_for_run
 # (thorfleet's strict host-key default): stop before anything is planned, saying where to run.
 refuse_outside_the_repository()
 
-from tasks import cleanup, image, memory, power, preflight, service, verification, weights
+from tasks import cleanup, gateway, image, memory, power, preflight, service, verification, weights
 from thorfleet import report
+from thorfleet.roles import is_gateway, is_thor
 
 config.SUDO = True  # everything on the box is root's; the deploy user needs passwordless sudo
 
@@ -24,15 +25,23 @@ config.SUDO = True  # everything on the box is root's; the deploy user needs pas
 # is planned (config.py has done it already under the CLI; here for the Python API).
 settings = settings_for_run(host.state)[host.name]
 
-preflight.run(settings)
-power.run(settings)
-memory.run(settings)
-image.run(settings)  # first: the weights are fetched with the image's huggingface_hub
-weights.run(settings)
-service.run(settings)
-verification.run(settings)
-cleanup.run(settings)  # last: only a host that serves gets its old versions removed
+# The gateway (inventory group `gateway`) first: HAProxy is in place before any Thor restarts,
+# and drains each one through it.
+if is_gateway(host):
+    gateway.run(settings.gateway_role or settings, lock=not is_thor(host))
+
+if is_thor(host):
+    preflight.run(settings)
+    power.run(settings)
+    memory.run(settings)
+    image.run(settings)  # first: the weights are fetched with the image's huggingface_hub
+    weights.run(settings)
+    service.run(settings)
+    gateway.box(settings)  # with a gateway, the vLLM port answers it alone
+    verification.run(settings)
+    cleanup.run(settings)  # last: only a host that serves gets its old versions removed
 
 # A table on the terminal and JSON in rollout_report_path, written once every host has finished.
 report.install(host.state, settings.rollout_report_path)
-report.observed(name="Record the host's state for the report", settings=settings)
+if is_thor(host):
+    report.observed(name="Record the host's state for the report", settings=settings)

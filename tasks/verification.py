@@ -19,7 +19,7 @@ from pyinfra.api import deploy
 from thorfleet import rollout
 from thorfleet.layout import BOX_BENCH, FILES
 from thorfleet.operations import files, verification
-from thorfleet.roles import is_thor
+from thorfleet.roles import gateway_of, is_thor
 
 
 @deploy("Verification")
@@ -28,7 +28,10 @@ def run(settings):
                      path=BOX_BENCH, mode="755")
     service = {"service": settings.service_name, "port": settings.service_port,
                "fingerprint": settings.fingerprint,
-               "health_timeout": settings.service_health_timeout_s}
+               "health_timeout": settings.service_health_timeout_s,
+               # with a gateway, a restart is drained there first (the gateway host's name)
+               "gateway": getattr(gateway_of(inventory), "name", None),
+               "drain_timeout": settings.rollout_drain_timeout_s}
     first_installs = verification.serving(
         name="First installs: start every host that never served a version, together (no "
              "serving capacity at stake)", first_install=True, **service)

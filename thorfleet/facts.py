@@ -22,6 +22,8 @@ from thorfleet.layout import (
     BOX_SERVE,
     BOX_WEIGHTS,
     FILES,
+    FIREWALL_TABLE,
+    GATEWAY_ADMIN_SOCKET,
 )
 
 
@@ -350,3 +352,82 @@ class RunLock(FactBase):
         why = said[-1].split("thorfleet-run-lock: ", 1)[-1] if said else \
             f"the run lock failed ({status}): {' / '.join(output[-3:])}"
         return {"held": False, "why": why}
+
+
+# --- the gateway and the Thors' firewall -------------------------------------------------------
+
+class DebInstalled(FactBase[list]):
+    """Which of `packages` dpkg has installed (a sorted list; [] when none is)."""
+
+    def command(self, packages):
+        words = " ".join(q(p) for p in packages)
+        return (f"dpkg-query -W -f='${{Package}} ${{db:Status-Status}}\\n' {words} 2>/dev/null "
+                "| awk '$2 == \"installed\" {print $1}' || true")
+
+    def default(self):
+        return []
+
+    def process(self, output):
+        return sorted(line.strip() for line in output if line.strip())
+
+
+class UnitActive(FactBase[str]):
+    """`systemctl is-active` of a unit: "active", "inactive", "failed", ..."""
+
+    def command(self, unit):
+        return f"systemctl is-active {q(unit)} 2>/dev/null || true"
+
+    def default(self):
+        return "unknown"
+
+    def process(self, output):
+        return output[-1].strip() or "unknown"
+
+
+class FirewallMark(FactBase[str | None]):
+    """The comment on the drop rule of thorfleet's nftables table (gateway.firewall_mark: which
+    version of the script is live), "no table" when the table is absent, or "no nft"."""
+
+    def command(self):
+        family, table = FIREWALL_TABLE
+        return ("if ! command -v nft >/dev/null 2>&1; then echo 'no nft'; "
+                f"elif ! nft list table {family} {table} >/dev/null 2>&1; then echo 'no table'; "
+                f"else nft list table {family} {table} | grep -o 'comment \"thorfleet [0-9a-f]*\"' "
+                "| sed 's/^comment \"//; s/\"$//' | tail -n 1; echo; fi")
+
+    def process(self, output):
+        lines = [line.strip() for line in output if line.strip()]
+        return lines[0] if lines else "unmarked"
+
+
+# srv_admin_state is a bit field (HAProxy's include/haproxy/server-t.h, SRV_ADMF_*): FMAINT 0x01,
+# IMAINT 0x02, CMAINT 0x04, FDRAIN 0x08, IDRAIN 0x10, RMAINT 0x20, HMAINT 0x40.
+MAINT_BITS, DRAIN_BITS = 0x01 | 0x02 | 0x04 | 0x20 | 0x40, 0x08 | 0x10
+
+
+def admin_state(bits: int) -> str:
+    return "maint" if bits & MAINT_BITS else "drain" if bits & DRAIN_BITS else "ready"
+
+
+class GatewayServers(FactBase[dict]):
+    """{server: {"admin": "ready"|"drain"|"maint", "up": bool}} of a gateway backend, from
+    HAProxy's `show servers state` ({} when HAProxy or its runtime API is not there yet)."""
+
+    def command(self, backend):
+        return (f"test -S {q(GATEWAY_ADMIN_SOCKET)} || exit 0; "
+                f"echo {q(f'show servers state {backend}')} | "
+                f"socat -t 5 stdio UNIX-CONNECT:{q(GATEWAY_ADMIN_SOCKET)} 2>/dev/null || true")
+
+    def default(self):
+        return {}
+
+    def process(self, output):
+        # be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state ... (the header
+        # line, a "# " line, names them; version "1" first)
+        found = {}
+        for line in output:
+            fields = line.split()
+            if len(fields) > 6 and not line.startswith("#") and fields[0].isdigit():
+                found[fields[3]] = {"admin": admin_state(int(fields[6])),
+                                    "up": fields[5] == "2"}  # SRV_ST_RUNNING
+        return found

@@ -4,7 +4,7 @@
     g.config_text          # /etc/haproxy/haproxy.cfg
     g.pem                  # certificate chain + key (fleet CA's, or the operator's)
     g.endpoint             # {"url": ..., "ca_file": ...}: what clients use, in the report
-    firewall_text(port, gateway_ip)  # a Thor's nftables table: its vLLM port answers the gateway
+    firewall_script(port, ip)  # a Thor's nftables table (and its mark): only the gateway gets in
 
 Every value lands through the emitter of the file it lands in (haproxy_word, nft_word), which
 refuses what that file's grammar would read as more than one word; the schema and settings.py
@@ -77,10 +77,10 @@ _HAPROXY = _environment(haproxy_word)
 _NFT = _environment(nft_word)
 
 
-def firewall_text(port: int, gateway_ip: str) -> str:
-    """A Thor's nftables script: its vLLM `port` answers `gateway_ip` and the box itself only.
-    Its last rule's comment carries a digest of the rest, so a fact can tell the live table is
-    this one from `nft list table` alone."""
+def firewall_script(port: int, gateway_ip: str) -> tuple[str, str]:
+    """(script, mark) of a Thor's nftables table: its vLLM `port` answers `gateway_ip` and the box
+    itself only. The last rule's comment is `mark`, a digest of the rest, so a fact tells the live
+    table is this one from `nft list table` alone."""
     address = ipaddress.ip_address(gateway_ip)
     family, table = layout.FIREWALL_TABLE
 
@@ -89,12 +89,8 @@ def firewall_text(port: int, gateway_ip: str) -> str:
             family=family, table=table, port=int(port), gateway=address,
             source_family="ip" if address.version == 4 else "ip6", mark=mark)
 
-    return render(firewall_mark(render("thorfleet")))
-
-
-def firewall_mark(text: str) -> str:
-    """The comment on the table's drop rule: what `nft list` shows of the script's version."""
-    return f"thorfleet {hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    mark = f"thorfleet {hashlib.sha256(render('thorfleet').encode()).hexdigest()[:16]}"
+    return render(mark), mark
 
 
 @dataclass(frozen=True)
@@ -126,6 +122,11 @@ class GatewaySettings:
 
     def __repr__(self):
         return f"GatewaySettings({self.name!r}, {self.values!r})"
+
+    @property
+    def gateway_role(self):
+        """What the gateway's deploy renders from (a Thor that is the gateway too has its own)."""
+        return self
 
     @cached_property
     def names(self) -> list[str]:

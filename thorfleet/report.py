@@ -126,6 +126,15 @@ def install(state, path):
         atexit.register(write, state, path)
 
 
+def _front_door(state):
+    """The run's GatewaySettings, or None without a gateway."""
+    try:
+        held = settings_for_run(state)
+    except Exception:  # noqa: BLE001 - refused settings: the run stopped before, no gateway
+        return None
+    return next((s.gateway_role for s in held.values() if s.gateway_role is not None), None)
+
+
 def _unreachable(h):
     """Why a host that never connected could not be reached, in a few words."""
     address = h.data.get("ssh_hostname") or h.name
@@ -232,6 +241,14 @@ def write(state, path):
     rows = host_rows(host_runs(state), recorded, previous,
                      probe=lambda name: _unreachable(by_name[name]), no_previous=no_previous)
     report = whole_report(rows, recorded)
+    front = _front_door(state)
+    if front is not None:
+        # What clients use (the URL and the file they trust), and the boxes this run left out
+        # of the gateway's rotation (a failed proof), with why.
+        report["endpoint"] = front.endpoint
+        report["gateway"] = {"host": front.name, "out_of_rotation": recorded.out_of_rotation}
+        for name, why in sorted(recorded.out_of_rotation.items()):
+            print(f"thorfleet: {name} is out of the gateway's rotation: {why}", file=sys.stderr)
     try:
         replace_file(path, json.dumps(report, indent=2, sort_keys=True))
     except OSError as error:

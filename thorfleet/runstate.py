@@ -38,6 +38,8 @@ class RunState:
     # The ID of each derived image tag as the run's first host built or holds it (operations.
     # derived_image with push): the other hosts check what they pull against it.
     image_ids: dict[str, str] = field(default_factory=dict)
+    # With a gateway: hosts left out of its rotation by this run, and why (a failed proof).
+    out_of_rotation: dict[str, str] = field(default_factory=dict)
     # Where the report is written once the run ends (None until report.install).
     report_path: str | None = None
     # This run as the run lock names it to a run that finds a box held, and its own id there.

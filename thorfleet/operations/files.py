@@ -26,7 +26,7 @@ def _text_of(src):
 
 @reads(current=lambda path, **_: (facts.FileState, {"path": path}))
 @operation()
-def whole_file(path, src, mode="644", *, current):
+def whole_file(path, src, mode="644", check=(), *, current):
     """A root-owned file at `path` with the content of `src`, only ever replaced whole: a reader
     (systemd, the container, the next run) sees the old file or the new one, never half of it,
     even when the SSH connection dies mid-upload.
@@ -34,6 +34,8 @@ def whole_file(path, src, mode="644", *, current):
     + path: where the file goes on the box
     + src: its content: a local path or a StringIO
     + mode: its permissions, as chmod takes them
+    + check: a command (its words) that must accept the new file, given as its last argument,
+      before it replaces the old one (`haproxy -c -f`): a file it refuses never goes live
 
     The upload goes as the SSH user (never through sudo's world-readable temporary file) into a
     0700 folder of its own, so a secret is never readable by others nor in a command line; then
@@ -58,10 +60,10 @@ def whole_file(path, src, mode="644", *, current):
         yield f"{sh('chown', 'root:root', path)} && {sh('chmod', mode, path)}"
         return
     # anything else (no file, other content, a link even to the same content) is replaced whole
-    yield from _replace(path, content, wanted, mode)
+    yield from _replace(path, content, wanted, mode, check)
 
 
-def _replace(path, content, digest, mode):
+def _replace(path, content, digest, mode, check=()):
     """The commands that put `content` (whose sha256 is `digest`) at `path` whole (whole_file)."""
     staged = f"{BOX_UPLOAD_STAGING}/{digest[:16]}"
     tmp = f"{path}.thorfleet-tmp"
@@ -69,6 +71,9 @@ def _replace(path, content, digest, mode):
     yield FileUploadCommand(BytesIO(content), staged, _sudo=False)
     install = sh("sudo", "install", "-m", mode, "-o", "root", "-g", "root", staged, tmp)
     rename = sh("sudo", "mv", "-fT", tmp, path)  # -T: a link at `path` is replaced, not followed
+    if check:
+        refused = sh("sudo", "rm", "-f", tmp)
+        rename = f"{{ {sh('sudo', *check, tmp)} || {{ {refused}; false; }}; }} && {rename}"
     yield StringCommand(f"{install} && {rename}; status=$?; {sh('rm', '-f', staged)}; "
                         "exit $status", _sudo=False)
 

@@ -6,12 +6,19 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import dataclass
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, operation
 
 from thorfleet import facts, pyinfra_hooks, rollout
-from thorfleet.layout import BOX_BENCH, BOX_SERVE
+from thorfleet.layout import (
+    BOX_BENCH,
+    BOX_SERVE,
+    GATEWAY_ADMIN_SOCKET,
+    GATEWAY_BACKEND,
+    GATEWAY_ROTATION,
+)
 from thorfleet.operations.commands import sh
 from thorfleet.runstate import run_state
 from thorfleet.snapshot import reads
@@ -21,7 +28,7 @@ from thorfleet.snapshot import reads
     facts.ServerState, {"service": service, "port": port}))
 @operation()
 def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
-            first_install=False, *, served):
+            first_install=False, gateway=None, drain_timeout=120, *, served):
     """The service runs the version rendered from group data and passes its checks, at this host's
     turn of the rollout. What the turn does (noop, prove, activate or hold) and why is
     rollout.decide's; this reads the box and the run for it and yields the commands it names.
@@ -33,6 +40,9 @@ def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
     + earlier: the hosts whose batch comes before this host's (rollout.Plan.before)
     + canaries: the canary group's hosts (rollout.Plan.canaries)
     + first_install: the first installs' step, before the batches
+    + gateway: the gateway host's name, if the inventory has one: a restart of a box in its
+      rotation is drained there first and put back once proven; a failed proof leaves it out
+    + drain_timeout: how long the gateway waits for the box's sessions (rollout_drain_timeout_s)
 
     What the run records (a first start, a failed restart, why a host was held) is recorded by the
     commands, once, when they execute: pyinfra runs this body when it plans and again when it
@@ -53,12 +63,19 @@ def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
         return sh("python3", BOX_SERVE, command, "--service", service, "--port", port,
                         "--timeout", health_timeout, *extra)
 
+    # Where the box stands at the gateway (None: no gateway, or not one of its servers yet).
+    admin = gateway_admin(gateway, host.name) if gateway else None
+    rotation = Rotation(gateway, admin, drain_timeout) if gateway else None
     if decision.action == rollout.NOOP:
-        host.noop(decision.why)
+        if admin == "drain":  # an earlier run's failed proof: it serves what it proved since
+            yield rotation_step("ready", gateway)
+        else:
+            host.noop(decision.why)
     elif decision.action == rollout.PROVE:
-        yield _checked(serve("prove"))
+        yield _checked(serve("prove"), rotation=rotation)
     elif decision.action == rollout.ACTIVATE:
-        yield _checked(serve("activate", "--fingerprint", fingerprint), first_start=first_install)
+        yield _checked(serve("activate", "--fingerprint", fingerprint), first_start=first_install,
+                       rotation=rotation)
     else:
         yield _record_hold(decision.why)
         yield serve("hold")
@@ -97,25 +114,102 @@ def _record_hold(why):
     return FunctionCommand(record_hold, (), {})
 
 
-def _checked(command, first_start=False):
+@dataclass(frozen=True)
+class Rotation:
+    """The gateway a host is served through: its name, the host's admin state there when planned
+    (None: not one of its servers yet), and how long a drain waits for the host's sessions."""
+
+    gateway: str
+    admin: str | None
+    drain_timeout: int
+
+
+def _checked(command, first_start=False, rotation=None):
     """A command that runs thorfleet-serve's `command` (activate or prove); on failure it fails the
     host with its reason and records a failed restart, which stops the rollout's later batches.
     With `first_start`, it first records the host as a first install: one that fails stops every
-    batch."""
+    batch. With a `rotation`, a box the gateway sends requests to is drained there before it
+    restarts (a proof restarts nothing: none), put back once proven, and left out when it fails."""
 
     def serve_and_check(state, host):
         records = run_state(state)
         if first_start:
             records.first_starts.add(host.name)
+        restarts = "activate" in command
+        if rotation and restarts and rotation.admin == "ready" and \
+                not _rotate(state, host, rotation, "drain", rotation.drain_timeout):
+            return False
         ok, output = host.run_shell_command(command, _sudo=True)
         if not ok:
             records.failed_restarts.add(host.name)
             said = output.stdout_lines or output.stderr_lines  # its reason, or a traceback
+            if rotation and rotation.admin is not None:
+                _rotate(state, host, rotation, "pull")
+                records.out_of_rotation[host.name] = " ".join(said[-1:]) or "its proof failed"
             return records.fail(host, " ".join(said[-3:]),
                                 details=output.stdout_lines + output.stderr_lines)
+        if rotation and rotation.admin is not None and (restarts or rotation.admin != "ready"):
+            return _rotate(state, host, rotation, "ready")
         return ok
 
     return FunctionCommand(serve_and_check, (), {})
+
+
+def _rotate(state, host, rotation, action, timeout=None):
+    """Set `host` to `action` at the gateway; False (the host failed, saying why) if it could not."""
+    ok, said = on_gateway(state, rotation.gateway,
+                                      rotation_command(action, host.name, timeout))
+    if ok:
+        host.log_styled(f"thorfleet: {' '.join(said[-1:])}")
+        return True
+    return run_state(state).fail(host, f"the gateway {rotation.gateway} could not set it "
+                                       f"{action}: {' '.join(said[-2:])}", details=said)
+
+
+# --- the gateway's rotation, around a restart ------------------------------------------------------
+
+def rotation_command(action, server, timeout=None):
+    """thorfleet-rotation's command line for the gateway box."""
+    words = [GATEWAY_ROTATION, GATEWAY_ADMIN_SOCKET, action, GATEWAY_BACKEND, server]
+    return sh(*words, *([timeout] if timeout is not None else []))
+
+
+def on_gateway(state, gateway_name, command):
+    """(ok, lines) of `command` run on the gateway host as root, from another host's operation:
+    the gateway may be outside this run's --limit, then it is connected for this."""
+    gateway = state.inventory.get_host(gateway_name)
+    try:
+        if not gateway.connected:
+            gateway.connect(reason="to take a box out of rotation", raise_exceptions=True)
+        ok, output = gateway.run_shell_command(command, _sudo=True)
+    except Exception as error:  # noqa: BLE001 - any connector error: the box is not restarted
+        return False, [f"{gateway_name} unreachable: {error}"]
+    return ok, output.stdout_lines + output.stderr_lines
+
+
+def rotation_step(action, gateway_name, timeout=None):
+    """A command that sets this host `action` (drain, pull, ready) in the gateway; a drain or a
+    ready that fails fails the host (a restart the gateway did not drain would cut its clients)."""
+
+    def rotate(state, host):
+        ok, said = on_gateway(state, gateway_name, rotation_command(action, host.name, timeout))
+        if ok:
+            host.log_styled(f"thorfleet: {' '.join(said[-1:])}")
+            if action == "ready":
+                run_state(state).out_of_rotation.pop(host.name, None)
+            return True
+        return run_state(state).fail(host, f"the gateway {gateway_name} could not set it "
+                                           f"{action}: {' '.join(said[-2:])}", details=said)
+
+    return FunctionCommand(rotate, (), {})
+
+
+def gateway_admin(gateway_name, server):
+    """This host's admin state at the gateway ("ready", "drain", "maint"), read from the gateway
+    when planning (None: the gateway has no such server yet, as on a first install)."""
+    gateway = host.state.inventory.get_host(gateway_name)
+    found = gateway.get_fact(facts.GatewayServers, backend=GATEWAY_BACKEND)
+    return (found.get(server) or {}).get("admin")
 
 
 def wants_benchmark(when, first_install):

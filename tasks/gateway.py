@@ -1,0 +1,81 @@
+"""Gateway: one HTTPS endpoint in front of the Thors, and each Thor answering only it.
+
+On the gateway host (inventory group `gateway`): HAProxy and socat from the distribution's
+packages, the certificate (the fleet CA's or the operator's), the config checked by `haproxy -c`
+before it goes live, and a reload that drops no connection. Each box takes max_num_seqs requests
+at a time, the rest queue at the gateway; a box that refuses a connection is skipped.
+
+On each Thor: with a gateway in the inventory, an nftables table lets only the gateway (and the
+box itself) reach the vLLM port, now and at every boot; without one, no table (the port answers
+as it did). The drain around a restart is the verification step's (operations/verification.py).
+"""
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import systemd
+
+from thorfleet.gateway import firewall_script
+from thorfleet.layout import (
+    BOX_FIREWALL,
+    BOX_UNIT_DIR,
+    FILES,
+    FIREWALL_UNIT,
+    GATEWAY_CONFIG,
+    GATEWAY_PEM,
+    GATEWAY_ROTATION,
+)
+from thorfleet.operations import files, gateway, preflight
+from thorfleet.runstate import run_state
+
+HAPROXY_UNIT = "haproxy.service"
+
+
+@deploy("Gateway")
+def run(g, lock=True):
+    if lock:  # a gateway that is a Thor too is held by its preflight
+        this_run = run_state(host.state)
+        preflight.box_held(name="Hold the gateway for this run (one thorfleet run at a time)",
+                           holder=this_run.holder, token=this_run.token,
+                           wait_s=g.preflight_lock_wait_s)
+    gateway.packages(name="Install HAProxy and socat (the distribution's packages)",
+                     packages=gateway.GATEWAY_PACKAGES)
+    files.directory(name="Create the folder of the gateway's certificate (root-only)",
+                    path=GATEWAY_PEM.rsplit("/", 1)[0], mode="700")
+    pem = files.secret_file(name="Install the gateway's certificate and key (root-only)",
+                            path=GATEWAY_PEM, content=g.pem)
+    files.whole_file(name="Install the rotation tool (drain, ready through the runtime API)",
+                     src=str(FILES / "bin" / "thorfleet-rotation"), path=GATEWAY_ROTATION,
+                     mode="755")
+    config = files.whole_file(
+        name=f"Write HAProxy's config: {len(g.backends)} box(es), queue "
+             f"{g.gateway_queue_timeout_s}s (haproxy -c checks it before it goes live)",
+        src=StringIO(g.config_text), path=GATEWAY_CONFIG, mode="644",
+        check=("haproxy", "-c", "-q", "-f"))
+    files.unit_enabled(name="Enable HAProxy at boot", unit=HAPROXY_UNIT)
+    gateway.reloaded(name="Reload HAProxy for its new config (no connection dropped)",
+                     unit=HAPROXY_UNIT, _if=lambda: config.did_change() or pem.did_change())
+    gateway.running(name="HAProxy is running", unit=HAPROXY_UNIT)
+
+
+@deploy("Firewall")
+def box(settings):
+    unit_path = f"{BOX_UNIT_DIR}/{FIREWALL_UNIT}"
+    if settings.gateway is None:
+        gateway.no_firewall(name="No gateway: no firewall table of thorfleet's")
+        files.absent(name="No gateway: no firewall unit",
+                     path=f"{BOX_UNIT_DIR}/multi-user.target.wants/{FIREWALL_UNIT}")
+        files.absent(name="No gateway: no firewall unit file", path=unit_path)
+        files.absent(name="No gateway: no firewall script", path=BOX_FIREWALL)
+        return
+    script, mark = firewall_script(settings.service_port, settings.gateway)
+    files.whole_file(name=f"Write the firewall: port {settings.service_port} answers "
+                          f"{settings.gateway} (the gateway) and the box only",
+                     src=StringIO(script), path=BOX_FIREWALL, mode="644")
+    unit = files.whole_file(name="Install the unit that loads it at every boot",
+                            src=str(FILES / "systemd" / FIREWALL_UNIT), path=unit_path, mode="644")
+    systemd.daemon_reload(name="Reload systemd after the firewall unit changed",
+                          _if=unit.did_change)
+    files.unit_enabled(name="Enable the firewall unit", unit=FIREWALL_UNIT)
+    gateway.firewall(name="Load the firewall table (live now)", mark=mark)

@@ -1,0 +1,183 @@
+"""The gateway as rendered on the laptop: HAProxy's config and a Thor's firewall pass their own
+parsers (haproxy -c, nft -c), every value lands as one word, and the inventory's gateway is
+checked before anything connects.
+
+Fast: no Docker, no SSH; haproxy and nft from Debian's packages (.ci/setup installs them).
+"""
+
+import shutil
+import subprocess
+
+import pytest
+from pyinfra.api import Inventory
+
+from thorfleet import layout
+from thorfleet.gateway import Backend, GatewaySettings, firewall_script, haproxy_word, nft_word
+from thorfleet.roles import gateway_of, is_gateway, is_thor, thors
+from thorfleet.schema import check_gateway
+from thorfleet.settings import SettingsError, settings_for_inventory
+
+pytestmark = pytest.mark.fast
+
+PINS = {"weights_model_revision": "4" * 40, "weights_draft_revision": "0" * 40,
+        "image_base": "registry.example/vllm@sha256:" + "a" * 64}
+
+
+def gateway_settings(tmp_path, **data):
+    values, problems = check_gateway({"gateway_ca_dir": str(tmp_path / "ca"), **data})
+    assert not problems, problems
+    return GatewaySettings(values, "gw-1", "127.0.0.1", [
+        Backend("thor-1", "thorfleet-thor-1", 8002, 1), Backend("thor-2", "10.0.0.3", 8002, 1)])
+
+
+def haproxy_check(tmp_path, g):
+    pem = tmp_path / "gateway.pem"
+    pem.write_text(g.pem)
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(g.config_text.replace(layout.GATEWAY_PEM, str(pem)))
+    return subprocess.run([shutil.which("haproxy") or "haproxy", "-c", "-f", str(config)],
+                          check=False, capture_output=True, text=True)
+
+
+def test_the_rendered_config_passes_haproxy_c(tmp_path):
+    g = gateway_settings(tmp_path, gateway_queue_timeout_s=45)
+    checked = haproxy_check(tmp_path, g)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    lines = [line.strip() for line in g.config_text.splitlines()]
+    # each box takes max_num_seqs at a time; the rest queue 45 s at the gateway
+    assert "server thor-1 thorfleet-thor-1:8002 maxconn 1" in lines
+    assert "timeout queue 45s" in lines
+    # a refused connection is tried on another box; nothing else is retried
+    assert {"retries 3", "option redispatch 1"} <= set(lines)
+    assert not any(line.startswith("retry-on") for line in lines)
+    assert "http-check send meth GET uri /health" in lines
+    assert f"bind :{g.gateway_port} ssl crt {layout.GATEWAY_PEM} alpn http/1.1" in lines
+
+
+def test_a_config_haproxy_refuses_is_seen_as_refused(tmp_path):
+    # the breaking edit a test of the check needs: the same config with a word HAProxy lacks
+    g = gateway_settings(tmp_path)
+    g.__dict__["config_text"] = g.config_text.replace("balance leastconn", "balance fastest")
+    assert haproxy_check(tmp_path, g).returncode != 0
+
+
+@pytest.mark.parametrize("value, word", [
+    (8002, "8002"), ("thor-1", "thor-1"), ("10.0.0.3", "10.0.0.3"), ("fd00::5", "fd00::5"),
+    ("/etc/haproxy/x.pem", "/etc/haproxy/x.pem"), ("a b", "'a b'"), ("a#b", "'a#b'"),
+    ("$HOME", "'$HOME'"), ('a"b', "'a\"b'"),
+])
+def test_haproxy_words(value, word):
+    assert haproxy_word(value) == word
+
+
+@pytest.mark.parametrize("value", ["it's", "a\nb", "a\rb", "\x00", "é", True, None])
+def test_haproxy_refuses_what_would_be_more_than_a_word(value):
+    with pytest.raises((ValueError, TypeError)):
+        haproxy_word(value)
+
+
+@pytest.mark.parametrize("value", ['a"b', "a\nb", "é", None])
+def test_nft_refuses_what_would_be_more_than_a_word(value):
+    with pytest.raises((ValueError, TypeError)):
+        nft_word(value)
+
+
+@pytest.mark.parametrize("gateway", ["172.18.0.5", "fd00::5"])
+def test_the_firewall_passes_nft_c_and_names_only_the_gateway(tmp_path, gateway):
+    script, mark = firewall_script(8002, gateway)
+    path = tmp_path / "firewall.nft"
+    path.write_text(script)
+    checked = subprocess.run([shutil.which("nft") or "nft", "-c", "-f", str(path)],
+                             check=False, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    family = "ip" if "." in gateway else "ip6"
+    assert f"{family} saddr {gateway} tcp dport 8002 accept" in script
+    assert f'tcp dport 8002 counter drop comment "{mark}"' in script
+    assert 'iifname "lo" tcp dport 8002 accept' in script
+    # the mark names this version: another port or gateway, another mark
+    assert firewall_script(8003, gateway)[1] != mark
+    assert firewall_script(8002, "172.18.0.6")[1] != mark
+
+
+def test_the_firewall_unit_loads_the_file_the_deploy_writes():
+    unit = (layout.FILES / "systemd" / layout.FIREWALL_UNIT).read_text()
+    assert f"ExecStart=/usr/sbin/nft -f {layout.BOX_FIREWALL}" in unit.splitlines()
+
+
+# --- the inventory's gateway, checked before connecting ------------------------------------------
+
+def inventory(tmp_path, gateway_data=None, gateway_hosts=None, thor_hosts=None):
+    key = tmp_path / "api_key"
+    key.write_text("sk-test\n")
+    thor_hosts = thor_hosts or [("thor-1", {"ssh_hostname": "10.0.0.1"}),
+                                ("thor-2", {"ssh_hostname": "10.0.0.2"})]
+    gateway_hosts = gateway_hosts or [("gw-1", {"ssh_hostname": "10.0.0.9"})]
+    return Inventory(
+        (thor_hosts + gateway_hosts, {}),
+        thors=([n for n, _ in thor_hosts], {**PINS, "service_api_key_file": str(key)}),
+        gateway=([n for n, _ in gateway_hosts],
+                 {"gateway_ca_dir": str(tmp_path / "ca"), **(gateway_data or {})}))
+
+
+def test_the_gateway_is_checked_with_its_own_settings_and_each_thor_told_its_address(tmp_path):
+    inv = inventory(tmp_path)
+    assert [h.name for h in thors(inv)] == ["thor-1", "thor-2"] and gateway_of(inv).name == "gw-1"
+    settings = settings_for_inventory(inv)
+    g = settings["gw-1"]
+    assert isinstance(g, GatewaySettings) and [b.name for b in g.backends] == ["thor-1", "thor-2"]
+    assert g.endpoint == {"url": "https://10.0.0.9:8443",
+                          "ca_file": str(tmp_path / "ca" / "fleet-ca.pem")}
+    assert settings["thor-1"].gateway == "10.0.0.9"
+
+
+def test_without_a_gateway_the_thors_have_none(tmp_path):
+    key = tmp_path / "api_key"
+    key.write_text("sk-test\n")
+    inv = Inventory(([("thor-1", {"ssh_hostname": "10.0.0.1"})],
+                     {**PINS, "service_api_key_file": str(key)}))
+    assert settings_for_inventory(inv)["thor-1"].gateway is None
+
+
+def test_a_gateway_named_by_dns_needs_the_address_the_boxes_see(tmp_path):
+    inv = inventory(tmp_path, gateway_hosts=[("gw-1", {"ssh_hostname": "gw.lan"})])
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inv)
+    assert error.value.problems == [
+        ("gw-1: gateway_fleet_address is not set and ssh_hostname 'gw.lan' is not an IP address: "
+        "set gateway_fleet_address to the IP the boxes see the gateway connect from (their "
+        "firewall lets only it in)")]
+    fixed = inventory(tmp_path, gateway_hosts=[
+        ("gw-1", {"ssh_hostname": "gw.lan", "gateway_fleet_address": "10.0.0.9"})])
+    assert settings_for_inventory(fixed)["thor-2"].gateway == "10.0.0.9"
+
+
+def test_two_gateways_and_a_name_haproxy_cannot_take_are_refused(tmp_path):
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inventory(tmp_path, gateway_hosts=[
+            ("gw-1", {"ssh_hostname": "10.0.0.9"}), ("gw-2", {"ssh_hostname": "10.0.0.8"})]))
+    assert error.value.problems[0].startswith("gw-1, gw-2: group `gateway` holds one host")
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inventory(tmp_path, thor_hosts=[
+            ("thor 1", {"ssh_hostname": "10.0.0.1"})]))
+    assert any(p.startswith("thor 1: the gateway names each box by its inventory name")
+               for p in error.value.problems), error.value.problems
+
+
+def test_a_gateway_of_its_own_needs_none_of_the_thors_pins(tmp_path):
+    values, problems = check_gateway({"gateway_port": 28443, "ssh_user": "thor"})
+    assert problems == [] and values.gateway_port == 28443
+    _, problems = check_gateway({"gateway_tls_cert_file": "/x.pem"})
+    assert problems == [("gateway_tls_cert_file and gateway_tls_key_file go together: set both "
+                        "(your certificate and its key), or neither (the fleet CA signs one)")]
+
+
+def test_a_gateway_that_serves_the_model_is_a_thor_too(tmp_path):
+    inv = inventory(tmp_path, gateway_data={"gateway_serves_model": True, **PINS},
+                    gateway_hosts=[("thor-1", {"ssh_hostname": "10.0.0.1"})],
+                    thor_hosts=[("thor-1", {"ssh_hostname": "10.0.0.1"}),
+                                ("thor-2", {"ssh_hostname": "10.0.0.2"})])
+    h = inv.get_host("thor-1")
+    assert is_gateway(h) and is_thor(h)
+    settings = settings_for_inventory(inv)
+    assert settings["thor-1"].gateway_role.name == "thor-1"
+    assert [b.name for b in settings["thor-1"].gateway_role.backends] == ["thor-2", "thor-1"]

@@ -1,0 +1,86 @@
+"""The gateway's HAProxy from the distribution's packages, the Thors' firewall, and a box taken out
+of rotation and put back through HAProxy's runtime API (around its restart)."""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import operation
+
+from thorfleet import facts
+from thorfleet.layout import (
+    BOX_FIREWALL,
+    FIREWALL_TABLE,
+    GATEWAY_ADMIN_SOCKET,
+    GATEWAY_SERVER_STATE,
+)
+from thorfleet.operations.commands import fail_host, sh
+from thorfleet.snapshot import reads
+
+# HAProxy, and socat to speak to its runtime API (Debian's haproxy suggests, not depends on it).
+GATEWAY_PACKAGES = ("haproxy", "socat")
+
+
+@reads(installed=lambda packages, **_: (facts.DebInstalled, {"packages": list(packages)}))
+@operation()
+def packages(packages, *, installed):
+    """The distribution's `packages` installed (apt; the lists are refreshed only when one is
+    missing, so a re-run reads dpkg and changes nothing).
+
+    .. code:: python
+
+        packages(name="Install HAProxy", packages=["haproxy", "socat"])
+    """
+    missing = [p for p in packages if p not in installed]
+    if not missing:
+        host.noop(f"{', '.join(packages)} installed")
+        return
+    yield ("export DEBIAN_FRONTEND=noninteractive && apt-get update -q && "
+           f"apt-get install -y -q --no-install-recommends {sh(*missing)}")
+
+
+@reads(active=lambda unit, **_: (facts.UnitActive, {"unit": unit}))
+@operation()
+def running(unit, *, active):
+    """A systemd unit running now (enabled at boot is files.unit_enabled's)."""
+    if active == "active":
+        host.noop(f"{unit} is running")
+        return
+    yield sh("systemctl", "start", unit)
+
+
+@operation(is_idempotent=False)
+def reloaded(unit="haproxy.service"):
+    """HAProxy reloaded without dropping a connection (its master process hands the listening
+    socket to the new one), its boxes' drain states saved first so the reload keeps them. Called
+    only when its config or certificate changed (`_if`)."""
+    save = (f"echo 'show servers state' | socat -t 5 stdio UNIX-CONNECT:{GATEWAY_ADMIN_SOCKET} "
+            f"> {GATEWAY_SERVER_STATE}.new 2>/dev/null && mv -f {GATEWAY_SERVER_STATE}.new "
+            f"{GATEWAY_SERVER_STATE}")
+    yield (f"if systemctl is-active --quiet {unit}; then {{ {save} || true; }}; "
+           f"{sh('systemctl', 'reload', unit)}; else {sh('systemctl', 'start', unit)}; fi")
+
+
+@reads(live=lambda **_: (facts.FirewallMark, {}))
+@operation()
+def firewall(mark, *, live):
+    """thorfleet's nftables table live on the box as `mark` says (gateway.firewall_mark of the
+    script at BOX_FIREWALL): the vLLM port answers the gateway and the box itself only. A table
+    changed or flushed by hand is loaded again; one `nft -f` replaces it whole."""
+    if live == mark:
+        host.noop("the vLLM port answers the gateway only (nftables table is live)")
+        return
+    if live == "no nft":
+        yield fail_host("nft is not installed: the box's vLLM port cannot be closed to all but "
+                        "the gateway; install nftables (apt install nftables), then run again")
+        return
+    yield sh("nft", "-f", BOX_FIREWALL)
+
+
+@reads(live=lambda **_: (facts.FirewallMark, {}))
+@operation()
+def no_firewall(*, live):
+    """No thorfleet nftables table (no gateway in the inventory: the port answers as before)."""
+    if live in ("no nft", "no table"):
+        host.noop("no thorfleet firewall table")
+        return
+    yield sh("nft", "delete", "table", *FIREWALL_TABLE)
