@@ -127,3 +127,19 @@ def test_up_brings_the_gateway_only_when_asked(argv, gateway, monkeypatch):
     monkeypatch.setattr(sim_cli.fleet, "up", lambda *a, **kw: calls.append(kw))
     assert sim_cli.main(argv) == 0
     assert calls == [{"client": "client", "gateway": gateway}]
+
+
+def test_known_hosts_has_the_gateways_keys_and_keeps_them_while_it_cannot_be_read(state,
+                                                                                  monkeypatch):
+    keys = {"thorfleet-thor-1": "ssh-ed25519 AAAAthor1 root@thor-1",
+            "thorfleet-gw-1": "ssh-ed25519 AAAAgw1 root@gw-1"}
+    monkeypatch.setattr(fleet, "boxes", lambda client: {1: "thor-1's container"})
+    monkeypatch.setattr(fleet, "gateway_container", lambda client: "gw-1's container")
+    monkeypatch.setattr(fleet, "box_exec", lambda client, host, command: (
+        (0, keys[fleet.container_of(host)] + "\n") if fleet.container_of(host) in keys else (1, "")))
+    path = fleet._write_known_hosts(client=None)
+    assert path.read_text() == ("[127.0.0.1]:22001 ssh-ed25519 AAAAthor1\n"
+                                "[127.0.0.1]:22100 ssh-ed25519 AAAAgw1\n")
+    del keys["thorfleet-gw-1"]  # rebooting: its lines stay
+    assert fleet._write_known_hosts(client=None).read_text().endswith(
+        "[127.0.0.1]:22100 ssh-ed25519 AAAAgw1\n")
