@@ -1,7 +1,7 @@
 """Fixtures shared by every test module.
 
-`sim_fleet` brings the simulated Thor fleet up once per test run (`python -m tests.sim up`) and
-takes it down at the end. Under pytest-xdist (`-n 4 --dist loadgroup`, as CI runs the fleet
+`sim_fleet` brings the simulated Thor fleet up once per test run (`python -m tests.sim up`), the
+gateway box `gw-1` with it, and takes it down at the end. Under pytest-xdist (`-n 4 --dist loadgroup`, as CI runs the fleet
 stories) the first worker brings it up, the others attach, and the controller takes it down.
 
 Each module that acts on boxes owns them, in BOXES below: its tests run in one worker, one after
@@ -127,9 +127,10 @@ def pytest_sessionfinish(session):
 
 @pytest.fixture(scope="session")
 def sim_fleet(request):
-    """The fleet: `.hosts`, `.inventory`, `.ssh(host, cmd)`, `.exec(host, cmd)` (as root through
-    Docker), `.ip(host)`, `.reboot(host)`, `.cut(host)`, `.heal(host)`,
-    `.write_inventory(path, hosts, extra_data)`."""
+    """The fleet: `.hosts`, `.gateway` (`gw-1`), `.inventory` (the Thors only),
+    `.ssh(host, cmd)`, `.exec(host, cmd)` (as root through Docker), `.ip(host)`, `.reboot(host)`,
+    `.cut(host)`, `.heal(host)` (a host may be the gateway),
+    `.write_inventory(path, hosts, extra_data, gateway)` (gateway=sim_fleet.gateway adds it)."""
     hosts = int(os.environ.get("THORFLEET_SIM_HOSTS", max(max(b) for b in BOXES.values())))
     return fleet.up_for_run(hosts, _run_id(request.config))
 

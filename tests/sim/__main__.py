@@ -15,7 +15,10 @@ def main(argv=None) -> int:
     up.add_argument("--hosts", type=int, default=2)
     up.add_argument("--inventory", help="where to write the pyinfra inventory "
                                         "(default: <state>/inventory.py)")
-    commands.add_parser("down", help="remove boxes, hub, registry and network")
+    up.add_argument("--gateway", action="store_true",
+                    help="also the gateway box gw-1 (SSH 127.0.0.1:22100, HTTPS "
+                         "127.0.0.1:28443), in the inventory's group `gateway`")
+    commands.add_parser("down", help="remove boxes, gateway, hub, registry and network")
     commands.add_parser("status", help="each box's SSH port and systemd state; hub and registry")
     run = commands.add_parser("exec", help="run a command in a box as root (through Docker)")
     run.add_argument("host")
@@ -29,7 +32,7 @@ def main(argv=None) -> int:
 
     client = docker.from_env()
     if args.command == "up":
-        fleet.up(args.hosts, args.inventory, client=client)
+        fleet.up(args.hosts, args.inventory, client=client, gateway=args.gateway)
     elif args.command == "down":
         fleet.down(client)
     elif args.command == "status":

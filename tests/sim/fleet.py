@@ -3,6 +3,9 @@
 A box is a container `thorfleet-thor-<i>` (hostname `thor-<i>`) running systemd, sshd and its own
 Docker engine; its SSH port is published on 127.0.0.1:22000+i. "Reboot" restarts the container:
 systemd boots again, /run starts empty, the disk (container filesystem, /var/lib/docker) stays.
+
+The gateway box (`up(gateway=True)`) is a container `thorfleet-gw-1` (hostname `gw-1`): systemd
+and sshd only, SSH on 127.0.0.1:22100, its HTTPS port 28443 published on 127.0.0.1:28443.
 """
 
 import concurrent.futures
@@ -11,6 +14,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -29,6 +33,15 @@ BOX_DIR = Path(__file__).parent / "box"
 THOR_REPOSITORY = "thorfleet-sim/thor"
 BOX_PREFIX = "thorfleet-thor-"
 SSH_PORT_BASE = 22000
+GATEWAY_DIR = Path(__file__).parent / "gateway"
+GATEWAY_REPOSITORY = "thorfleet-sim/gateway"
+# The operator's account on the gateway is the Thors': these files of the box's, and no others.
+GATEWAY_BOX_FILES = ("sudoers-thor", "sshd-thorfleet.conf", "ssh-hostkeys.service", "environment")
+GATEWAY_HOST = "gw-1"
+GATEWAY_CONTAINER = "thorfleet-gw-1"
+GATEWAY_SSH_PORT = 22100  # above the Thors' 22000+i
+# The same port inside and out, so the gateway's URL on the laptop is the one it serves.
+GATEWAY_HTTPS_PORT = 28443
 BASE_REPO_TAG = "nvidia-ai-iot/vllm:latest-jetson-thor"
 MODEL_REPO = "mistralai/Mistral-Small-4-119B-2603-NVFP4"
 DRAFT_REPO = "mistralai/Mistral-Small-4-119B-2603-eagle"
@@ -44,6 +57,14 @@ BOX_RUN_FLAGS = [
     "--security-opt", "systempaths=unconfined",
     "--tmpfs", "/run", "--tmpfs", "/run/lock", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
     # `nvpmodel -m 2` answered YES runs `systemctl reboot`: systemd exits, Docker starts it again.
+    "--restart", "unless-stopped",
+]
+# The gateway runs systemd and sshd, no Docker engine and no Thor memory model: systemd's mounts
+# (SYS_ADMIN), and iptables for `cut` (NET_ADMIN, NET_RAW).
+GATEWAY_RUN_FLAGS = [
+    "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--cap-add", "NET_RAW",
+    "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+    "--tmpfs", "/run", "--tmpfs", "/run/lock", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
     "--restart", "unless-stopped",
 ]
 
@@ -71,6 +92,38 @@ def ensure_thor_image(client) -> str:
                 build_image(client, "box image", state_dir() / "logs" / "thor-image.log",
                             path=context, tag=tag, buildargs={"ROOTFS": rootfs})
     return tag
+
+
+def ensure_gateway_image(client) -> str:
+    """Build the gateway image from the rootfs, tests/sim/gateway/ and the box's account files,
+    cached by input hash as the Thor image is."""
+    rootfs = ensure_rootfs(client)
+    inputs = gateway_context()
+    digest = hashlib.sha256(rootfs.encode())
+    for name, path in sorted(inputs.items()):
+        digest.update(name.encode() + b"\0")
+        digest.update(path.read_bytes())
+    tag = f"{GATEWAY_REPOSITORY}:{digest.hexdigest()[:16]}"
+    with locked("gateway-image"):
+        try:
+            client.images.get(tag)
+        except docker.errors.ImageNotFound:
+            with tempfile.TemporaryDirectory(prefix="thor-gateway-") as context:
+                for name, path in inputs.items():
+                    (Path(context) / name).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(path, Path(context) / name)
+                build_image(client, "gateway image", state_dir() / "logs" / "gateway-image.log",
+                            path=context, tag=tag, buildargs={"ROOTFS": rootfs})
+    return tag
+
+
+def gateway_context() -> dict:
+    """{path in the build context: file} of the gateway image: tests/sim/gateway/, and the box's
+    account files under files/ as the Thor image has them."""
+    inputs = {path.relative_to(GATEWAY_DIR).as_posix(): path for path in GATEWAY_DIR.rglob("*")
+              if path.is_file() and "__pycache__" not in path.parts}
+    inputs.update({f"files/{name}": BOX_DIR / "files" / name for name in GATEWAY_BOX_FILES})
+    return inputs
 
 
 def build_libcuda_stub(out: Path) -> Path:
@@ -118,15 +171,46 @@ def ssh_port(index: int) -> int:
     return SSH_PORT_BASE + index
 
 
-def index_of(host: str) -> int:
-    """Accept `thor-2`, `thorfleet-thor-2` or `2`."""
-    return int(str(host).rsplit("-", 1)[-1])
+def index_of(host) -> int:
+    """Accept `thor-2`, `thorfleet-thor-2` or `2`; refuse anything else (`gw-1` is no Thor)."""
+    found = re.fullmatch(rf"(?:thor-|{BOX_PREFIX})?([0-9]+)", str(host))
+    if found:
+        return int(found.group(1))
+    raise ValueError(f"{host!r} is not a Thor of the sim (thor-<i>, {BOX_PREFIX}<i> or <i>)")
+
+
+def is_gateway(host) -> bool:
+    return str(host) in (GATEWAY_HOST, GATEWAY_CONTAINER)
+
+
+def container_of(host) -> str:
+    """The container of a box: `gw-1` the gateway's, any other a Thor's (as index_of reads it)."""
+    return GATEWAY_CONTAINER if is_gateway(host) else box_name(index_of(host))
+
+
+def ssh_port_of(host) -> int:
+    """The box's SSH port on 127.0.0.1: the gateway's, or a Thor's (as index_of reads it)."""
+    return GATEWAY_SSH_PORT if is_gateway(host) else ssh_port(index_of(host))
 
 
 def boxes(client) -> dict:
     """{index: container} of the boxes that exist, running or not."""
     found = client.containers.list(all=True, filters={"label": "thorfleet.sim=box"})
     return {int(c.labels["thorfleet.index"]): c for c in found}
+
+
+def gateway_container(client):
+    """The gateway box's container, running or not, or None."""
+    try:
+        return client.containers.get(GATEWAY_CONTAINER)
+    except docker.errors.NotFound:
+        return None
+
+
+def address(container) -> str | None:
+    """A container's address on the sim network (None while it is stopped)."""
+    networks = container.attrs["NetworkSettings"].get("Networks") or {}
+    return (networks.get(NETWORK) or {}).get("IPAddress") or None
 
 
 def box_data_dir(index: int) -> Path:
@@ -143,6 +227,18 @@ def _start_box(client, image: str, index: int) -> None:
         "--label", "thorfleet.sim=box", "--label", f"thorfleet.index={index}",
         *BOX_RUN_FLAGS,
         "-v", f"{data}:/var/lib/docker",
+        "-v", f"{state_dir() / 'authorized_keys'}:/etc/ssh/authorized_keys:ro",
+        image,
+    ], check=True, stdout=subprocess.DEVNULL)
+
+
+def _start_gateway(client, image: str) -> None:
+    subprocess.run([
+        "docker", "run", "--detach", "--name", GATEWAY_CONTAINER, "--hostname", GATEWAY_HOST,
+        "--network", NETWORK, "--publish", f"127.0.0.1:{GATEWAY_SSH_PORT}:22",
+        "--publish", f"127.0.0.1:{GATEWAY_HTTPS_PORT}:{GATEWAY_HTTPS_PORT}",
+        "--label", "thorfleet.sim=gateway",
+        *GATEWAY_RUN_FLAGS,
         "-v", f"{state_dir() / 'authorized_keys'}:/etc/ssh/authorized_keys:ro",
         image,
     ], check=True, stdout=subprocess.DEVNULL)
@@ -169,7 +265,7 @@ def renew(client, host) -> None:
 
 def box_exec(client, host, command, user: str = "root", timeout: float = 120) -> tuple[int, str]:
     """Run a command in a box through Docker (works even when the box is cut off from SSH)."""
-    argv = ["docker", "exec", "--user", user, box_name(index_of(host))]
+    argv = ["docker", "exec", "--user", user, container_of(host)]
     argv += ["sh", "-c", command] if isinstance(command, str) else list(command)
     done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=timeout, check=False)
@@ -180,22 +276,24 @@ def wait_booted(client, host, timeout: float = 180) -> None:
     """Wait until systemd says `running` and sshd answers with a banner on the published port."""
     deadline = time.monotonic() + timeout
     state = "?"
+    # the units a deploy installs: thorfleet's own, and on the gateway HAProxy's
+    deploy_units = ("thorfleet", "haproxy") if is_gateway(host) else ("thorfleet",)
     while time.monotonic() < deadline:
         try:
             _, out = box_exec(client, host, "systemctl is-system-running", timeout=20)
             state = out.strip()
         except subprocess.TimeoutExpired:
             state = "timeout"
-        if state == "running" and _ssh_banner(ssh_port(index_of(host))):
+        if state == "running" and _ssh_banner(ssh_port_of(host)):
             return
         if state == "degraded":
             _, failed = box_exec(client, host, "systemctl --failed --no-legend")
             # The box itself booted; a unit a deploy installed may have failed (that is the
             # deploy's business), but a failed unit of the box's own is a broken simulation.
-            if any(not line.split()[0].startswith("thorfleet") for line in
+            if any(not line.split()[0].startswith(deploy_units) for line in
                    failed.strip().replace("●", "").splitlines() if line.split()):
                 raise RuntimeError(f"{host} booted degraded:\n{failed}")
-            if _ssh_banner(ssh_port(index_of(host))):
+            if _ssh_banner(ssh_port_of(host)):
                 log(f"{host} booted; failed deploy units: {failed.strip()}")
                 return
         time.sleep(1)
@@ -214,7 +312,7 @@ def _ssh_banner(port: int) -> bool:
 
 def reboot(client, host, wait: bool = True) -> None:
     """Reboot a box: a clean systemd shutdown (SIGRTMIN+3), then a fresh boot of the same disk."""
-    client.containers.get(box_name(index_of(host))).restart(timeout=30)
+    client.containers.get(container_of(host)).restart(timeout=30)
     if wait:
         wait_booted(client, host)
         _write_known_hosts(client)
@@ -250,13 +348,15 @@ def _write_known_hosts(client) -> Path:
                 if line.strip():
                     kept.setdefault(line.split()[0], []).append(line)
         lines = []
-        for index in sorted(boxes(client)):
-            code, out = box_exec(client, index, "cat /etc/ssh/ssh_host_*_key.pub")
+        found = sorted(boxes(client)) + ([GATEWAY_HOST] if gateway_container(client) else [])
+        for host in found:
+            where = f"[127.0.0.1]:{ssh_port_of(host)}"
+            code, out = box_exec(client, host, "cat /etc/ssh/ssh_host_*_key.pub")
             if code == 0:
-                lines += [f"[127.0.0.1]:{ssh_port(index)} {' '.join(line.split()[:2])}"
+                lines += [f"{where} {' '.join(line.split()[:2])}"
                           for line in out.splitlines() if line.strip()]
             else:
-                lines += kept.get(f"[127.0.0.1]:{ssh_port(index)}", [])
+                lines += kept.get(where, [])
         _replace(path, "\n".join(lines) + "\n")
     return path
 
@@ -321,6 +421,7 @@ class Fleet:
     inventory: Path
     image_base: str | None = None
     hub: dict | None = None
+    gateway: str | None = None  # the gateway box's host name (`gw-1`) when it is up
     state: Path = field(default_factory=state_dir)
 
     @property
@@ -332,11 +433,12 @@ class Fleet:
         return self.state / "known_hosts"
 
     def ssh_port(self, host) -> int:
-        return ssh_port(index_of(host))
+        return ssh_port_of(host)
 
     def ip(self, host) -> str:
-        """The box's address on the sim network: what the hub and registry see it come from."""
-        container = self.client.containers.get(box_name(index_of(host)))
+        """The box's address on the sim network: what the hub, the registry and (for the
+        gateway's) the Thors see it come from."""
+        container = self.client.containers.get(container_of(host))
         return container.attrs["NetworkSettings"]["Networks"][NETWORK]["IPAddress"]
 
     def exec(self, host, command, user: str = "root", timeout: float = 120) -> tuple[int, str]:
@@ -370,16 +472,24 @@ class Fleet:
     def heal(self, host) -> None:
         heal(self.client, host)
 
-    def write_inventory(self, path, hosts=None, extra_data=None) -> Path:
-        return write_inventory(path, self.hosts if hosts is None else hosts, extra_data)
+    def write_inventory(self, path, hosts=None, extra_data=None, gateway=None) -> Path:
+        """As write_inventory; the gateway's address on the sim network read from Docker now."""
+        if gateway is not None:
+            name, data = (gateway, {}) if isinstance(gateway, str) else gateway
+            gateway = (name, {"gateway_fleet_address": self.ip(name), **data})
+        return write_inventory(path, self.hosts if hosts is None else hosts, extra_data, gateway)
 
 
 def up(hosts: int = 2, inventory: Path | None = None, client=None,
-       leave_existing: bool = False) -> Fleet:
+       leave_existing: bool = False, gateway: bool = False,
+       gateway_in_inventory: bool | None = None) -> Fleet:
     """Bring the fleet to `hosts` booted boxes plus registry, base image and hub; write the
     inventory. Quick when nothing changed: images are cached, current boxes are kept.
     leave_existing=True starts, waits for and heals only new boxes: stories running on the
-    others may have cut or be rebooting theirs on purpose."""
+    others may have cut or be rebooting theirs on purpose.
+    gateway=True brings the gateway box up too; the inventory lists it (group `gateway`) when
+    gateway_in_inventory says so (default: as gateway). Without it a gateway box that exists is
+    left as it is (a story may be using it) and the inventory has none."""
     client = client or docker.from_env()
     inventory = Path(inventory or state_dir() / "inventory.py")
     with locked("fleet"):
@@ -416,47 +526,87 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None,
             else:
                 heal(client, index)  # a box left cut by an interrupted test answers again
                 started_now.append(index)
+        if gateway:
+            started_now += [GATEWAY_HOST] if _ensure_gateway(client, leave_existing) else []
         if started_now:
-            log(f"waiting for {', '.join(host_name(i) for i in started_now)} to boot (systemd, sshd)")
-        for index in started_now:
-            wait_booted(client, index)
+            log(f"waiting for {', '.join(map(_host, started_now))} to boot (systemd, sshd)")
+        for host in started_now:
+            wait_booted(client, host)
         _write_known_hosts(client)
 
         names = [host_name(i) for i in range(1, hosts + 1)]
-        _record(names, image_base, hub, own_inventory=inventory == state_dir() / "inventory.py")
-        write_inventory(inventory, names)
-        log(f"{hosts} box(es) up in {time.monotonic() - started:.0f}s; inventory: {inventory}")
-    return Fleet(client, names, inventory, image_base, hub)
+        found = gateway_container(client)
+        gateway_host = GATEWAY_HOST if found is not None else None
+        _record(names, image_base, hub, own_inventory=inventory == state_dir() / "inventory.py",
+                gateway=gateway_host, gateway_address=found and address(found))
+        in_inventory = gateway if gateway_in_inventory is None else gateway_in_inventory
+        write_inventory(inventory, names, gateway=GATEWAY_HOST if in_inventory else None)
+        log(f"{hosts} box(es){' and the gateway' if gateway else ''} up in "
+            f"{time.monotonic() - started:.0f}s; inventory: {inventory}")
+    return Fleet(client, names, inventory, image_base, hub, gateway_host)
 
 
-def _record(names: list, image_base: str | None, hub: dict | None, own_inventory: bool) -> None:
+def _host(host) -> str:
+    return host if is_gateway(host) else host_name(index_of(host))
+
+
+def _ensure_gateway(client, leave_existing: bool) -> bool:
+    """Start the gateway box unless it runs the current image; whether it is to be waited for."""
+    image = ensure_gateway_image(client)
+    found = gateway_container(client)
+    if found is not None and found.image.id != client.images.get(image).id:
+        log(f"removing {GATEWAY_HOST} (image changed)")
+        found.remove(force=True)
+        found = None
+    if found is None:
+        log(f"starting {GATEWAY_HOST} on 127.0.0.1:{GATEWAY_SSH_PORT} "
+            f"(HTTPS 127.0.0.1:{GATEWAY_HTTPS_PORT})")
+        _start_gateway(client, image)
+    elif leave_existing:
+        return False
+    elif found.status != "running":
+        found.start()
+    else:
+        heal(client, GATEWAY_HOST)  # left cut by an interrupted test
+    return True
+
+
+def _record(names: list, image_base: str | None, hub: dict | None, own_inventory: bool,
+            gateway: str | None = None, gateway_address: str | None = None) -> None:
     """fleet.json, what every inventory's group data is written from (sim_group_data): the base
     image and the hub as this `up` found them, whatever inventory it writes (the hub's published
     port may have moved). The host list is the fleet's own, attach()'s: only an `up` that writes
-    the fleet's own inventory replaces it, not a story's view of the fleet."""
+    the fleet's own inventory replaces it, not a story's view of the fleet. The gateway box as
+    it is now, and its address on the sim network (the last one read, while it restarts)."""
     path = state_dir() / "fleet.json"
     record = json.loads(path.read_text()) if path.exists() else {}
     if own_inventory or "hosts" not in record:
         record["hosts"] = names
-    record.update(image_base=image_base, hub=hub)
+    record.update(image_base=image_base, hub=hub, gateway=gateway)
+    if gateway is None:
+        record.pop("gateway_address", None)
+    elif gateway_address:
+        record["gateway_address"] = gateway_address
     _replace(path, json.dumps(record, indent=2) + "\n")
 
 
 def attach(client=None) -> Fleet:
     """The fleet the last `up` made, as it recorded it (fleet.json), without touching a box."""
-    data = json.loads((state_dir() / "fleet.json").read_text())
+    data = _recorded()
     return Fleet(client or docker.from_env(), data["hosts"], state_dir() / "inventory.py",
-                 data.get("image_base"), data.get("hub"))
+                 data.get("image_base"), data.get("hub"), data.get("gateway"))
 
 
-def up_for_run(hosts: int, run: str) -> Fleet:
+def up_for_run(hosts: int, run: str, gateway: bool = True) -> Fleet:
     """The fleet for one test run: the first of the run's processes brings it up, the others
-    (pytest-xdist workers) attach to it, so no box is healed or rewritten under a running story."""
+    (pytest-xdist workers) attach to it, so no box is healed or rewritten under a running story.
+    The gateway box is up for every run (sshd and systemd: small); a story that wants it in an
+    inventory asks write_inventory(..., gateway=sim_fleet.gateway)."""
     marker = state_dir() / "run"
     with locked("run"):
         if marker.exists() and marker.read_text() == run:
             return attach()
-        sim = up(hosts)
+        sim = up(hosts, gateway=gateway, gateway_in_inventory=False)
         _replace(marker, run)
         return sim
 
@@ -476,12 +626,17 @@ def down(client=None) -> None:
     key, registry storage and caches stay in the state dir."""
     client = client or docker.from_env()
     with locked("fleet"):
-        found = sorted(boxes(client).items())
-        for index, _ in found:
+        removals = []
+        for index, container in sorted(boxes(client).items()):
             log(f"removing {host_name(index)}")
-        # all at once: each waits for its systemd to shut down, then its disk is deleted
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(found))) as pool:
-            list(pool.map(lambda item: remove_box(item[1], item[0]), found))
+            removals.append(lambda c=container, i=index: remove_box(c, i))
+        gateway = gateway_container(client)
+        if gateway is not None:
+            log(f"removing {GATEWAY_HOST}")
+            removals.append(lambda: gateway.remove(force=True))
+        # all at once: each waits for its systemd to shut down, then a box's disk is deleted
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(removals))) as pool:
+            list(pool.map(lambda remove: remove(), removals))
         hub = importlib.util.find_spec("tests.sim.hub") and importlib.import_module("tests.sim.hub")
         if hub and hasattr(hub, "stop"):
             hub.stop(client)
@@ -504,6 +659,14 @@ def status(client=None) -> list[str]:
             state = box_exec(client, index, "systemctl is-system-running")[1].strip()
             state += ", ssh cut" if is_cut(client, index) else ""
         lines.append(f"{host_name(index)}  127.0.0.1:{ssh_port(index)}  {state}")
+    gateway = gateway_container(client)
+    if gateway is not None:
+        state = gateway.status
+        if state == "running":
+            state = box_exec(client, GATEWAY_HOST, "systemctl is-system-running")[1].strip()
+            state += ", ssh cut" if is_cut(client, GATEWAY_HOST) else ""
+        lines.append(f"{GATEWAY_HOST}  127.0.0.1:{GATEWAY_SSH_PORT}  "
+                     f"https://127.0.0.1:{GATEWAY_HTTPS_PORT}  {state}")
     for name in (registry.NAME, "thorfleet-hub"):
         try:
             container = client.containers.get(name)
@@ -518,19 +681,36 @@ def status(client=None) -> list[str]:
 
 # ---------------------------------------------------------------- inventory
 
-def sim_group_data() -> dict:
-    """The group data a sim inventory carries, from the last `up` (fleet.json)."""
-    state = state_dir()
-    fleet_file = state / "fleet.json"
+def _recorded() -> dict:
+    """fleet.json: what the last `up` made."""
+    fleet_file = state_dir() / "fleet.json"
     if not fleet_file.exists():  # an inventory without the hub and pins would be refused later
         raise FileNotFoundError(f"{fleet_file}: no fleet recorded here: `python -m tests.sim up`")
-    fleet = json.loads(fleet_file.read_text())
-    data = {
+    return json.loads(fleet_file.read_text())
+
+
+def sim_ssh_data() -> dict:
+    """How the operator logs in to every sim box, Thor or gateway."""
+    state = state_dir()
+    return {
         "ssh_user": "thor",
         "ssh_key": str(state / "id_ed25519"),
         "ssh_known_hosts_file": str(state / "known_hosts"),
         # host keys are checked by thorfleet's own default (group_data/all.py), not set here
     }
+
+
+def sim_gateway_data() -> dict:
+    """The gateway group's data: how to log in and its own settings, none of the Thors'."""
+    return {**sim_ssh_data(), "gateway_port": GATEWAY_HTTPS_PORT,
+            "gateway_ca_dir": str(state_dir() / "fleet-ca")}
+
+
+def sim_group_data() -> dict:
+    """The Thors' group data a sim inventory carries, from the last `up` (fleet.json)."""
+    state = state_dir()
+    fleet = _recorded()
+    data = sim_ssh_data()
     if fleet.get("image_base"):
         data["image_base"] = fleet["image_base"]
     hub = fleet.get("hub")
@@ -563,11 +743,14 @@ def sim_group_data() -> dict:
     return data
 
 
-def write_inventory(path, hosts, extra_data: dict | None = None) -> Path:
-    """Write a pyinfra inventory with one group, `sim_thors`.
+def write_inventory(path, hosts, extra_data: dict | None = None, gateway=None) -> Path:
+    """Write a pyinfra inventory with the group `sim_thors`, and `gateway` when one is given.
 
-    hosts: names (`thor-1`) or (name, host_data) pairs. extra_data overrides the sim's group
+    hosts: names (`thor-1`) or (name, host_data) pairs. extra_data overrides the Thors' group
     data; a key set to None is left out (a test can drop a setting to see the deploy's default).
+    gateway: `gw-1` or (`gw-1`, host_data): the gateway box, its own group and data
+    (sim_gateway_data); host_data overrides it, e.g. another gateway_port. Its address on the sim
+    network is the one the last `up` recorded unless host_data gives gateway_fleet_address.
     """
     entries = []
     for host in hosts:
@@ -578,22 +761,43 @@ def write_inventory(path, hosts, extra_data: dict | None = None) -> Path:
                 "weights_peer_address": box_name(index_of(name)), **data}
         entries.append(f"        ({name!r}, {data!r}),")
     group = {**sim_group_data(), **(extra_data or {})}
-    group_lines = [f"        {key!r}: {value!r}," for key, value in group.items()
-                   if value is not None]
+    groups = _group_text("sim_thors", entries, group)
+    if gateway is not None:
+        groups += _group_text("gateway", [f"        {_gateway_entry(gateway)!r},"],
+                              sim_gateway_data())
     text = "\n".join([
-        (f"# Written by `python -m tests.sim up`: {len(entries)} simulated Thors."
-         " Rewritten by every `up`."),
-        "sim_thors = (",
-        "    [",
-        *entries,
-        "    ],",
-        "    {",
-        *group_lines,
-        "    },",
-        ")",
+        (f"# Written by `python -m tests.sim up`: {len(entries)} simulated Thors"
+         f"{' and the gateway box' if gateway is not None else ''}. Rewritten by every `up`."),
+        *groups,
         "",
     ])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _replace(path, text)
     return path
+
+
+def _gateway_entry(gateway) -> tuple:
+    name, data = (gateway, {}) if isinstance(gateway, str) else gateway
+    if not is_gateway(name):
+        raise ValueError(f"gateway={name!r}: the sim's gateway box is {GATEWAY_HOST!r}")
+    data = {"ssh_hostname": "127.0.0.1", "ssh_port": GATEWAY_SSH_PORT,
+            "gateway_fleet_address": _recorded().get("gateway_address"), **data}
+    if data["gateway_fleet_address"] is None:
+        raise RuntimeError(f"{GATEWAY_HOST}: no address recorded (is it up?): "
+                           "`python -m tests.sim up --gateway`")
+    return GATEWAY_HOST, data
+
+
+def _group_text(name: str, entries: list, group: dict) -> list:
+    """The lines of one group: `name = ([hosts], {group data})`, a key set to None left out."""
+    return [
+        f"{name} = (",
+        "    [",
+        *entries,
+        "    ],",
+        "    {",
+        *(f"        {key!r}: {value!r}," for key, value in group.items() if value is not None),
+        "    },",
+        ")",
+    ]
