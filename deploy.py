@@ -41,7 +41,8 @@ if is_thor(host):
     verification.run(settings)
     cleanup.run(settings)  # last: only a host that serves gets its old versions removed
 
-# A table on the terminal and JSON in rollout_report_path, written once every host has finished.
-report.install(host.state, settings.rollout_report_path)
+# A table on the terminal and JSON in rollout_report_path (the Thors' setting: the report is
+# theirs, the gateway's endpoint in it), written once every host has finished.
 if is_thor(host):
+    report.install(host.state, settings.rollout_report_path)
     report.observed(name="Record the host's state for the report", settings=settings)

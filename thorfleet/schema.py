@@ -653,7 +653,7 @@ def check(data, *, api_key=None, hf_token=None, groups=None):
 # A gateway that is no Thor runs no server: it reads how it is reached and its own settings only,
 # so the Thors' required pins and key need not be in its data.
 GATEWAY_KEYS = tuple(k for k in FIELDS if k.startswith(("ssh_", "gateway_"))) + (
-    "rollout_report_path", "rollout_drain_timeout_s", "preflight_lock_wait_s")
+    "rollout_drain_timeout_s", "preflight_lock_wait_s")
 GatewaySchema = create_model(
     "GatewaySchema", __config__=Schema.model_config,
     **{key: (FIELDS[key].annotation, FIELDS[key]) for key in GATEWAY_KEYS})

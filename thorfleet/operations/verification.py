@@ -21,7 +21,7 @@ from thorfleet.layout import (
 )
 from thorfleet.operations.commands import sh
 from thorfleet.runstate import run_state
-from thorfleet.snapshot import reads
+from thorfleet.snapshot import read, reads
 
 
 @reads(served=lambda service, port, **_: (
@@ -208,7 +208,7 @@ def gateway_admin(gateway_name, server):
     """This host's admin state at the gateway ("ready", "drain", "maint"), read from the gateway
     when planning (None: the gateway has no such server yet, as on a first install)."""
     gateway = host.state.inventory.get_host(gateway_name)
-    found = gateway.get_fact(facts.GatewayServers, backend=GATEWAY_BACKEND)
+    found = read(facts.GatewayServers, gateway, backend=GATEWAY_BACKEND)  # as root: the API is
     return (found.get(server) or {}).get("admin")
 
 
