@@ -159,7 +159,7 @@ def test_two_gateways_and_a_name_haproxy_cannot_take_are_refused(tmp_path):
     with pytest.raises(SettingsError) as error:
         settings_for_inventory(inventory(tmp_path, thor_hosts=[
             ("thor 1", {"ssh_hostname": "10.0.0.1"})]))
-    assert any(p.startswith("thor 1: the gateway names each box by its inventory name")
+    assert any(p.startswith("'thor 1': the gateway names each box by its inventory name")
                for p in error.value.problems), error.value.problems
 
 
@@ -181,3 +181,43 @@ def test_a_gateway_that_serves_the_model_is_a_thor_too(tmp_path):
     settings = settings_for_inventory(inv)
     assert settings["thor-1"].gateway_role.name == "thor-1"
     assert [b.name for b in settings["thor-1"].gateway_role.backends] == ["thor-2", "thor-1"]
+
+
+# --- values that reach haproxy.cfg and the firewall, any of them -----------------------------------
+
+BREAKERS = [" ", "\n", "#", "'", '"', "\\", "$", "${X}", ";", "\t", "é", ":", "%", "\x00", "*"]
+VALID = {"name": "thor-1", "address": "thor-1.lan", "names": "gw.lan", "fleet": "10.0.0.9"}
+
+
+def broken(valid):
+    """`valid` with each breaker before, inside and after it."""
+    return [valid[:at] + b + valid[at:] for b in BREAKERS
+            for at in (0, len(valid) // 2, len(valid))]
+
+
+CASES = [(key, value) for key, valid in VALID.items() for value in [valid, *broken(valid)]]
+
+
+def test_any_inventory_value_is_refused_or_lands_as_itself(tmp_path):
+    landed = 0
+    for key, value in CASES:
+        v = {**VALID, key: value}
+        inv = inventory(tmp_path, thor_hosts=[(v["name"], {"ssh_hostname": "10.0.0.1",
+                                                           "weights_peer_address": v["address"]})],
+                        gateway_data={"gateway_names": [v["names"]],
+                                      "gateway_fleet_address": v["fleet"]})
+        try:
+            settings = settings_for_inventory(inv)
+        except SettingsError as error:
+            assert all("\n" not in p for p in error.problems), error.problems
+            continue
+        landed += 1
+        g = settings["gw-1"]
+        servers = [line.split() for line in g.config_text.splitlines()
+                   if line.strip().startswith("server ")]
+        assert servers == [["server", v["name"], f"{v['address']}:8002", "maxconn", "1"]], (
+            key, value, servers)
+        script, _ = firewall_script(8002, settings[v["name"]].gateway)
+        assert f"ip saddr {v['fleet']} tcp dport 8002 accept" in script, (key, value)
+        assert g.names == ["10.0.0.9", v["names"].lower()], (key, value, g.names)
+    assert landed >= len(VALID)  # the valid values, at least, land

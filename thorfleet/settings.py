@@ -149,7 +149,7 @@ def _the_gateway(inventory, settings):
             continue  # its own problems are listed already
         target = peer_address(t).partition(":")[0]
         if not SERVER_NAME.fullmatch(t.name):
-            problems.append(f"{t.name}: the gateway names each box by its inventory name, and "
+            problems.append(f"{t.name!r}: the gateway names each box by its inventory name, and "
                             "HAProxy takes letters, digits, '-', '_', '.' and ':' only (64 at "
                             "most): rename the host in the inventory")
         if not is_host(target) or "%" in target:
