@@ -36,7 +36,7 @@ weights_hf_endpoint = os.environ.get("HF_ENDPOINT")  # hub or site mirror the bo
 weights_hf_allow_plain_http = False  # allow an http:// weights_hf_endpoint with a token: the token and the code the model runs (trust_remote_code) then travel unencrypted
 weights_hf_token_file = None  # laptop path of a file holding HF_TOKEN (else env HF_TOKEN); never logged
 weights_source = "auto"  # hub: every box downloads; fleet: the run's first box does, the others copy from boxes that have it (rsync over SSH); auto: fleet for 2+ hosts
-weights_peer_address = None  # host[:port] the other boxes reach this one at over SSH (None: its ssh_hostname)
+weights_peer_address = None  # host[:port] the other boxes reach this one at over SSH, the gateway at its host (None: its ssh_hostname)
 weights_progress_interval_s = 10  # seconds between the progress lines of a weights transfer (done, rate, time left)
 weights_peer_key_file = "~/.config/thorfleet/peer_ed25519"  # laptop path of the boxes' shared copy key (may only read weights_dir); made when missing
 

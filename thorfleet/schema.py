@@ -414,7 +414,7 @@ class Schema(BaseModel):
         "boxes that have it (rsync over SSH); auto: fleet for 2+ hosts",
         "is not 'auto', 'hub' or 'fleet' (a site mirror is weights_hf_endpoint)")
     weights_peer_address: Annotated[StrictStr, AfterValidator(_peer_address)] | None = setting(
-        None, "host[:port] the other boxes reach this one at over SSH (None: its ssh_hostname)",
+        None, "host[:port] the other boxes reach this one at over SSH, the gateway at its host (None: its ssh_hostname)",
         "is not a host name or address with an optional :port")
     weights_progress_interval_s: Positive = setting(
         10, "seconds between the progress lines of a weights transfer (done, rate, time left)",
