@@ -4,6 +4,7 @@
 
 Every module-level list is a group; the group data below beats group_data/all.py's defaults.
 Secrets are never written here: point at files on the laptop (or export THORFLEET_API_KEY / HF_TOKEN).
+A gateway in front of the boxes is one more group, `gateway` (README "One endpoint: the gateway").
 """
 
 thors = (
@@ -28,16 +29,3 @@ thors = (
         # "weights_hf_endpoint": "http://hf-mirror.example.internal",  # a site mirror, if any
     },
 )
-
-# One HTTPS endpoint in front of the Thors (README "One endpoint: the gateway"): a small box of
-# its own, with HAProxy from its distribution's packages. Uncomment to add it.
-# gateway = (
-#     [("thor-gw", {"ssh_hostname": "10.0.0.20"})],
-#     {
-#         "ssh_user": "ubuntu",
-#         "ssh_key": "~/.ssh/id_ed25519",
-#         "ssh_known_hosts_file": "~/.ssh/known_hosts",
-#         "ssh_strict_host_key_checking": "yes",
-#         "gateway_names": ["thor-gw.lab"],  # the names clients use, besides ssh_hostname
-#     },
-# )
