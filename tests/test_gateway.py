@@ -194,11 +194,15 @@ def test_a_rerun_changes_nothing(front):
         assert changed_on(run, host) == [], outcome(run, host)
 
 
-def test_gateway_config_drift_is_repaired(sim_fleet, front):
+def test_gateway_config_drift_is_repaired_by_a_reload_no_client_sees(sim_fleet, front):
     box(sim_fleet, GATEWAY, "sed -i 's/maxconn 1$/maxconn 50/' /etc/haproxy/haproxy.cfg && "
                             "systemctl reload haproxy")
-    run, _ = front.converge("drift")
+    with Load(front, clients=3) as load:
+        time.sleep(2)
+        run, _ = front.converge("drift")
+        time.sleep(2)
     assert run.returncode == 0, run.stderr[-3000:]
+    assert load.failed() == [] and len(load.results) > 10, (len(load.results), load.failed()[:3])
     changed = changed_on(run, GATEWAY)
     assert any("HAProxy's config" in name for name in changed), outcome(run, GATEWAY)
     assert any("Reload HAProxy" in name for name in changed), outcome(run, GATEWAY)
