@@ -385,8 +385,9 @@ class UnitActive(FactBase[str]):
 
 
 class FirewallMark(FactBase[str | None]):
-    """The comment on the drop rule of thorfleet's nftables table (gateway.firewall_mark: which
-    version of the script is live), "no table" when the table is absent, or "no nft"."""
+    """The comment on the drop rule of thorfleet's nftables table (the mark of
+    gateway.firewall_script: which version of the script is live), "no table" when the table is
+    absent, or "no nft"."""
 
     def command(self):
         family, table = FIREWALL_TABLE
@@ -410,7 +411,7 @@ def admin_state(bits: int) -> str:
 
 
 class GatewayServers(FactBase[dict]):
-    """{server: {"admin": "ready"|"drain"|"maint", "up": bool}} of a gateway backend, from
+    """{server: {"admin": "ready"|"drain"|"maint"}} of a gateway backend, from
     HAProxy's `show servers state` ({} when HAProxy or its runtime API is not there yet)."""
 
     def command(self, backend):
@@ -428,6 +429,5 @@ class GatewayServers(FactBase[dict]):
         for line in output:
             fields = line.split()
             if len(fields) > 6 and not line.startswith("#") and fields[0].isdigit():
-                found[fields[3]] = {"admin": admin_state(int(fields[6])),
-                                    "up": fields[5] == "2"}  # SRV_ST_RUNNING
+                found[fields[3]] = {"admin": admin_state(int(fields[6]))}
         return found

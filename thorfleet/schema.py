@@ -31,6 +31,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from thorfleet.gateway_tls import check_names
 from thorfleet.layout import (
     BOX_BIN,
     BOX_ETC,
@@ -227,7 +228,7 @@ def _peer_address(value):
     return value
 
 
-def _ip_address(value):
+def is_ip_address(value):
     """An IP address, written as nftables and HAProxy read it (no zone, no port)."""
     try:
         return str(ipaddress.ip_address(value)) == value and value
@@ -236,16 +237,23 @@ def _ip_address(value):
 
 
 def _ip(value):
-    if not _ip_address(value):
+    if not is_ip_address(value):
         raise ValueError("not an IP address")
     return value
 
 
+def _certificate_name(name):
+    try:
+        check_names([name])
+    except ValueError:
+        return False
+    return True
+
+
 def _client_names(names):
-    """Each name clients reach the gateway by: a DNS name or an IP address (the certificate's
-    subjectAltName entries)."""
-    bad = [name for name in names if not isinstance(name, str) or "%" in name or
-           not (_ip_address(name) or is_host(name))]
+    """Each name clients reach the gateway by: a DNS name or an IP address, by the rule the
+    certificate's subjectAltName entries are made with (gateway_tls.check_names)."""
+    bad = [name for name in names if not isinstance(name, str) or not _certificate_name(name)]
     if bad:
         _refuse(f"gateway_names={names!r}: {bad!r} is not a DNS name or IP address (the "
                 "certificate names each as it is)")

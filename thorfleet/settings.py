@@ -20,7 +20,7 @@ from thorfleet.gateway import SERVER_NAME, Backend, GatewaySettings
 from thorfleet.peers import fleet_copy, peer_address, peer_address_problems
 from thorfleet.render import Settings, image_files_hash
 from thorfleet.roles import is_gateway, is_thor, thors
-from thorfleet.schema import SettingsError, _ip_address, check, check_gateway, is_host
+from thorfleet.schema import SettingsError, check, check_gateway, is_host, is_ip_address
 
 __all__ = ["Settings", "SettingsError", "no_hosts", "refuse_outside_the_repository", "settings_for",
            "settings_for_inventory", "settings_for_run"]
@@ -132,7 +132,7 @@ def _the_gateway(inventory, settings):
                         "as clients use it; set ssh_hostname to an address or DNS name")
         names = []
     source = (values.gateway_fleet_address if values else None) or address
-    if not _ip_address(source):
+    if not is_ip_address(source):
         problems.append(f"{h.name}: gateway_fleet_address is not set and ssh_hostname "
                         f"{address!r} is not an IP address: set gateway_fleet_address to the IP "
                         "the boxes see the gateway connect from (their firewall lets only it in)")
@@ -156,7 +156,7 @@ def _the_gateway(inventory, settings):
             problems.append(f"{t.name}: the gateway dials it at {target!r}, not a host name or "
                             "address: set weights_peer_address (the address the other boxes "
                             "and the gateway reach it at)")
-        checked.gateway = source if _ip_address(source) else None
+        checked.gateway = source if is_ip_address(source) else None
         backends.append(Backend(t.name, target, checked.service_port, _max_num_seqs(checked)))
     if problems:
         return {}, problems

@@ -63,9 +63,9 @@ def reloaded(unit="haproxy.service"):
 @reads(live=lambda **_: (facts.FirewallMark, {}))
 @operation()
 def firewall(mark, *, live):
-    """thorfleet's nftables table live on the box as `mark` says (gateway.firewall_mark of the
-    script at BOX_FIREWALL): the vLLM port answers the gateway and the box itself only. A table
-    changed or flushed by hand is loaded again; one `nft -f` replaces it whole."""
+    """thorfleet's nftables table live on the box as `mark` says (gateway.firewall_script's mark
+    of the script at BOX_FIREWALL): the vLLM port answers the gateway and the box itself only. A
+    table changed or flushed by hand is loaded again; one `nft -f` replaces it whole."""
     if live == mark:
         host.noop("the vLLM port answers the gateway only (nftables table is live)")
         return

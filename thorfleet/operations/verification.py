@@ -75,7 +75,7 @@ def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
         yield _checked(serve("prove"), rotation=rotation)
     elif decision.action == rollout.ACTIVATE:
         yield _checked(serve("activate", "--fingerprint", fingerprint), first_start=first_install,
-                       rotation=rotation)
+                       rotation=rotation, restarts=True)
     else:
         yield _record_hold(decision.why)
         yield serve("hold")
@@ -124,18 +124,18 @@ class Rotation:
     drain_timeout: int
 
 
-def _checked(command, first_start=False, rotation=None):
+def _checked(command, first_start=False, rotation=None, restarts=False):
     """A command that runs thorfleet-serve's `command` (activate or prove); on failure it fails the
     host with its reason and records a failed restart, which stops the rollout's later batches.
     With `first_start`, it first records the host as a first install: one that fails stops every
     batch. With a `rotation`, a box the gateway sends requests to is drained there before it
-    restarts (a proof restarts nothing: none), put back once proven, and left out when it fails."""
+    `restarts` (activate; a proof restarts nothing), put back once proven, and left out when it
+    fails."""
 
     def serve_and_check(state, host):
         records = run_state(state)
         if first_start:
             records.first_starts.add(host.name)
-        restarts = "activate" in command
         if rotation and restarts and rotation.admin == "ready" and \
                 not _rotate(state, host, rotation, "drain", rotation.drain_timeout):
             return False
@@ -156,11 +156,13 @@ def _checked(command, first_start=False, rotation=None):
 
 
 def _rotate(state, host, rotation, action, timeout=None):
-    """Set `host` to `action` at the gateway; False (the host failed, saying why) if it could not."""
-    ok, said = on_gateway(state, rotation.gateway,
-                                      rotation_command(action, host.name, timeout))
+    """Set `host` to `action` at the gateway; False (the host failed, saying why) if it could not
+    (a restart the gateway did not drain would cut its clients)."""
+    ok, said = on_gateway(state, rotation.gateway, rotation_command(action, host.name, timeout))
     if ok:
         host.log_styled(f"thorfleet: {' '.join(said[-1:])}")
+        if action == "ready":
+            run_state(state).out_of_rotation.pop(host.name, None)
         return True
     return run_state(state).fail(host, f"the gateway {rotation.gateway} could not set it "
                                        f"{action}: {' '.join(said[-2:])}", details=said)
@@ -187,19 +189,12 @@ def on_gateway(state, gateway_name, command):
     return ok, output.stdout_lines + output.stderr_lines
 
 
-def rotation_step(action, gateway_name, timeout=None):
-    """A command that sets this host `action` (drain, pull, ready) in the gateway; a drain or a
-    ready that fails fails the host (a restart the gateway did not drain would cut its clients)."""
+def rotation_step(action, gateway_name):
+    """A command that sets this host `action` (ready, after an earlier run left it out) in the
+    gateway; one that fails fails the host."""
 
     def rotate(state, host):
-        ok, said = on_gateway(state, gateway_name, rotation_command(action, host.name, timeout))
-        if ok:
-            host.log_styled(f"thorfleet: {' '.join(said[-1:])}")
-            if action == "ready":
-                run_state(state).out_of_rotation.pop(host.name, None)
-            return True
-        return run_state(state).fail(host, f"the gateway {gateway_name} could not set it "
-                                           f"{action}: {' '.join(said[-2:])}", details=said)
+        return _rotate(state, host, Rotation(gateway_name, None, 0), action)
 
     return FunctionCommand(rotate, (), {})
 
