@@ -6,6 +6,7 @@ transformers 4.57.3 cannot live with.
 """
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import shutil
@@ -13,6 +14,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
@@ -84,24 +86,33 @@ def base_image(docker_client) -> str:
 # config/speculative.py L346-347). Without these keys vLLM resolves MixtralForCausalLM and refuses
 # the draft ("Model architectures ['EagleMistralForCausalLM'] are not supported").
 @pytest.fixture(scope="session")
-def model_dir(docker_client, base_image) -> Path:
+def model_dir(docker_client, base_image) -> Iterator[Path]:
     """The model folder as the hub serves it (tests/sim/hub/repos.py, pinned revision), with the
-    v15 test tokenizer; its draft beside it as `<model_dir>.eagle`."""
-    return hub_model(docker_client, base_image, state_dir() / "test-model")
+    v15 test tokenizer; its draft beside it as `<model_dir>.eagle`. One per pytest process: each
+    xdist worker has its own session, and a folder shared between them was rewritten under a
+    server another worker had just started on it (CI: "Invalid repository ID ... '/model'")."""
+    path = Path(tempfile.mkdtemp(dir=state_dir(), prefix="test-model-"))
+    yield hub_model(docker_client, base_image, path / "model")
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def hub_model(client, base_image: str, path: Path) -> Path:
     from tests.sim.hub.repos import DRAFT_REPO, MODEL_REPO, build_repos
 
-    tekken = export_v15_tokenizer(client, base_image, state_dir() / "test-tokenizer" / "tekken.json")
     root = state_dir() / "test-hub"
-    pins = build_repos(root, tekken)
-    manifest = json.loads((root / "manifest.json").read_text())
-    for repo, dest in ((MODEL_REPO, path), (DRAFT_REPO, path.with_name(path.name + ".eagle"))):
-        shutil.rmtree(dest, ignore_errors=True)
-        dest.mkdir(parents=True)
-        for name, entry in manifest["repos"][repo]["commits"][pins[repo]]["files"].items():
-            shutil.copyfile(root / "blobs" / entry["sha256"], dest / name)
+    root.mkdir(parents=True, exist_ok=True)
+    # The tokenizer and the hub's blobs are shared by every worker: built by one at a time.
+    with (state_dir() / "test-hub.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        tekken = export_v15_tokenizer(client, base_image,
+                                      state_dir() / "test-tokenizer" / "tekken.json")
+        pins = build_repos(root, tekken)
+        manifest = json.loads((root / "manifest.json").read_text())
+        for repo, dest in ((MODEL_REPO, path), (DRAFT_REPO, path.with_name(path.name + ".eagle"))):
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir(parents=True)
+            for name, entry in manifest["repos"][repo]["commits"][pins[repo]]["files"].items():
+                shutil.copyfile(root / "blobs" / entry["sha256"], dest / name)
     return path
 
 
