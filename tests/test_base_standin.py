@@ -7,7 +7,9 @@ memory, and torch needs the nvidia runtime's libcuda.so.1.
 """
 
 import json
+import os
 import re
+import signal
 import threading
 import time
 
@@ -268,3 +270,27 @@ def test_max_num_seqs_decode_at_once_and_the_rest_wait(docker_client, base_image
     assert gauge == {"running": 1.0, "waiting": 2.0}, metrics
     # 34 tokens at 33.7 tok/s is ~1 s each: one after another they end ~1, ~2 and ~3 s in
     assert [round(t - began) for t in sorted(ended)] == [1, 2, 3], ended
+
+
+def test_a_frozen_engine_core_looks_like_a_hung_gpu(docker_client, base_image, model_dir):
+    # vLLM V1 runs its engine core as a process of its own titled VLLM::EngineCore
+    # (v1/engine/core.py L1054-1055): an operator finds it with `docker top` and freezes it with
+    # SIGSTOP. The API server then answers /health 200 (AsyncLLM.check_health asks only whether
+    # the engine core died, v1/engine/async_llm.py L874-877) while no request finishes.
+    env = {**SEED_ENV, "VLLM_API_KEY": KEY}
+    body = {"model": "/model", "prompt": "ping", "max_tokens": 1}
+    with serving(docker_client, base_image, model_dir, env=env) as server:
+        server.wait_healthy()
+        top = server.container.top(ps_args="-eo pid,args")
+        cores = [int(pid) for pid, args in top["Processes"] if args.startswith("VLLM::EngineCore")]
+        assert len(cores) == 1, top
+        assert server.request("POST", "/v1/completions", key=KEY, body=body, timeout=10)[0] == 200
+        os.kill(cores[0], signal.SIGSTOP)
+        try:
+            assert server.request("GET", "/health", timeout=10)[0] == 200
+            with pytest.raises(TimeoutError):
+                server.request("POST", "/v1/completions", key=KEY, body=body, timeout=5)
+        finally:
+            os.kill(cores[0], signal.SIGCONT)
+        # thawed, it answers again
+        assert server.request("POST", "/v1/completions", key=KEY, body=body, timeout=30)[0] == 200

@@ -28,7 +28,7 @@ REPO = HERE.parents[2]
 IMAGE_CONTEXT = REPO / "files" / "image"  # the derived image's build context (build-image.sh)
 REPOSITORY = "thorfleet-sim/vllm-base"
 VLLM_WHEEL = "vllm==0.19.0"
-INPUTS = ["Dockerfile", "requirements.txt", "vllm_standin.py", "vllm"]
+INPUTS = ["Dockerfile", "requirements.txt", "vllm_standin.py", "standin_core.py", "vllm"]
 
 
 def _inputs_hash(rootfs_ref: str) -> str:

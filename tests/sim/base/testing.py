@@ -206,15 +206,16 @@ class StandIn:
             time.sleep(0.5)
         raise AssertionError(f"stand-in not healthy after {timeout}s:\n{self.logs()}")
 
-    def request(self, method: str, path: str, body=None, key: str | None = None):
-        """(status, parsed JSON or text)."""
+    def request(self, method: str, path: str, body=None, key: str | None = None,
+                timeout: float = 60):
+        """(status, parsed JSON or text); TimeoutError when no answer comes within `timeout`."""
         headers = {"Content-Type": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(req, timeout=60) as response:
+            with urllib.request.urlopen(req, timeout=timeout) as response:
                 status, raw = response.status, response.read()
         except urllib.error.HTTPError as error:
             status, raw = error.code, error.read()

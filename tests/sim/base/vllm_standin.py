@@ -38,9 +38,13 @@ IMITATED (cannot run without a CUDA GPU and 66 GB of weights), each rule citing 
   makes that check for unquantized models (default_loader.py L389-397): a real Thor would load a
   quantized checkpoint with a missing shard and serve garbage. The sim fails instead). Loading takes
   THORFLEET_SIM_LOAD_SECONDS (default 5) from start; the port refuses meanwhile.
-- Scheduling: at most max_num_seqs requests decode at once, the rest wait first come first served
-  and are reported as waiting (vllm:num_requests_waiting), by the rule of vLLM's scheduler
-  (StandInCore.schedule cites it). A running request decodes at the box's rate however many run.
+- The engine core is a process of its own, titled `VLLM::EngineCore` as vLLM titles it
+  (standin_core.py cites the split): frozen with SIGSTOP, the API server answers /health 200 and
+  every request waits, as with a hung GPU; killed, the engine is dead and /health says so.
+- Scheduling (in that process): at most max_num_seqs requests decode at once, the rest wait first
+  come first served and are reported as waiting (vllm:num_requests_waiting), by the rule of vLLM's
+  scheduler (standin_core.Core.schedule cites it). A running request decodes at the box's rate
+  however many run.
 - Decoding: token ids are chosen, not computed, one at a time at the seed's Thor rates (33.7 tok/s
   with the EAGLE draft, 17.5 without; THORFLEET_SIM_DECODE_TOKS overrides it for tests only):
   with tools in the prompt, the Mistral v11+ tool-call tokens `[TOOL_CALLS]name[ARGS]{json}` (so
@@ -55,6 +59,8 @@ import json
 import logging
 import os
 import random
+import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -323,13 +329,6 @@ def decode_rate(vllm_config) -> float:
     return float(os.environ.get("THORFLEET_SIM_DECODE_TOKS", default))
 
 
-def accepted_per_step(step: int) -> int:
-    """Draft tokens the target accepts in one EAGLE step, so that a step yields 1 + accepted
-    tokens and the rates agree: 33.7 / 17.5 - 1 = 0.93 accepted per step (13 steps of 1 in 14),
-    an acceptance rate of 0.31 of 3 drafted (FACTS.md: 0.2-0.4 measured on JSON/tool output)."""
-    return 0 if step % 14 == 13 else 1
-
-
 ANSWER = ("This is the thorfleet stand-in engine answering: the prompt went through vLLM's own "
           "renderer, no weights were run.")
 TRACE = "Thinking it over, step by step."
@@ -346,27 +345,25 @@ def sample_arguments(tool: dict) -> dict:
 
 
 class StandInCore:
-    """The EngineCore client AsyncLLM talks to (v1/engine/core_client.py's async interface):
-    token ids come out one at a time at the modelled rate, as EngineCoreOutputs."""
+    """The EngineCore client AsyncLLM talks to (v1/engine/core_client.py's async interface), in
+    the API server's process; the engine core it sends requests to is a process of its own
+    (standin_core.py), as MPClient runs it. Token ids are chosen here (the tokenizer is here),
+    one per step the engine core sends back, as EngineCoreOutputs."""
 
     engine_ranks_managed = [0]
 
     def __init__(self, vllm_config, tokenizer):
+        from vllm import envs
+
         self.vllm_config = vllm_config
         self.tokenizer = tokenizer
+        # The engine core's death is what vLLM's /health reports (AsyncLLM.errored); a process
+        # that is alive but stopped is not dead.
         self.resources = SimpleNamespace(engine_dead=False)
-        self.rate = decode_rate(vllm_config)
         spec = vllm_config.speculative_config
         self.spec_tokens = spec.num_speculative_tokens if spec is not None else 0
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.tasks: dict[str, asyncio.Task] = {}
-        # vLLM's scheduler runs at most max_num_seqs requests; the rest wait in arrival order
-        # (v1/core/sched/scheduler.py L105 max_num_running_reqs = max_num_seqs, L568 `if
-        # len(self.running) == self.max_num_running_reqs: break` in the loop over self.waiting)
-        # and are counted as waiting (L1957 num_waiting_reqs -> vllm:num_requests_waiting).
-        self.max_running = vllm_config.scheduler_config.max_num_seqs
-        self.running: set[str] = set()
-        self.waiting: dict[str, asyncio.Future] = {}  # insertion order is arrival order
+        self.in_flight: dict[str, list[int]] = {}  # request id -> its token ids
         self.draining = False
         self.loop = None
         vocab = tokenizer.get_vocab()
@@ -374,6 +371,20 @@ class StandInCore:
             "[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]", "[INST]", "[AVAILABLE_TOOLS]",
             "[/AVAILABLE_TOOLS]")}
         self.eos = tokenizer.eos_token_id
+        self.filler = self.encode(FILLER)[0]
+        ours, theirs = socket.socketpair()
+        self.sock = ours
+        self.received = b""
+        # The title vLLM gives its engine core (v1/engine/core.py L1054-1055,
+        # utils/system_utils.py L193): `ps` and `docker top` find it by that name.
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("standin_core.py")),
+             "--fd", str(theirs.fileno()), "--title", f"{envs.VLLM_PROCESS_NAME_PREFIX}::EngineCore",
+             "--rate", str(decode_rate(vllm_config)), "--spec-tokens", str(self.spec_tokens),
+             "--max-running", str(vllm_config.scheduler_config.max_num_seqs)],
+            pass_fds=(theirs.fileno(),))
+        theirs.close()
+        ours.setblocking(False)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -399,102 +410,83 @@ class StandInCore:
             return [*self.encode(TRACE), sp["[/THINK]"], *self.encode(ANSWER)], True
         return self.encode(ANSWER), True
 
-    def stats(self):
-        """What the scheduler reports with each step: the requests still in flight (vLLM's
-        Prometheus vllm:num_requests_running comes from this, v1/metrics/loggers.py)."""
+    def send(self, **message) -> None:
+        try:
+            self.sock.send((json.dumps(message) + "\n").encode())
+        except (BlockingIOError, BrokenPipeError, ConnectionResetError):
+            pass  # a stopped or dead engine core reads nothing: what it misses stays undone
+
+    def start_reading(self) -> None:
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+            self.loop.add_reader(self.sock.fileno(), self.receive)
+
+    def receive(self) -> None:
+        """The engine core's outputs, as AsyncMPClient's output socket delivers them."""
+        from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
         from vllm.v1.metrics.stats import SchedulerStats
 
-        return SchedulerStats(num_running_reqs=len(self.running),
-                              num_waiting_reqs=len(self.waiting))
-
-    def schedule(self) -> None:
-        """Admit waiting requests, first come first served, while a running slot is free."""
-        while self.waiting and len(self.running) < self.max_running:
-            request_id, admitted = next(iter(self.waiting.items()))
-            del self.waiting[request_id]
-            self.running.add(request_id)
-            if not admitted.done():
-                admitted.set_result(None)
-
-    async def run(self, request) -> None:
-        from vllm.v1.engine import EngineCoreOutputs
-
-        rid = request.request_id
-        admitted = asyncio.get_running_loop().create_future()
-        self.waiting[rid] = admitted
         try:
-            self.schedule()
-            if not admitted.done():  # its wait shows on /metrics, as the scheduler reports it
-                self.queue.put_nowait(EngineCoreOutputs(outputs=[], scheduler_stats=self.stats()))
-            await admitted
-            await self.decode(request)
-        finally:  # however it ended (finished, aborted, failed), it no longer runs nor waits
-            self.tasks.pop(rid, None)
-            self.waiting.pop(rid, None)
-            self.running.discard(rid)
-            self.schedule()
-            self.queue.put_nowait(EngineCoreOutputs(outputs=[], scheduler_stats=self.stats()))
+            data = self.sock.recv(65536)
+        except BlockingIOError:
+            return
+        if not data:  # the engine core died: vLLM's MPClient marks the engine dead
+            self.loop.remove_reader(self.sock.fileno())
+            self.resources.engine_dead = True
+            for rid in list(self.in_flight):
+                self.end(rid, report=True)
+            return
+        self.received += data
+        *lines, self.received = self.received.split(b"\n")
+        for line in lines:
+            event = json.loads(line)
+            # vLLM's Prometheus vllm:num_requests_running/_waiting come from these stats
+            # (v1/metrics/loggers.py)
+            stats = SchedulerStats(num_running_reqs=event["running"],
+                                   num_waiting_reqs=event["waiting"])
+            outputs = []
+            rid = event["rid"]
+            if rid is not None and rid in self.in_flight:
+                if event["spec"] is not None:
+                    from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
-    async def decode(self, request) -> None:
-        from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
-
-        ids, natural = self.plan(request)
-        if natural:
-            ids = [*ids, self.eos]
-        max_tokens = request.sampling_params.max_tokens or 16
-        filler = self.encode(FILLER)[0]
-        drafts, left_in_step = 0, 0
-        loop = asyncio.get_running_loop()
-        begun = loop.time()
-        for step in range(max_tokens):
-            # each token at its own time from the start, not a pause after the last one: vLLM V1's
-            # EngineCore is a process of its own (v1/engine/core_client.py, MPClient), so the API
-            # server's work on a token never slows the decode; a token it is late to take is
-            # waiting for it, as in the engine's output queue
-            await asyncio.sleep(max(0.0, begun + (step + 1) / self.rate - loop.time()))
-            token = ids[step] if step < len(ids) else filler
-            finish = None
-            if natural and step == len(ids) - 1:
-                finish = FinishReason.STOP
-            elif step == max_tokens - 1:
-                finish = FinishReason.LENGTH
-            if finish is not None:  # FinishReason.STOP is 0: falsy
-                self.tasks.pop(request.request_id, None)
-                self.running.discard(request.request_id)
-            stats = self.stats()
-            if self.spec_tokens and left_in_step == 0:
-                # a new EAGLE step: vLLM's scheduler reports each draft it verified
-                # (v1/spec_decode/metrics.py SpecDecodingStats, -> vllm:spec_decode_* on /metrics)
-                from vllm.v1.spec_decode.metrics import SpecDecodingStats
-
-                accepted = accepted_per_step(drafts)
-                stats.spec_decoding_stats = SpecDecodingStats.new(self.spec_tokens)
-                stats.spec_decoding_stats.observe_draft(self.spec_tokens, accepted)
-                drafts, left_in_step = drafts + 1, accepted + 1
-            left_in_step = max(0, left_in_step - 1)
-            self.queue.put_nowait(EngineCoreOutputs(
-                outputs=[EngineCoreOutput(request.request_id, [token], finish_reason=finish)],
-                scheduler_stats=stats))
-            if finish is not None:
-                break
+                    stats.spec_decoding_stats = SpecDecodingStats.new(self.spec_tokens)
+                    stats.spec_decoding_stats.observe_draft(self.spec_tokens, event["spec"])
+                ids, step = self.in_flight[rid], event["step"]
+                token = ids[step] if step < len(ids) else self.filler
+                finish = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}.get(
+                    event["finish"])
+                if finish is not None:  # FinishReason.STOP is 0: falsy
+                    del self.in_flight[rid]
+                outputs = [EngineCoreOutput(rid, [token], finish_reason=finish)]
+            self.queue.put_nowait(EngineCoreOutputs(outputs=outputs, scheduler_stats=stats))
 
     def end(self, request_id: str, report: bool) -> None:
         """Stop a request; `report` sends its last output (finish_reason abort), as the engine
         core does for requests it aborts itself (v1/engine/core.py)."""
         from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 
-        task = self.tasks.pop(request_id, None)
-        if task:
-            task.cancel()
-        outputs = [EngineCoreOutput(request_id, [], finish_reason=FinishReason.ABORT)] if report else []
-        self.queue.put_nowait(EngineCoreOutputs(outputs=outputs, scheduler_stats=self.stats()))
+        if self.in_flight.pop(request_id, None) is not None:
+            self.send(op="abort", rid=request_id)
+        if report:
+            self.queue.put_nowait(EngineCoreOutputs(
+                outputs=[EngineCoreOutput(request_id, [], finish_reason=FinishReason.ABORT)]))
 
     # -- the async client interface AsyncLLM uses
     async def add_request_async(self, request) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.tasks[request.request_id] = asyncio.create_task(self.run(request))
-        if self.draining:  # shutting down: new requests are refused (aborted at once)
-            self.end(request.request_id, report=True)
+        self.start_reading()
+        rid = request.request_id
+        if self.draining or self.resources.engine_dead:  # shutting down: refused at once
+            self.end(rid, report=True)
+            return
+        ids, natural = self.plan(request)
+        if natural:
+            ids = [*ids, self.eos]
+        max_tokens = request.sampling_params.max_tokens or 16
+        self.in_flight[rid] = ids
+        stop = natural and len(ids) <= max_tokens
+        self.send(op="add", rid=rid, steps=len(ids) if stop else max_tokens,
+                  finish="stop" if stop else "length")
 
     async def get_output_async(self):
         return await self.queue.get()
@@ -523,12 +515,16 @@ class StandInCore:
         rest are aborted (FACTS.md, "Thor realities"). Runs in an executor thread."""
         self.draining = True
         deadline = time.monotonic() + (timeout or 0)
-        while self.tasks and time.monotonic() < deadline:
+        while self.in_flight and time.monotonic() < deadline:
             time.sleep(0.1)
-        if self.tasks and self.loop is not None and not self.loop.is_closed():
-            for rid in list(self.tasks):
+        if self.in_flight and self.loop is not None and not self.loop.is_closed():
+            for rid in list(self.in_flight):
                 self.loop.call_soon_threadsafe(self.end, rid, True)
             time.sleep(0.3)  # let the aborts reach their streams before the server exits
+        # the engine core goes with its server (MPClient's shutdown terminates it); a stopped one
+        # too: SIGKILL reaches a stopped process
+        if self.process.poll() is None:
+            self.process.kill()
 
     def __getattr__(self, name):
         if name.endswith("_async"):  # resets, profiling, loras...: nothing to do without a GPU
