@@ -157,7 +157,8 @@ def _the_gateway(inventory, settings):
                             "address: set weights_peer_address (the address the other boxes "
                             "and the gateway reach it at)")
         checked.gateway = source if is_ip_address(source) else None
-        backends.append(Backend(t.name, target, checked.service_port, _max_num_seqs(checked)))
+        backends.append(Backend(t.name, target, checked.service_port, _max_num_seqs(checked),
+                                checked.watchdog_port))
     if problems:
         return {}, problems
     return {h.name: GatewaySettings(values, h.name, address, backends)}, []
