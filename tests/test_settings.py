@@ -296,6 +296,15 @@ BAD_INPUTS = [
     ({"rollout_benchmark": "sometimes"}, "rollout_benchmark='sometimes' must be 'first-install'"),
     ({"rollout_bench_min_fraction": 1.5}, "rollout_bench_min_fraction=1.5 must be a number in [0, 1]"),
     ({"rollout_bench_min_toks": "27"}, "rollout_bench_min_toks='27' must be a non-negative number"),
+    ({"watchdog_port": 0}, "watchdog_port=0 must be at least 1 and at most 65535"),
+    ({"monitor_scrape_interval_s": 0}, "monitor_scrape_interval_s=0 must be a whole number"),
+    ({"monitor_scrape_interval_s": 1.5}, "monitor_scrape_interval_s=1.5 must be a whole number"),
+    ({"monitor_retention": "15 days"}, "monitor_retention='15 days' is not a Prometheus duration"),
+    ({"monitor_retention": "1d15m2h"}, "monitor_retention='1d15m2h' is not a Prometheus duration"),
+    ({"monitor_retention": "0"}, "monitor_retention='0' is not a Prometheus duration"),
+    ({"monitor_retention": ""}, "monitor_retention='' is not a Prometheus duration"),
+    ({"monitor_retention": "15d\n"}, "monitor_retention='15d\\n' is not a Prometheus duration"),
+    ({"monitor_retention": "300000000y"}, "monitor_retention='300000000y' is not a Prometheus"),
 ]
 
 
