@@ -150,8 +150,10 @@ def _the_monitor(inventory, settings, gateways):
         address = dial_host(t)
         try:
             label_value(t.name)
-        except ValueError as error:
-            problems.append(f"{t.name!r}: {error}")
+        except ValueError:
+            problems.append(f"{t.name!r}: Prometheus labels each box's series and alerts with its "
+                            "inventory name (host), which an alert's one line cannot show with a "
+                            "newline or a control character in it: rename the host in the inventory")
         try:
             target(address, checked.service_port)
         except ValueError:
