@@ -1,7 +1,7 @@
 """Which hosts of the inventory are Thors and which is the gateway.
 
     is_gateway(h)    # in the inventory group `gateway`: HAProxy in front of the Thors
-    is_thor(h)       # serves the model: every host but a gateway that is a box of its own
+    is_thor(h)       # serves the model: every host but a gateway or monitor that is a box of its own
     thors(hosts)     # the Thors of an inventory (or any iterable of hosts), in order
     gateway_of(hosts)  # the gateway host, or None
     monitor_of(hosts)  # where Prometheus runs: the `monitor` group's host, else the gateway, or None

@@ -19,6 +19,9 @@ def reloaded(unit, restart=False):
     when `restart` (a new ARGS in /etc/default/prometheus is read at start only); started when it
     is not running. Called only when one of them changed (`_if`).
 
+    + unit: the service, as systemctl takes it
+    + restart: restart instead of reload (its arguments changed)
+
     .. code:: python
 
         reloaded(name="Reload Prometheus", unit="prometheus.service",
