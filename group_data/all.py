@@ -86,3 +86,7 @@ gateway_ca_dir = "~/.config/thorfleet/fleet-ca"  # laptop folder of the fleet CA
 gateway_fleet_address = None  # IP address the boxes see the gateway connect from (None: its ssh_hostname)
 gateway_queue_timeout_s = 120  # how long a request waits at the gateway for a free box before a 503
 gateway_check_interval_s = 2  # seconds between the gateway's health checks of each box
+
+# --- monitor: Prometheus on the gateway host (or the inventory group `monitor`) -----------------
+monitor_scrape_interval_s = 15  # seconds between two scrapes of every box by Prometheus (and between rule evaluations)
+monitor_retention = "15d"  # how long Prometheus keeps samples (its duration: 15d, 12h, 1w2d)

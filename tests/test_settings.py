@@ -304,6 +304,15 @@ BAD_INPUTS = [
     ({"watchdog_max_restarts_per_hour": 0}, "watchdog_max_restarts_per_hour=0 must be a whole"),
     ({"watchdog_port": 70000}, "watchdog_port=70000 must be at least 1 and at most 65535"),
     ({"watchdog_port": 8002}, "watchdog_port=8002 is service_port too"),
+    ({"watchdog_port": 0}, "watchdog_port=0 must be at least 1 and at most 65535"),
+    ({"monitor_scrape_interval_s": 0}, "monitor_scrape_interval_s=0 must be a whole number"),
+    ({"monitor_scrape_interval_s": 1.5}, "monitor_scrape_interval_s=1.5 must be a whole number"),
+    ({"monitor_retention": "15 days"}, "monitor_retention='15 days' is not a Prometheus duration"),
+    ({"monitor_retention": "1d15m2h"}, "monitor_retention='1d15m2h' is not a Prometheus duration"),
+    ({"monitor_retention": "0"}, "monitor_retention='0' is not a Prometheus duration"),
+    ({"monitor_retention": ""}, "monitor_retention='' is not a Prometheus duration"),
+    ({"monitor_retention": "15d\n"}, "monitor_retention='15d\\n' is not a Prometheus duration"),
+    ({"monitor_retention": "300000000y"}, "monitor_retention='300000000y' is not a Prometheus"),
 ]
 
 

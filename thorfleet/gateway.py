@@ -127,6 +127,7 @@ class GatewaySettings:
         self.address = address  # how the laptop reaches it (ssh_hostname): a name clients use
         self.backends = backends
         self.health_path = HEALTH_PATH
+        self.monitor_role = None  # MonitorSettings when Prometheus runs here (settings.py)
 
     def __getattr__(self, name):
         fields = type(self.__dict__["values"]).model_fields

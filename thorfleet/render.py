@@ -90,6 +90,7 @@ class Settings:
         # GatewaySettings.
         self.gateway = None
         self.gateway_role = None
+        self.monitor_role = None  # a gateway serving the model too, as the monitor: MonitorSettings
 
     def __getattr__(self, name):
         # A declared setting reads as an attribute: s.service_port. Nothing else does.

@@ -46,7 +46,7 @@ from thorfleet.recipe import PROFILES, SECRET_ENV
 
 # Group data keys with these prefixes are thorfleet's: one no setting has is a typo, not a choice.
 PREFIXES = ("preflight_", "power_", "memory_", "weights_", "image_", "service_", "rollout_",
-            "watchdog_", "gateway_")
+            "watchdog_", "gateway_", "monitor_")
 
 
 class SettingsError(ValueError):
@@ -326,6 +326,23 @@ def _url(url):
     return url
 
 
+# Prometheus's duration (prometheus/common model/time.go ParseDuration: its durationRE, matched
+# whole; "" is refused there, and its bare "0" is refused here: a retention of 0 is no setting).
+_PROMETHEUS_DURATION = re.compile(r"(?:([0-9]+)y)?(?:([0-9]+)w)?(?:([0-9]+)d)?(?:([0-9]+)h)?"
+                                  r"(?:([0-9]+)m)?(?:([0-9]+)s)?(?:([0-9]+)ms)?")
+_DURATION_MS = (365 * 86400_000, 7 * 86400_000, 86400_000, 3600_000, 60_000, 1000, 1)
+
+
+def _prometheus_duration(value):
+    found = _PROMETHEUS_DURATION.fullmatch(value)
+    if not value or not found:
+        raise ValueError("not a duration")
+    # ParseDuration also refuses what overflows its int64 of milliseconds
+    if sum(int(n) * ms for n, ms in zip(found.groups(), _DURATION_MS) if n) >= 2**63:
+        raise ValueError("too long")
+    return value
+
+
 def setting(default, meaning, must, **constraints):
     """A setting: its default, its one-line meaning (the comment in group_data/all.py), and what a
     bad value is told ("<key>=<value> <must>")."""
@@ -564,6 +581,16 @@ class Schema(BaseModel):
         2, "seconds between the gateway's health checks of each box",
         "must be a whole number of seconds from 1 to 3600")
 
+    # --- monitor: Prometheus on the gateway host (or the inventory group `monitor`) --------------
+    monitor_scrape_interval_s: Annotated[StrictInt, Field(ge=1),
+                                         AfterValidator(_at_most_max_seconds)] = setting(
+        15, "seconds between two scrapes of every box by Prometheus (and between rule evaluations)",
+        "must be a whole number of seconds, at least 1")
+    monitor_retention: Annotated[StrictStr, AfterValidator(_prometheus_duration)] = setting(
+        "15d", "how long Prometheus keeps samples (its duration: 15d, 12h, 1w2d)",
+        "is not a Prometheus duration: digits and units y w d h m s ms in that order, like 15d "
+        "or 1w2d")
+
 
 FIELDS = Schema.model_fields
 # Defaults that are REQUIRED: None means "not set", and the check refuses it.
@@ -687,7 +714,7 @@ def check(data, *, api_key=None, hf_token=None, groups=None):
 
 # A gateway that is no Thor runs no server: it reads how it is reached and its own settings only,
 # so the Thors' required pins and key need not be in its data.
-GATEWAY_KEYS = tuple(k for k in FIELDS if k.startswith(("ssh_", "gateway_"))) + (
+GATEWAY_KEYS = tuple(k for k in FIELDS if k.startswith(("ssh_", "gateway_", "monitor_"))) + (
     "rollout_drain_timeout_s", "preflight_lock_wait_s")
 GatewaySchema = create_model(
     "GatewaySchema", __config__=Schema.model_config,
@@ -706,4 +733,24 @@ def check_gateway(data):
     if (cert is None) != (key is None):
         problems.append("gateway_tls_cert_file and gateway_tls_key_file go together: set both "
                         "(your certificate and its key), or neither (the fleet CA signs one)")
+    return (None if problems else values), problems
+
+
+# A monitor host (the group `monitor`) runs Prometheus only: how it is reached, its run lock and
+# Prometheus's own settings; the Thors' watchdog_port and service_port are read from the Thors.
+MONITOR_KEYS = tuple(k for k in FIELDS if k.startswith(("ssh_", "monitor_"))) + (
+    "preflight_lock_wait_s",)
+MonitorSchema = create_model(
+    "MonitorSchema", __config__=Schema.model_config,
+    **{key: (FIELDS[key].annotation, FIELDS[key]) for key in MONITOR_KEYS})
+
+
+def check_monitor(data):
+    """(MonitorSchema, []) for the data of a monitor host that is no Thor, or (None, problems)."""
+    problems = _unknown_keys(data)
+    values = None
+    try:
+        values = MonitorSchema.model_validate({k: data[k] for k in MONITOR_KEYS if k in data})
+    except ValidationError as error:
+        problems += _messages(error, data)
     return (None if problems else values), problems
