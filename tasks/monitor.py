@@ -32,8 +32,15 @@ def run(m, lock=True):
         preflight.box_held(name="Hold the monitor host for this run (one thorfleet run at a time)",
                            holder=this_run.holder, token=this_run.token,
                            wait_s=m.preflight_lock_wait_s)
-    gateway.packages(name="Install Prometheus and promtool (the distribution's package)",
-                     packages=monitor.MONITOR_PACKAGES)
+    # Its arguments before the package: the package starts Prometheus at once, and Debian's own
+    # arguments would listen on every address until the restart below.
+    arguments = files.whole_file(
+        name=f"Write Prometheus's arguments: listen on loopback only, keep "
+             f"{m.monitor_retention} of samples",
+        src=StringIO(m.defaults_text), path=PROMETHEUS_DEFAULTS, mode="644")
+    gateway.packages(name="Install Prometheus and promtool (the distribution's package, "
+                          "keeping those arguments)",
+                     packages=monitor.MONITOR_PACKAGES, keep_config=True)
     files.directory(name="Create the folder of thorfleet's alerting rules",
                     path=PROMETHEUS_RULES_DIR)
     # the rules first: promtool check config reads the rule files the config names
@@ -46,10 +53,6 @@ def run(m, lock=True):
              f"{m.monitor_scrape_interval_s}s (promtool check config before it goes live)",
         src=StringIO(m.config_text), path=PROMETHEUS_CONFIG, mode="644",
         check=("promtool", "check", "config"))
-    arguments = files.whole_file(
-        name=f"Write Prometheus's arguments: listen on loopback only, keep "
-             f"{m.monitor_retention} of samples",
-        src=StringIO(m.defaults_text), path=PROMETHEUS_DEFAULTS, mode="644")
     files.unit_enabled(name="Enable Prometheus at boot", unit=PROMETHEUS_UNIT)
     monitor.reloaded(name="Restart Prometheus for its new arguments", unit=PROMETHEUS_UNIT,
                      restart=True, _if=arguments.did_change)

@@ -286,8 +286,13 @@ def test_the_task_installs_checks_and_reloads_only_what_changed(tmp_path, monkey
         return table[fact] if fact in table else fact().default()
 
     commands = planned_commands(tmp_path, bare, monkeypatch)
-    assert any("apt-get install" in c and "prometheus" in c
-               for c in commands["Install Prometheus and promtool (the distribution's package)"])
+    install = "Install Prometheus and promtool (the distribution's package, keeping those arguments)"
+    assert any("apt-get install" in c and "prometheus" in c and "--force-confold" in c
+               for c in commands[install])
+    # its loopback-only arguments are in place before the package starts it the first time
+    names = list(commands)
+    assert names.index(next(n for n in names if n.startswith("Write Prometheus's arguments"))) \
+        < names.index(install)
     text = "\n".join(c for cs in commands.values() for c in cs)
     assert "promtool check rules /etc/prometheus/rules/thorfleet.yml.thorfleet-tmp" in text
     assert "promtool check config /etc/prometheus/prometheus.yml.thorfleet-tmp" in text

@@ -4,7 +4,7 @@
     g.config_text          # /etc/haproxy/haproxy.cfg
     g.pem                  # certificate chain + key (fleet CA's, or the operator's)
     g.endpoint             # {"url": ..., "ca_file": ...}: what clients use, in the report
-    firewall_script(ports, ip)  # a Thor's nftables table (and its mark): only the gateway gets in
+    firewall_script(ports, *ips)  # a Thor's nftables table (and its mark): only these get in
 
 Every value lands through the emitter of the file it lands in (haproxy_word, nft_word), which
 refuses what that file's grammar would read as more than one word; the schema and settings.py
@@ -82,18 +82,20 @@ _HAPROXY = _environment(haproxy_word)
 _NFT = _environment(nft_word)
 
 
-def firewall_script(ports, gateway_ip: str) -> tuple[str, str]:
+def firewall_script(ports, *sources: str) -> tuple[str, str]:
     """(script, mark) of a Thor's nftables table: its `ports` (vLLM's, the watchdog's) answer
-    `gateway_ip` and the box itself only. The last rule's comment is `mark`, a digest of the
-    rest, so a fact tells the live table is this one from `nft list table` alone."""
-    address = ipaddress.ip_address(gateway_ip)
+    the `sources` (the gateway's IP, a monitor host's) and the box itself only. The last rule's
+    comment is `mark`, a digest of the rest, so a fact tells the live table is this one from
+    `nft list table` alone."""
+    addresses = sorted({ipaddress.ip_address(s) for s in sources if s},
+                       key=lambda a: (a.version, a))
     family, table = layout.FIREWALL_TABLE
     ports = sorted({_port(p) for p in ports})
 
     def render(mark):
         return _NFT.get_template("firewall.nft.j2").render(
             family=family, table=table, ports=tuple(ports),
-            gateway=address, source_family="ip" if address.version == 4 else "ip6", mark=mark)
+            sources=[("ip" if a.version == 4 else "ip6", a) for a in addresses], mark=mark)
 
     mark = f"thorfleet {hashlib.sha256(render('thorfleet').encode()).hexdigest()[:16]}"
     return render(mark), mark

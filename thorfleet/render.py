@@ -91,6 +91,7 @@ class Settings:
         self.gateway = None
         self.gateway_role = None
         self.monitor_role = None  # a gateway serving the model too, as the monitor: MonitorSettings
+        self.monitor_source = None  # a monitor host of its own: the IP it scrapes this box from
 
     def __getattr__(self, name):
         # A declared setting reads as an attribute: s.service_port. Nothing else does.

@@ -586,6 +586,9 @@ class Schema(BaseModel):
                                          AfterValidator(_at_most_max_seconds)] = setting(
         15, "seconds between two scrapes of every box by Prometheus (and between rule evaluations)",
         "must be a whole number of seconds, at least 1")
+    monitor_fleet_address: Annotated[StrictStr, AfterValidator(_ip)] | None = setting(
+        None, "IP address the boxes see a monitor host of its own connect from (None: its ssh_hostname)",
+        "must be an IP address (with a gateway, the boxes' firewall lets it in too), or None")
     monitor_retention: Annotated[StrictStr, AfterValidator(_prometheus_duration)] = setting(
         "15d", "how long Prometheus keeps samples (its duration: 15d, 12h, 1w2d)",
         "is not a Prometheus duration: digits and units y w d h m s ms in that order, like 15d "

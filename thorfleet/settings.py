@@ -142,11 +142,19 @@ def _the_monitor(inventory, settings, gateways):
         values, problems = check_monitor(h.data.dict())
         if problems:
             return {}, [f"{h.name}: {p}" for p in problems]
-    problems, targets = [], []
+    problems, targets, source = [], [], None
+    if not is_gateway(h):  # a host of its own: the boxes' firewall (with a gateway) lets it in
+        address = h.data.get("ssh_hostname") or h.name
+        source = values.monitor_fleet_address or address
+        if gateways and not is_ip_address(source):
+            problems.append(f"{h.name}: monitor_fleet_address is not set and ssh_hostname "
+                            f"{address!r} is not an IP address: set monitor_fleet_address to the "
+                            "IP the boxes see the monitor connect from (their firewall lets it in)")
     for t in thors(inventory):
         checked = settings.get(t.name)
         if checked is None:
             continue  # its own problems are listed already
+        checked.monitor_source = source if source and is_ip_address(source) else None
         address = dial_host(t)
         try:
             label_value(t.name)
