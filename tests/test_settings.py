@@ -296,6 +296,14 @@ BAD_INPUTS = [
     ({"rollout_benchmark": "sometimes"}, "rollout_benchmark='sometimes' must be 'first-install'"),
     ({"rollout_bench_min_fraction": 1.5}, "rollout_bench_min_fraction=1.5 must be a number in [0, 1]"),
     ({"rollout_bench_min_toks": "27"}, "rollout_bench_min_toks='27' must be a non-negative number"),
+    ({"watchdog_interval_s": 0}, "watchdog_interval_s=0 must be a whole number of seconds, at least 1"),
+    ({"watchdog_interval_s": 7.5}, "watchdog_interval_s=7.5 must be a whole number of seconds"),
+    ({"watchdog_failures": 0}, "watchdog_failures=0 must be a whole number of checks, at least 1"),
+    ({"watchdog_timeout_s": "20"}, "watchdog_timeout_s='20' must be a whole number of seconds"),
+    ({"watchdog_restart_backoff_s": -1}, "watchdog_restart_backoff_s=-1 must be a whole number"),
+    ({"watchdog_max_restarts_per_hour": 0}, "watchdog_max_restarts_per_hour=0 must be a whole"),
+    ({"watchdog_port": 70000}, "watchdog_port=70000 must be at least 1 and at most 65535"),
+    ({"watchdog_port": 8002}, "watchdog_port=8002 is service_port too"),
 ]
 
 

@@ -46,7 +46,7 @@ from thorfleet.recipe import PROFILES, SECRET_ENV
 
 # Group data keys with these prefixes are thorfleet's: one no setting has is a typo, not a choice.
 PREFIXES = ("preflight_", "power_", "memory_", "weights_", "image_", "service_", "rollout_",
-            "gateway_")
+            "watchdog_", "gateway_")
 
 
 class SettingsError(ValueError):
@@ -511,6 +511,29 @@ class Schema(BaseModel):
         "thorfleet-report.json", "laptop path of the JSON report of the last run",
         "must be a file path on the laptop")
 
+    # --- watchdog: proves between runs that each box generates (files/bin/thorfleet-watchdog) ----
+    # Each lands as a whole number on the watchdog unit's command line.
+    watchdog_interval_s: Annotated[StrictInt, Field(ge=1),
+                                   AfterValidator(_at_most_max_seconds)] = setting(
+        15, "seconds between two checks of the server",
+        "must be a whole number of seconds, at least 1")
+    watchdog_failures: Annotated[StrictInt, Field(ge=1)] = setting(
+        3, "failed checks in a row before the watchdog restarts",
+        "must be a whole number of checks, at least 1")
+    watchdog_timeout_s: Annotated[StrictInt, Field(ge=1),
+                                  AfterValidator(_at_most_max_seconds)] = setting(
+        20, "a 1-token completion must finish within this",
+        "must be a whole number of seconds, at least 1")
+    watchdog_restart_backoff_s: Annotated[StrictInt, Field(ge=0),
+                                          AfterValidator(_at_most_max_seconds)] = setting(
+        60, "wait after a restart before the next one may happen; doubles with each restart in "
+        "the last hour", "must be a whole number of seconds, 0 or more")
+    watchdog_max_restarts_per_hour: Annotated[StrictInt, Field(ge=1)] = setting(
+        3, "past it, no restart; the box is reported failed",
+        "must be a whole number of restarts, at least 1")
+    watchdog_port: Annotated[StrictInt, Field(ge=1, le=65535)] = setting(
+        9105, "the box exporter's port (/metrics, /healthy)",
+        "must be at least 1 and at most 65535 (a TCP port), not service_port")
 
     # --- gateway: one HTTPS endpoint in front of the boxes (the inventory group `gateway`) -------
     gateway_serves_model: StrictBool = setting(
@@ -650,6 +673,10 @@ def check(data, *, api_key=None, hf_token=None, groups=None):
                         "thorfleet would tag its derived image there and remove that "
                         "repository's other tags as its old versions (thorfleet-clean); use a "
                         "name of its own, like thorfleet/mistral-small4")
+    if values is not None and values.watchdog_port == values.service_port:
+        problems.append(f"watchdog_port={values.watchdog_port!r} is service_port too: the "
+                        "watchdog's exporter and vLLM cannot listen on one port; use another, "
+                        "like 9105")
     canary = data.get("rollout_canary_group")
     if groups is not None and isinstance(canary, str) and canary not in groups:
         names = sorted(g for g in groups if g != "all")
