@@ -152,6 +152,12 @@ class Settings:
         return self.render("systemd/thorfleet-vllm.service.j2")
 
     @cached_property
+    def watchdog_unit_text(self):
+        """The watchdog's unit (files/bin/thorfleet-watchdog). Not part of the fingerprint: a
+        watchdog setting changed restarts the watchdog, never the server."""
+        return self.render("systemd/thorfleet-watchdog.service.j2")
+
+    @cached_property
     def config_text(self):
         return self.render("vllm.yaml.j2")
 
