@@ -540,3 +540,14 @@ def test_a_watchdog_setting_never_changes_the_servers_fingerprint():
     assert watchdog_unit().fingerprint == watchdog_unit(watchdog_interval_s=5,
                                                         watchdog_port=9300).fingerprint
     assert watchdog_unit().watchdog_unit_text != watchdog_unit(watchdog_port=9300).watchdog_unit_text
+
+
+def test_a_taken_exporter_port_is_named(box):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", box.exporter_port))
+        taken.listen()
+        box.start()
+        assert box.process.wait(10) != 0
+    assert f"cannot listen on 127.0.0.1:{box.exporter_port}" in box.stdout()
+    box.log.close()
+    box.process = None
