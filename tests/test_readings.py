@@ -58,8 +58,8 @@ def test_mem_available_is_in_bytes():
 
 
 def test_thermal_zones_are_celsius_by_type(tmp_path):
-    for index, (kind, temp) in enumerate([("cpu-thermal", "45500"), ("gpu-thermal", "51000"),
-                                          ("gpu-thermal", "52250"), ("tj-thermal", "oops")]):
+    for index, (kind, temp) in enumerate([("cpu-thermal", "45500"), ("gpu-thermal", "52250"),
+                                          ("gpu-thermal", "51000"), ("tj-thermal", "oops")]):
         zone = tmp_path / f"thermal_zone{index}"
         zone.mkdir()
         (zone / "type").write_text(kind + "\n")

@@ -174,8 +174,9 @@ def test_a_pass_after_give_up_clears_it():
 
 def test_a_restart_of_the_server_resets_the_token_baseline():
     # the same counter value from a new server (a new MainPID and start time) is no stall
-    seen, memory = replay([busy(500), busy(500), busy(500, server="200@9"), busy(520, server="200@9")])
-    assert seen == [("none", "unknown"), ("none", "failing"), ("none", "failing"), ("none", "ok")]
+    seen, memory = replay([busy(500)] * 3 + [busy(500, server="200@9"), busy(520, server="200@9")])
+    assert seen == [("none", "unknown"), ("none", "failing"), ("none", "failing"),
+                    ("none", "unknown"), ("none", "ok")]
     assert memory["failures"] == 0
 
 
@@ -539,3 +540,14 @@ def test_a_watchdog_setting_never_changes_the_servers_fingerprint():
     assert watchdog_unit().fingerprint == watchdog_unit(watchdog_interval_s=5,
                                                         watchdog_port=9300).fingerprint
     assert watchdog_unit().watchdog_unit_text != watchdog_unit(watchdog_port=9300).watchdog_unit_text
+
+
+def test_a_taken_exporter_port_is_named(box):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", box.exporter_port))
+        taken.listen()
+        box.start()
+        assert box.process.wait(10) != 0
+    assert f"cannot listen on 127.0.0.1:{box.exporter_port}" in box.stdout()
+    box.log.close()
+    box.process = None
