@@ -89,4 +89,5 @@ gateway_check_interval_s = 2  # seconds between the gateway's health checks of e
 
 # --- monitor: Prometheus on the gateway host (or the inventory group `monitor`) -----------------
 monitor_scrape_interval_s = 15  # seconds between two scrapes of every box by Prometheus (and between rule evaluations)
+monitor_fleet_address = None  # IP address the boxes see a monitor host of its own connect from (None: its ssh_hostname)
 monitor_retention = "15d"  # how long Prometheus keeps samples (its duration: 15d, 12h, 1w2d)

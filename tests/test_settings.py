@@ -176,6 +176,7 @@ BAD_INPUTS = [
     ({"gateway_ca_dir": None}, "gateway_ca_dir=None must be a folder path on the laptop"),
     ({"gateway_fleet_address": "10.0.0.5/24"}, "gateway_fleet_address='10.0.0.5/24' must be an IP"),
     ({"gateway_fleet_address": "gw.lan"}, "gateway_fleet_address='gw.lan' must be an IP address"),
+    ({"monitor_fleet_address": "mon.lan"}, "monitor_fleet_address='mon.lan' must be an IP address"),
     ({"gateway_queue_timeout_s": 0.5}, "gateway_queue_timeout_s=0.5 must be a whole number"),
     ({"gateway_check_interval_s": 0}, "gateway_check_interval_s=0 must be a whole number"),
     ({"ssh_strict_host_key_checking": "strict"},

@@ -183,7 +183,8 @@ def test_a_restart_of_the_server_resets_the_token_baseline():
 # --- the tool on temporary folders -----------------------------------------------------------------
 
 FAKE_BOX = r"""#!/bin/sh
-# systemctl, nvpmodel and jetson_clocks as the watchdog uses them; the unit's state in $FAKE_BOX.
+# systemctl, docker, nvpmodel and jetson_clocks as the watchdog uses them; the unit's state in
+# $FAKE_BOX.
 box=$FAKE_BOX
 echo "$(basename "$0") $*" >> "$box/calls"
 case "$(basename "$0")" in
@@ -219,7 +220,7 @@ class FakeVllm(BaseHTTPRequestHandler):
         box = self.box
         box.keys.add(self.headers.get("Authorization"))
         if self.path == "/health":
-            return self.answer(200, "")
+            return self.answer(box.health, "")
         if self.path == "/v1/models":
             return self.answer(200, json.dumps({"data": [{"id": "/model"}]}))
         if self.path == "/metrics":
@@ -271,7 +272,7 @@ class Box:
             folder.mkdir()
         shutil.copy(TOOL, self.bin / Path(layout.BOX_WATCHDOG).name)
         shutil.copy(ROOT / "thorfleet" / "readings.py", self.bin / Path(layout.BOX_READINGS).name)
-        for tool in ("systemctl", "nvpmodel", "jetson_clocks"):
+        for tool in ("systemctl", "docker", "nvpmodel", "jetson_clocks"):
             (self.stubs / tool).write_text(FAKE_BOX)
             (self.stubs / tool).chmod(0o755)
         self.set_unit(active, "dead" if active == "inactive" else "running")
@@ -291,6 +292,7 @@ class Box:
         (self.thermal / "thermal_zone0" / "type").write_text("cpu-thermal\n")
         (self.thermal / "thermal_zone0" / "temp").write_text("47250\n")
         self.hang, self.running, self.tokens, self.grow = False, 0.0, 10.0, 0.0
+        self.health = 200  # what vLLM's /health answers
         self.keys, self.completions, self.release = set(), [], threading.Event()
         self.exporter_port = free_port()
         handler = type("Handler", (FakeVllm,), {"box": self})
@@ -382,6 +384,9 @@ def test_a_hung_completion_is_restarted_once_naming_why(box):
     box.wait_for(lambda: box.restarts())
     box.wait_for(lambda: box.state().get("state") == "ok")  # the fake restart unfroze it
     assert box.restarts() == [f"systemctl restart --no-block {SERVICE}"]
+    # the wedged container killed first: a stop would wait out vLLM's shutdown_timeout
+    calls = (box.folder / "calls").read_text().splitlines()
+    assert calls.index(f"docker kill {SERVICE}") < calls.index(box.restarts()[0])
     said = [line for line in box.stdout().splitlines() if line.startswith("restarting")]
     assert said == [(f"restarting {SERVICE}: 3 checks failed (a 1-token completion did not "
                      "answer within 0.5 s, nothing running)")]
@@ -390,6 +395,16 @@ def test_a_hung_completion_is_restarted_once_naming_why(box):
     assert box.keys == {f"Bearer {KEY}"}
     assert KEY not in box.stdout() + (box.folder / "calls").read_text()
     assert json.loads((box.state_dir / "watchdog-restarts.json").read_text())["total"] == 1
+
+
+def test_the_gateway_s_check_needs_vllm_s_own_health_too(box):
+    # a server restarting or loading (vLLM's /health not 200) is out of rotation at once, before
+    # any check of the watchdog's has failed
+    box.start()
+    box.wait_for(lambda: box.state().get("state") == "ok")
+    assert box.get("/healthy") == (200, "ok (ok)\n")
+    box.health = 503
+    assert box.get("/healthy") == (503, "ok: vLLM's /health does not answer 200\n")
 
 
 def test_a_long_answer_is_not_restarted(box):
