@@ -18,6 +18,7 @@ BOX_SERVE = f"{BOX_BIN}/thorfleet-serve"  # start, prove, roll back (system pyth
 BOX_WEIGHTS = f"{BOX_BIN}/thorfleet-weights"  # verify (system python3), fetch (in the image)
 BOX_CLEAN = f"{BOX_BIN}/thorfleet-clean"  # what old revisions, images and build contexts to remove
 BOX_BENCH = f"{BOX_BIN}/thorfleet-bench"  # the recipe's decode benchmark (system python3)
+BOX_WATCHDOG = f"{BOX_BIN}/thorfleet-watchdog"  # proves the server generates; `status` asks it
 BOX_IMAGE_CONTEXT = f"{BOX_HOME}/image"  # one build context per image inputs hash
 BOX_MODELS = f"{BOX_HOME}/models"  # the default weights_dir
 # Inside the derived image, not on the box: where files/image/Dockerfile copies chatfix and the
