@@ -19,6 +19,7 @@ from pathlib import Path
 
 EXIT_PROBLEMS = 2  # bad input: the settings check's and pyinfra config's code
 EXIT_NOT_WRITTEN = 3  # pin: changes found but not written (no TTY without --yes, or answered no)
+EXIT_INTERRUPTED = 130  # status: Ctrl-C before the boxes answered (the shell's 128 + SIGINT)
 
 
 def _err(message: str) -> None:
@@ -129,8 +130,11 @@ def cmd_status(args) -> int:
     if not thors(inventory):
         _err(f"{args.inventory}: no Thor to ask (only a gateway): list the boxes in a group")
         return EXIT_PROBLEMS
-    return status.show(inventory, settings, as_json=args.json, watch=args.watch,
-                       timeout=args.timeout)
+    try:
+        return status.show(inventory, settings, as_json=args.json, watch=args.watch,
+                           timeout=args.timeout)
+    except KeyboardInterrupt:  # before the first table: nothing to show
+        return EXIT_INTERRUPTED
 
 
 def parser() -> argparse.ArgumentParser:
