@@ -16,6 +16,7 @@ from rich.console import Console
 
 from tests.sim import fleet
 from thorfleet import layout, pyinfra_hooks, status
+from thorfleet.__main__ import main
 from thorfleet.pin import load_inventory
 from thorfleet.settings import settings_for_inventory
 
@@ -121,6 +122,17 @@ def test_an_older_box_script_missing_fields_shows_question_marks_not_a_crash():
     assert [table[k] for k in ("tok/s", "EAGLE", "MemAvail", "power", "clocks", "°C",
                                "restarts")] == ["?"] * 7
     assert table["watchdog"] == "ok"
+
+
+def test_status_refuses_what_check_refuses_and_a_watch_of_no_seconds(capsys):
+    assert main(["status", "inventory/example.py"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        ("thorfleet: inventory/example.py: no hosts: list your boxes in a group (uncomment the "
+        "examples in inventory/example.py)")]
+    assert main(["status", "inventory/example.py", "--watch", "0"]) == 2
+    assert "--watch 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["status", "inventory/example.py", "--json", "--watch"])  # one or the other
 
 
 def test_values_of_another_type_are_unknown_too():

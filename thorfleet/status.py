@@ -50,7 +50,7 @@ READS = {
     "waiting": (("requests", "waiting"), NUMBER),
     "decode_tok_s": (("decode_tok_s",), NUMBER),
     "eagle_acceptance": (("eagle_acceptance",), NUMBER),
-    "mem_available_gib": (("mem_available_bytes",), int),
+    "mem_available_gib": (("mem_available_bytes",), NUMBER),
     "power_mode": (("power_mode",), int),
     "clocks_locked": (("clocks_locked",), bool),
     "temperature_max_c": (("temperatures_c",), dict),
