@@ -6,6 +6,8 @@ import io
 import json
 import shlex
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,6 +16,7 @@ import paramiko
 import pytest
 from rich.console import Console
 
+from tests.helpers import ROOT
 from tests.sim import fleet
 from thorfleet import layout, pyinfra_hooks, status
 from thorfleet.__main__ import main
@@ -430,3 +433,17 @@ def test_a_box_the_laptop_does_not_know_is_not_asked(inventory, boxes, tmp_path)
         assert replies[name].error.startswith("unreachable: SSH error"), replies[name]
         assert "No host key" in replies[name].error
     assert boxes.commands == [status.command(settings["thor-1"])]
+
+
+def test_the_command_as_an_operator_runs_it(inventory, boxes, tmp_path):
+    inventory(ports=boxes.ports)
+    boxes.known_hosts(tmp_path / "state" / "known_hosts", ["thor-1", "thor-2", "thor-3"])
+    done = subprocess.run([sys.executable, "-m", "thorfleet", "status", str(tmp_path / "sim.py"),
+                           "--timeout", "5"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL, check=False)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "thorfleet status: 3/3 serving" in done.stdout
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert [words[:3] for words in lines if words and words[0].startswith("thor-")] == [
+        ["thor-1", "3f2a9c0d1e4b", "stale"], ["thor-2", "3f2a9c0d1e4b", "stale"],
+        ["thor-3", "3f2a9c0d1e4b", "stale"]]
