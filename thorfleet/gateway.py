@@ -23,6 +23,7 @@ from pathlib import Path
 import jinja2
 
 from thorfleet import gateway_tls, layout
+from thorfleet.schema import Checked
 
 # HAProxy's config words (configuration.txt, 2.2 "Quoting and escaping"): outside quotes a space
 # or '#' ends a word, '\', '"', "'" and '$' start an escape, a quote or a variable. A plain word
@@ -120,25 +121,15 @@ class Backend:
     check_port: int
 
 
-class GatewaySettings:
+class GatewaySettings(Checked):
     """The gateway host's checked settings (`g.gateway_port`, ...) and what is rendered from them."""
 
     def __init__(self, values, name: str, address: str, backends: list[Backend]):
-        self.values = values
-        self.name = name  # its inventory name
+        super().__init__(values, name)
         self.address = address  # how the laptop reaches it (ssh_hostname): a name clients use
         self.backends = backends
         self.health_path = HEALTH_PATH
         self.monitor_role = None  # MonitorSettings when Prometheus runs here (settings.py)
-
-    def __getattr__(self, name):
-        fields = type(self.__dict__["values"]).model_fields
-        if name in fields:
-            return getattr(self.__dict__["values"], name)
-        raise AttributeError(name)
-
-    def __repr__(self):
-        return f"GatewaySettings({self.name!r}, {self.values!r})"
 
     @property
     def gateway_role(self):

@@ -20,7 +20,7 @@ from functools import cached_property
 
 import yaml
 
-from thorfleet.schema import is_host
+from thorfleet.schema import Checked, is_host
 
 PROMETHEUS_UNIT = "prometheus.service"
 # Debian 12's package: its paths (dpkg -L prometheus) and its unit's way of reading arguments.
@@ -117,23 +117,13 @@ def defaults_text(retention, listen=LISTEN) -> str:
             f'ARGS="{" ".join(plain_word(w) for w in words)}"\n')
 
 
-class MonitorSettings:
+class MonitorSettings(Checked):
     """The monitor host's checked settings (`m.monitor_retention`, ...) and what is rendered."""
 
     def __init__(self, values, name: str, targets: list[Target]):
-        self.values = values
-        self.name = name  # its inventory name
+        super().__init__(values, name)
         self.targets = targets
         self.gateway_role = None  # a monitor of its own is no gateway
-
-    def __getattr__(self, name):
-        fields = type(self.__dict__["values"]).model_fields
-        if name in fields:
-            return getattr(self.__dict__["values"], name)
-        raise AttributeError(name)
-
-    def __repr__(self):
-        return f"MonitorSettings({self.name!r}, {self.values!r})"
 
     @property
     def monitor_role(self):

@@ -719,19 +719,47 @@ def check(data, *, api_key=None, hf_token=None, groups=None):
 # so the Thors' required pins and key need not be in its data.
 GATEWAY_KEYS = tuple(k for k in FIELDS if k.startswith(("ssh_", "gateway_", "monitor_"))) + (
     "rollout_drain_timeout_s", "preflight_lock_wait_s")
-GatewaySchema = create_model(
-    "GatewaySchema", __config__=Schema.model_config,
-    **{key: (FIELDS[key].annotation, FIELDS[key]) for key in GATEWAY_KEYS})
+def _role_schema(name, keys):
+    """The schema of a host that is no Thor: the settings `keys` alone, declared as for a Thor."""
+    return create_model(name, __config__=Schema.model_config,
+                        **{key: (FIELDS[key].annotation, FIELDS[key]) for key in keys})
+
+
+def _check_role(schema, keys, data):
+    """(values or None, problems) of `data` for a host of `schema`: a key no setting has, or one
+    that breaks its rule, is a problem."""
+    problems = _unknown_keys(data)
+    values = None
+    try:
+        values = schema.model_validate({k: data[k] for k in keys if k in data})
+    except ValidationError as error:
+        problems += _messages(error, data)
+    return values, problems
+
+
+class Checked:
+    """A checked host's settings read as attributes (`g.gateway_port`), the schema's only."""
+
+    def __init__(self, values, name: str):
+        self.values = values
+        self.name = name  # its inventory name
+
+    def __getattr__(self, name):
+        fields = type(self.__dict__["values"]).model_fields
+        if name in fields:
+            return getattr(self.__dict__["values"], name)
+        raise AttributeError(name)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.name!r}, {self.values!r})"
+
+
+GatewaySchema = _role_schema("GatewaySchema", GATEWAY_KEYS)
 
 
 def check_gateway(data):
     """(GatewaySchema, []) for the data of a gateway that is no Thor, or (None, problems)."""
-    problems = _unknown_keys(data)
-    values = None
-    try:
-        values = GatewaySchema.model_validate({k: data[k] for k in GATEWAY_KEYS if k in data})
-    except ValidationError as error:
-        problems += _messages(error, data)
+    values, problems = _check_role(GatewaySchema, GATEWAY_KEYS, data)
     cert, key = data.get("gateway_tls_cert_file"), data.get("gateway_tls_key_file")
     if (cert is None) != (key is None):
         problems.append("gateway_tls_cert_file and gateway_tls_key_file go together: set both "
@@ -743,17 +771,10 @@ def check_gateway(data):
 # Prometheus's own settings; the Thors' watchdog_port and service_port are read from the Thors.
 MONITOR_KEYS = tuple(k for k in FIELDS if k.startswith(("ssh_", "monitor_"))) + (
     "preflight_lock_wait_s",)
-MonitorSchema = create_model(
-    "MonitorSchema", __config__=Schema.model_config,
-    **{key: (FIELDS[key].annotation, FIELDS[key]) for key in MONITOR_KEYS})
+MonitorSchema = _role_schema("MonitorSchema", MONITOR_KEYS)
 
 
 def check_monitor(data):
     """(MonitorSchema, []) for the data of a monitor host that is no Thor, or (None, problems)."""
-    problems = _unknown_keys(data)
-    values = None
-    try:
-        values = MonitorSchema.model_validate({k: data[k] for k in MONITOR_KEYS if k in data})
-    except ValidationError as error:
-        problems += _messages(error, data)
+    values, problems = _check_role(MonitorSchema, MONITOR_KEYS, data)
     return (None if problems else values), problems
