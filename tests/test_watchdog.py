@@ -451,6 +451,23 @@ def exporter_samples(text):
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+def test_a_health_check_that_hangs_up_at_once_leaves_the_journal_quiet(box):
+    # HAProxy's check resets the connection once it has read the status: no traceback per check
+    import socket
+    import struct
+
+    box.start()
+    box.wait_for(lambda: box.state().get("state") == "ok")
+    for _ in range(20):
+        check = socket.create_connection(("127.0.0.1", box.exporter_port))
+        check.sendall(b"GET /healthy HTTP/1.0\r\n\r\n")
+        check.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        check.close()  # RST, as HAProxy closes a check
+    assert box.get("/healthy")[0] == 200
+    time.sleep(0.5)
+    assert "Traceback" not in box.stdout()
+
+
 def test_the_exporter_answers_as_prometheus_reads_it(box):
     box.running, box.grow = 1.0, 30.0
     box.start()
