@@ -53,8 +53,10 @@ if is_thor(host):
     weights.run(settings)
     service.run(settings)
     gateway.box(settings)  # with a gateway, the vLLM port answers it alone
+    # before the proof: the gateway's health check asks the watchdog, and it holds off while this
+    # run holds the box
+    watch.run(settings)
     verification.run(settings)
-    watch.run(settings)  # the watchdog proves it keeps serving between runs
     cleanup.run(settings)  # last: only a host that serves gets its old versions removed
 
 # A table on the terminal and JSON in rollout_report_path (the Thors' setting: the report is

@@ -8,8 +8,9 @@ at any start), with backoff and a cap per hour; never a server the operator stop
 a deploy holds the box. Its /healthy is what the gateway's health check asks, and its /metrics
 the box's figures Prometheus scrapes.
 
-Installed after the verification step: the server it watches is the proven one. A watchdog
-setting changed restarts the watchdog, never the server.
+Installed before the verification step: the gateway's health check asks the watchdog, so a box
+is in rotation as soon as its proven server answers; the watchdog does nothing while this run
+holds the box. A watchdog setting changed restarts the watchdog, never the server.
 """
 
 from io import StringIO

@@ -75,7 +75,8 @@ class Watched:
         """(curl's exit status, body) of a completion asked on the box itself (the firewall lets
         only the gateway in from outside)."""
         body = json.dumps({"model": "/model", "prompt": "def fib(n):", "max_tokens": max_tokens,
-                           "temperature": 0, "stream": stream})
+                           "temperature": 0, "stream": stream,
+                           **({"stream_options": {"include_usage": True}} if stream else {})})
         # the key from the box's root-only secrets file: never on this test's command lines
         code, out = self.sim.exec(host, (
             f"set -a; . /etc/thorfleet/secrets.env; set +a; curl -sS -N -m {timeout} "
@@ -139,8 +140,11 @@ def test_a_long_stream_runs_past_many_checks_and_is_not_restarted(fleet, my_boxe
     # 1500 tokens at the box's 33.7 tok/s: ~45 s, nine watchdog intervals
     code, out = fleet.completion(host, max_tokens=1500, timeout=240, stream=True)
     assert code == 0, out[-2000:]
-    chunks = [line for line in out.splitlines() if line.startswith("data: {")]
-    assert len(chunks) >= 1500 and '"finish_reason":"length"' in out.replace(" ", "")
+    # every token streamed (vLLM may put several in one chunk: its usage counts them)
+    usage = [json.loads(line[6:])["usage"] for line in out.splitlines()
+             if line.startswith("data: {") and '"usage":{' in line.replace(" ", "")]
+    assert usage and usage[-1]["completion_tokens"] == 1500, out[-2000:]
+    assert '"finish_reason":"length"' in out.replace(" ", "")
     assert time.time() - began > 9 * 5
     assert "restarting" not in fleet.journal(host, WATCHDOG_UNIT, began)
 
