@@ -145,13 +145,17 @@ def test_a_long_stream_runs_past_many_checks_and_is_not_restarted(fleet, my_boxe
              if line.startswith("data: {") and '"usage":{' in line.replace(" ", "")]
     assert usage and usage[-1]["completion_tokens"] == 1500, out[-2000:]
     assert '"finish_reason":"length"' in out.replace(" ", "")
-    assert time.time() - began > 9 * 5
+    assert time.time() - began > 8 * 5  # eight watchdog intervals and more
     assert "restarting" not in fleet.journal(host, WATCHDOG_UNIT, began)
 
 
 def test_an_engine_that_wedges_at_every_start_is_restarted_up_to_the_cap(fleet, my_boxes):
     host = my_boxes[1]
     began = time.time()
+    # the cap counts the last hour's restarts, an earlier run's on this box too
+    earlier = json.loads(box(fleet.sim, host, "/opt/thorfleet/bin/thorfleet-watchdog status")
+                         )["watchdog"]["restarts_1h"]
+    expected = max(0, 2 - earlier)
     # the operator's bad day: whatever starts wedges (a loop on the box freezes each new engine)
     box(fleet.sim, host, (
         "nohup setsid sh -c 'while true; do for p in $(docker top thorfleet-vllm -eo pid,args "
@@ -164,14 +168,14 @@ def test_an_engine_that_wedges_at_every_start_is_restarted_up_to_the_cap(fleet, 
         lines = fleet.journal(host, WATCHDOG_UNIT, began).splitlines()
         assert gave_up, "\n".join(lines)
         assert "2 restarts in the last hour (cap 2)" in gave_up[0]
-        assert len([line for line in lines if line.startswith(f"restarting {SERVICE}")]) == 2
+        assert len([line for line in lines if line.startswith(f"restarting {SERVICE}")]) == expected
         # reported failed: to the gateway, to status
         assert fleet.gateway_check(host).endswith(" 503")
         rows = {row["host"]: row for row in json.loads(fleet.status("--json").stdout)}
         assert rows[host]["watchdog"] == "over_cap" and not rows[host]["serving"], rows[host]
         time.sleep(3 * 5)
         assert not [line for line in fleet.journal(host, WATCHDOG_UNIT, began).splitlines()
-                    if line.startswith(f"restarting {SERVICE}")][2:], "restarted past the cap"
+                    if line.startswith(f"restarting {SERVICE}")][expected:], "restarted past the cap"
     finally:
         # the operator's fix: the loop gone, the engine thawed, the server restarted
         box(fleet.sim, host, "kill $(cat /run/wedge.pid) 2>/dev/null; rm -f /run/wedge.pid; "
@@ -184,6 +188,7 @@ def test_an_engine_that_wedges_at_every_start_is_restarted_up_to_the_cap(fleet, 
 
 def test_a_stopped_server_stays_stopped_and_status_and_an_alert_name_it(fleet, my_boxes):
     # a serving fleet: status exits 0, one row per box
+    fleet.wait(lambda: fleet.status().returncode == 0, RESTART_S, every=10)
     run = fleet.status()
     assert run.returncode == 0, run.stdout + run.stderr
     assert all(name in run.stdout for name in my_boxes)
