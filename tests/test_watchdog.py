@@ -564,7 +564,8 @@ def test_the_unit_runs_the_tool_with_the_settings_and_needs_no_server():
     assert (parsed.command, parsed.service, parsed.port) == ("run", SERVICE, 8002)
     assert (parsed.interval, parsed.failures, parsed.timeout, parsed.backoff) == (7, 4, 9, 30)
     assert (parsed.max_restarts_per_hour, parsed.exporter_port) == (2, 9200)
-    assert (parsed.start_timeout, parsed.decode_gate) == (1200, 27)
+    # its own start grace, not service_health_timeout_s (a version's, which a roll-back undoes)
+    assert (parsed.start_timeout, parsed.decode_gate) == (1800, 27)
     assert KEY not in s.watchdog_unit_text
 
 

@@ -548,6 +548,12 @@ class Schema(BaseModel):
     watchdog_max_restarts_per_hour: Annotated[StrictInt, Field(ge=1)] = setting(
         3, "past it, no restart; the box is reported failed",
         "must be a whole number of restarts, at least 1")
+    # Not service_health_timeout_s: that one is part of a version, which a failed proof rolls
+    # back, while the watchdog's unit stays as written.
+    watchdog_start_timeout_s: Annotated[StrictInt, Field(ge=1),
+                                        AfterValidator(_at_most_max_seconds)] = setting(
+        1800, "a started server gets this long to answer /health before the watchdog judges it",
+        "must be a whole number of seconds, at least 1")
     watchdog_port: Annotated[StrictInt, Field(ge=1, le=65535)] = setting(
         9105, "the box exporter's port (/metrics, /healthy)",
         "must be at least 1 and at most 65535 (a TCP port), not service_port")
