@@ -81,11 +81,14 @@ class Watched:
         body = json.dumps({"model": "/model", "prompt": "def fib(n):", "max_tokens": max_tokens,
                            "temperature": 0, "stream": stream,
                            **({"stream_options": {"include_usage": True}} if stream else {})})
-        # the key from the box's root-only secrets file: never on this test's command lines
+        # the key from the box's root-only secrets file into a root-only header file (printf is
+        # the shell's own): never on a command line, where the box's process list would show it
         code, out = self.sim.exec(host, (
-            f"set -a; . /etc/thorfleet/secrets.env; set +a; curl -sS -N -m {timeout} "
-            "-H \"Authorization: Bearer $VLLM_API_KEY\" -H 'Content-Type: application/json' "
-            f"-d '{body}' http://127.0.0.1:8002/v1/completions"), timeout=timeout + 30)
+            "set -a; . /etc/thorfleet/secrets.env; set +a; umask 077; h=$(mktemp); "
+            "printf 'Authorization: Bearer %s\\n' \"$VLLM_API_KEY\" > \"$h\"; "
+            f"curl -sS -N -m {timeout} -H @\"$h\" -H 'Content-Type: application/json' "
+            f"-d '{body}' http://127.0.0.1:8002/v1/completions; c=$?; rm -f \"$h\"; exit $c"),
+            timeout=timeout + 30)
         return code, out
 
     def healthy(self, host):
