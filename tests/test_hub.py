@@ -311,6 +311,22 @@ def test_a_required_token_is_enforced_like_the_hub(hub, tmp_path):
     assert right.returncode == 0, right.stderr
 
 
+def test_a_token_for_one_box_is_asked_of_that_box_alone(hub, tmp_path):
+    # stories on other boxes share the hub: a token one story needs must not refuse the rest
+    from tests.sim.hub.container import write_token
+
+    pinned = hub.revisions[DRAFT_REPO][0]
+    write_token(hub.token_file, "hf_other", client="10.9.9.9")
+    assert hub.download(DRAFT_REPO, tmp_path / "a", revision=pinned).returncode == 0
+    write_token(hub.token_file, "hf_mine", client="127.0.0.1")
+    assert hub.download(DRAFT_REPO, tmp_path / "b", revision=pinned).returncode != 0
+    right = hub.download(DRAFT_REPO, tmp_path / "c", revision=pinned, token="hf_mine")
+    assert right.returncode == 0, right.stderr
+    write_token(hub.token_file, None, client="127.0.0.1")
+    assert hub.download(DRAFT_REPO, tmp_path / "d", revision=pinned).returncode == 0
+    assert hub.token_file.read_text() == "10.9.9.9 hf_other\n"
+
+
 @pytest.mark.parametrize("mode, says", [("401", "401"), ("404", "not found")])
 def test_a_refused_file_fails_the_download_and_leaves_no_file(hub, tmp_path, mode, says):
     shard = SHARD_NAMES[2]

@@ -43,14 +43,15 @@ def leaks(sim_fleet, host, needles):
 
 
 @pytest.fixture
-def hub_token(sim_fleet):
-    """The hub requires a token from now on (like a gated repo); back to none afterwards."""
+def hub_token(sim_fleet, my_boxes):
+    """The hub requires a token of this module's box from now on (like a gated repo), and of it
+    alone: the stories on other boxes download meanwhile; back to none afterwards."""
     token = "hf_" + secrets.token_hex(16)
-    set_token(sim_fleet.state, token)
+    set_token(sim_fleet.state, token, client=sim_fleet.ip(my_boxes[0]))
     try:
         yield token
     finally:
-        set_token(sim_fleet.state, None)
+        set_token(sim_fleet.state, None, client=sim_fleet.ip(my_boxes[0]))
 
 
 def test_secrets_never_leave_their_root_only_files(sim_fleet, my_boxes, hub_token, tmp_path):
@@ -78,7 +79,7 @@ def test_secrets_never_leave_their_root_only_files(sim_fleet, my_boxes, hub_toke
     # The key guards the API (the server has it), the unit names it only by variable.
     assert "-e VLLM_API_KEY \\" in box(sim_fleet, host, f"systemctl cat {SERVICE}")
     # Back to no token: the token file is removed from the box.
-    set_token(sim_fleet.state, None)
+    set_token(sim_fleet.state, None, client=sim_fleet.ip(host))
     inventory = sim_fleet.write_inventory(tmp_path / "sec.py", hosts=[host], extra_data={
         "rollout_report_path": str(report)})
     again = deploy(inventory)

@@ -73,12 +73,33 @@ def stop(client) -> None:
         pass
 
 
-def set_token(state_dir: Path, token: str | None) -> None:
-    """Require `token` from now on (None: no token needed). Takes effect on the next request."""
+def set_token(state_dir: Path, token: str | None, client: str | None = None) -> None:
+    """Require `token` from now on (None: no token needed), of `client` (a box's address) alone
+    or of every client. Takes effect on the next request."""
     path = Path(state_dir) / "hub" / "token"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_text() != (token or ""):
-        path.write_text(token or "")
+    write_token(path, token, client)
+
+
+def write_token(path: Path, token: str | None, client: str | None = None) -> None:
+    """The hub's token file (server.py reads it) with `client`'s line (or the all-clients one)
+    set to `token`, or removed when None."""
+    key = client or "*"
+    tokens = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                name, _, value = line.strip().rpartition(" ")
+                tokens[name or "*"] = value
+    tokens.pop(key, None)
+    if token:
+        tokens[key] = token
+    text = "".join(f"{value}\n" if name == "*" else f"{name} {value}\n"
+                   for name, value in sorted(tokens.items()))
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)  # the server re-reads it at every request: never half a file
 
 
 def _copy_if_changed(src: Path, dest: Path) -> None:

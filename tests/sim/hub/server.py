@@ -13,9 +13,11 @@ DIR is what tests/sim/hub/repos.py builds (manifest.json + blobs/). Endpoints, a
     HEAD/GET  /_sim/lfs/{repo}/{commit}/{path}        the "CDN" the LFS redirect points at (ranges)
 No X-Xet-Hash header is ever sent, so clients take the plain HTTP download path.
 
-Token: when --token-file names a non-empty file, every repo request needs `Authorization: Bearer
-<token>`; the file is re-read, so the token can change at run time. Missing -> 401 GatedRepo (as
-the hub answers for a gated repo), wrong -> 401 "Invalid credentials in Authorization header".
+Token: when --token-file names a non-empty file, repo requests need `Authorization: Bearer
+<token>`; the file is re-read, so the token can change at run time. Each line is `TOKEN` (every
+client) or `CLIENT_IP TOKEN` (that box alone: stories on other boxes share the hub). Missing ->
+401 GatedRepo (as the hub answers for a gated repo), wrong -> 401 "Invalid credentials in
+Authorization header".
 
 Fault knobs, switched at run time (no token needed):
     POST   /_sim/faults  {"repo": glob, "path": glob, "mode": m, "count": n|null, ...}
@@ -76,13 +78,17 @@ class Hub:
                 self._manifest, self._manifest_mtime = json.loads(path.read_text()), mtime
             return self._manifest
 
-    def token(self) -> str | None:
+    def token(self, client: str) -> str | None:
+        """The token `client` must send (None: none needed)."""
         if self.token_file is None:
             return None
         try:
-            return self.token_file.read_text().strip() or None
+            lines = self.token_file.read_text().split("\n")
         except FileNotFoundError:
             return None
+        tokens = dict(line.split() if " " in line.strip() else ("*", line.strip())
+                      for line in lines if line.strip())
+        return tokens.get(client, tokens.get("*"))
 
     def add_fault(self, fault: dict) -> dict:
         mode = fault.get("mode")
@@ -236,7 +242,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _repo(self, repo_id: str, path: str) -> dict:
         """Check the token, then the refusal faults; return the repo."""
-        token = self.hub.token()
+        token = self.hub.token(self.client_address[0])
         if token is not None:
             auth = self.headers.get("Authorization", "")
             if not auth:
@@ -307,7 +313,7 @@ class Handler(BaseHTTPRequestHandler):
             "lastModified": info["date"],
             "createdAt": repo["commits"][repo["history"][0]]["date"],
             "private": False,
-            "gated": "auto" if self.hub.token() else False,
+            "gated": "auto" if self.hub.token(self.client_address[0]) else False,
             "disabled": False,
             "downloads": 0,
             "likes": 0,
