@@ -121,3 +121,29 @@ def test_the_rootfs_build_shows_debootstraps_phases_not_a_line_per_package():
         "I: Retrieving InRelease", "I: Validating libc6 2.36", "I: Extracting adduser...",
         "I: Installing core packages...", "I: Unpacking required packages...",
         "W: Failure trying to run: chroot", "I: Base system installed successfully."]
+
+
+class _Found:
+    """A container `up` found, as far as `stale` reads it."""
+
+    def __init__(self, labels, image="sha256:current"):
+        self.labels, self.image = labels, type("Image", (), {"id": image})()
+
+
+@pytest.mark.parametrize(("index", "labels", "image", "why"), [
+    (1, {"ours": True}, "sha256:current", None),
+    (3, {"ours": True}, "sha256:current", "beyond --hosts"),
+    (1, {"ours": True}, "sha256:older", "image changed"),
+    (1, {"thorfleet.state": "/var/tmp/thorfleet-sim"}, "sha256:current",
+     "made by sim state /var/tmp/thorfleet-sim"),
+    (1, {}, "sha256:current", "made by sim state unlabelled"),
+])
+def test_up_replaces_a_box_another_sim_state_made(tmp_path, monkeypatch, index, labels, image,
+                                                  why):
+    """CI's first command on a fresh state found thor-1 and thor-2 of an earlier run running
+    (same names, same ports) and kept them: their authorized_keys were the other state's, and
+    the deploy's SSH was refused on both."""
+    monkeypatch.setenv("THORFLEET_SIM_STATE", str(tmp_path / "fresh"))
+    if labels.pop("ours", False):
+        labels["thorfleet.state"] = str(tmp_path / "fresh")
+    assert fleet.stale(_Found(labels, image), index, 2, "sha256:current") == why

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 NETWORK = "thorfleet-sim"
+# Which state dir made a container: its keys, its disks and its registry storage are that state's.
+STATE_LABEL = "thorfleet.state"
 
 
 def state_dir() -> Path:
@@ -19,6 +21,16 @@ def state_dir() -> Path:
     path = Path(os.environ.get("THORFLEET_SIM_STATE", "/var/tmp/thorfleet-sim"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def foreign(container) -> str | None:
+    """The state dir another sim made this container from (`unlabelled` for one made before the
+    label), or None when it is this state's. Its names and ports are the same as ours but its
+    keys are not: a box of another state refuses this state's SSH key."""
+    made_by = (container.labels or {}).get(STATE_LABEL)
+    if made_by == str(state_dir()):
+        return None
+    return made_by or "unlabelled"
 
 
 @contextlib.contextmanager

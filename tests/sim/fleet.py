@@ -26,7 +26,17 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from tests.sim import NETWORK, build_image, ensure_network, locked, log, registry, state_dir
+from tests.sim import (
+    NETWORK,
+    STATE_LABEL,
+    build_image,
+    ensure_network,
+    foreign,
+    locked,
+    log,
+    registry,
+    state_dir,
+)
 from tests.sim.rootfs import ensure_rootfs
 
 BOX_DIR = Path(__file__).parent / "box"
@@ -225,6 +235,7 @@ def _start_box(client, image: str, index: int) -> None:
         "docker", "run", "--detach", "--name", box_name(index), "--hostname", host_name(index),
         "--network", NETWORK, "--publish", f"127.0.0.1:{ssh_port(index)}:22",
         "--label", "thorfleet.sim=box", "--label", f"thorfleet.index={index}",
+        "--label", f"{STATE_LABEL}={state_dir()}",
         *BOX_RUN_FLAGS,
         "-v", f"{data}:/var/lib/docker",
         "-v", f"{state_dir() / 'authorized_keys'}:/etc/ssh/authorized_keys:ro",
@@ -237,7 +248,7 @@ def _start_gateway(client, image: str) -> None:
         "docker", "run", "--detach", "--name", GATEWAY_CONTAINER, "--hostname", GATEWAY_HOST,
         "--network", NETWORK, "--publish", f"127.0.0.1:{GATEWAY_SSH_PORT}:22",
         "--publish", f"127.0.0.1:{GATEWAY_HTTPS_PORT}:{GATEWAY_HTTPS_PORT}",
-        "--label", "thorfleet.sim=gateway",
+        "--label", "thorfleet.sim=gateway", "--label", f"{STATE_LABEL}={state_dir()}",
         *GATEWAY_RUN_FLAGS,
         "-v", f"{state_dir() / 'authorized_keys'}:/etc/ssh/authorized_keys:ro",
         image,
@@ -507,10 +518,13 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None,
         existing = boxes(client)
         current_id = client.images.get(image).id
         for index, container in sorted(existing.items()):
-            if index > hosts or container.image.id != current_id:
-                why = "beyond --hosts" if index > hosts else "image changed"
+            why = stale(container, index, hosts, current_id)
+            if why:
                 log(f"removing {host_name(index)} ({why})")
-                remove_box(container, index)
+                if foreign(container):  # its disk is in the other state's dir: that one's to keep
+                    container.remove(force=True)
+                else:
+                    remove_box(container, index)
                 existing.pop(index)
         started_now = []
         for index in range(1, hosts + 1):
@@ -546,6 +560,19 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None,
     return Fleet(client, names, inventory, image_base, hub, gateway_host)
 
 
+def stale(container, index: int, hosts: int, current_image: str) -> str | None:
+    """Why `up` replaces a box it found, or None to keep it: beyond --hosts, made from an older
+    image, or made by another sim state (keys mounted from there: ours would be refused)."""
+    if index > hosts:
+        return "beyond --hosts"
+    made_by = foreign(container)
+    if made_by:
+        return f"made by sim state {made_by}"
+    if container.image.id != current_image:
+        return "image changed"
+    return None
+
+
 def _host(host) -> str:
     return host if is_gateway(host) else host_name(index_of(host))
 
@@ -554,8 +581,9 @@ def _ensure_gateway(client, leave_existing: bool) -> bool:
     """Start the gateway box unless it runs the current image; whether it is to be waited for."""
     image = ensure_gateway_image(client)
     found = gateway_container(client)
-    if found is not None and found.image.id != client.images.get(image).id:
-        log(f"removing {GATEWAY_HOST} (image changed)")
+    why = found is not None and stale(found, 1, 1, client.images.get(image).id)
+    if why:
+        log(f"removing {GATEWAY_HOST} ({why})")
         found.remove(force=True)
         found = None
     if found is None:

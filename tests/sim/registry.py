@@ -9,7 +9,7 @@ import urllib.request
 
 import docker.errors
 
-from tests.sim import NETWORK, ensure_network, locked, log, state_dir
+from tests.sim import NETWORK, STATE_LABEL, ensure_network, foreign, locked, log, state_dir
 
 NAME = "thorfleet-registry"
 REGISTRY_LOCAL_PORT = 25000
@@ -41,7 +41,8 @@ def _ensure_registry(client, rootfs: str):
     (root / "config.yml").write_text(CONFIG)
     try:
         container = client.containers.get(NAME)
-        if container.image.tags and rootfs in container.image.tags:
+        # another state's registry keeps its storage there: ours would be missing our pushes
+        if container.image.tags and rootfs in container.image.tags and not foreign(container):
             if container.status != "running":
                 container.start()
             _wait_ready()
@@ -55,7 +56,7 @@ def _ensure_registry(client, rootfs: str):
         name=NAME, hostname=NAME, network=NETWORK, detach=True,
         restart_policy={"Name": "unless-stopped"},
         ports={"5000/tcp": ("127.0.0.1", REGISTRY_LOCAL_PORT)},
-        labels={"thorfleet.sim": "registry"},
+        labels={"thorfleet.sim": "registry", STATE_LABEL: str(state_dir())},
         volumes={
             BINARY: {"bind": BINARY, "mode": "ro"},
             str(root / "config.yml"): {"bind": "/etc/docker/registry/config.yml", "mode": "ro"},
