@@ -172,6 +172,20 @@ def test_a_pass_after_give_up_clears_it():
     assert memory["over_cap"] is False and memory["failures"] == 0
 
 
+@pytest.mark.parametrize(("restarts", "cap", "expected"), [
+    ([7_000.0, 7_500.0, 7_900.0], 3, ["none", "none", "none"]),  # still capped: the hour holds 3
+    ([7_000.0, 7_500.0, 7_900.0], 10, ["none", "none", "restart"]),  # the cap raised by a deploy
+    ([1_000.0, 1_500.0, 1_900.0], 3, ["none", "none", "restart"]),  # the hour gone by
+])
+def test_a_box_left_capped_restarts_again_once_the_cap_allows(restarts, cap, expected):
+    memory = {**wd.FRESH, "restarts": restarts, "over_cap": True, "state": "over_cap",
+              "server": "100@1", "answered": True}
+    seen, memory = replay([idle(ok=False)] * 3, memory=memory,
+                          settings=Namespace(**{**vars(SETTINGS), "max_restarts_per_hour": cap}))
+    assert [action for action, _ in seen] == expected
+    assert memory["over_cap"] is (expected[-1] == "none")
+
+
 def test_a_restart_of_the_server_resets_the_token_baseline():
     # the same counter value from a new server (a new MainPID and start time) is no stall
     seen, memory = replay([busy(500)] * 3 + [busy(500, server="200@9"), busy(520, server="200@9")])
