@@ -206,7 +206,9 @@ systemctl)
     case "$1" in
     show) cat "$box/unit" ;;
     is-active) sed -n 's/^ActiveState=//p' "$box/unit" ;;
-    restart)
+    try-restart)
+        # systemd's try-restart: a restart job for a unit active or activating, else nothing
+        grep -qE '^ActiveState=(active|activating)$' "$box/unit" || exit 0
         n=$(($(cat "$box/restarts" 2>/dev/null || echo 0) + 1)); echo $n > "$box/restarts"
         printf 'ActiveState=active\nSubState=running\nMainPID=%s\nExecMainStartTimestampMonotonic=%s\n' \
             $((1000 + n)) $n > "$box/unit" ;;
@@ -253,6 +255,8 @@ class FakeVllm(BaseHTTPRequestHandler):
         box.keys.add(self.headers.get("Authorization"))
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         box.completions.append(body)
+        if len(box.completions) == box.stop_at_completion:  # the operator stops it meanwhile
+            box.set_unit("inactive", "dead")
         if box.hang and not (box.folder / "restarts").exists():
             box.release.wait(10)  # the engine is frozen: nothing comes back
             return
@@ -307,6 +311,7 @@ class Box:
         (self.thermal / "thermal_zone0" / "temp").write_text("47250\n")
         self.hang, self.running, self.tokens, self.grow = False, 0.0, 10.0, 0.0
         self.health = 200  # what vLLM's /health answers
+        self.stop_at_completion = None  # the unit stopped while this completion hangs
         self.keys, self.completions, self.release = set(), [], threading.Event()
         self.exporter_port = free_port()
         handler = type("Handler", (FakeVllm,), {"box": self})
@@ -345,7 +350,7 @@ class Box:
 
     def restarts(self):
         calls = (self.folder / "calls").read_text() if (self.folder / "calls").exists() else ""
-        return [line for line in calls.splitlines() if line.startswith("systemctl restart")]
+        return [line for line in calls.splitlines() if line.startswith("systemctl try-restart")]
 
     def stdout(self):
         return (self.folder / "stdout").read_text()
@@ -397,7 +402,7 @@ def test_a_hung_completion_is_restarted_once_naming_why(box):
     assert box.get("/healthy")[0] == 200  # one failed check is not yet a verdict
     box.wait_for(lambda: box.restarts())
     box.wait_for(lambda: box.state().get("state") == "ok")  # the fake restart unfroze it
-    assert box.restarts() == [f"systemctl restart --no-block {SERVICE}"]
+    assert box.restarts() == [f"systemctl try-restart --no-block {SERVICE}"]
     # the wedged container killed first: a stop would wait out vLLM's shutdown_timeout
     calls = (box.folder / "calls").read_text().splitlines()
     assert calls.index(f"docker kill {SERVICE}") < calls.index(box.restarts()[0])
@@ -439,6 +444,19 @@ def test_a_stopped_service_is_left_stopped(box):
     assert box.restarts() == [] and box.completions == []
     status, text = box.get("/healthy")
     assert status == 503 and text.startswith(f"stopped: {SERVICE} is inactive (stopped by the ")
+
+
+def test_a_server_stopped_while_its_last_check_hangs_stays_stopped(box):
+    # the third failed check's completion hangs; the operator stops the server meanwhile: the
+    # restart that check decided must not start it again (a restart of a stopped unit would)
+    box.hang, box.stop_at_completion = True, 3
+    box.start()
+    box.wait_for(lambda: box.state().get("state") == "stopped")
+    time.sleep(1.5)
+    calls = (box.folder / "calls").read_text()
+    assert "docker kill" not in calls and "restart" not in calls
+    assert "ActiveState=inactive" in (box.folder / "unit").read_text()
+    assert box.state()["restarts"] == []
 
 
 def test_a_held_serve_lock_stops_any_action(box):
