@@ -128,13 +128,21 @@ def test_a_frozen_engine_is_restarted_through_the_memory_gate(fleet, my_boxes):
     host = my_boxes[0]
     began = time.time()
     fleet.freeze(host)
-    # vLLM's /health asks only whether the engine core died: still 200 with it frozen
-    assert fleet.healthy(host) == "200"
-    assert fleet.completion(host, timeout=5)[0] != 0  # nothing finishes
-    said = fleet.wait(lambda: [line for line in fleet.journal(host, WATCHDOG_UNIT, began)
-                               .splitlines() if line.startswith(f"restarting {SERVICE}")],
-                      3 * (5 + 5) + 30)
-    assert said and "3 checks failed" in said[0], fleet.journal(host, WATCHDOG_UNIT, began)
+    try:
+        # vLLM's /health asks only whether the engine core died: still 200 with it frozen
+        assert fleet.healthy(host) == "200"
+        assert fleet.completion(host, timeout=5)[0] != 0  # nothing finishes
+        said = fleet.wait(lambda: [line for line in fleet.journal(host, WATCHDOG_UNIT, began)
+                                   .splitlines() if line.startswith(f"restarting {SERVICE}")],
+                          3 * (5 + 5) + 30)
+        assert said and "3 checks failed" in said[0], fleet.journal(host, WATCHDOG_UNIT, began)
+    except BaseException:
+        # the operator's fix, so no later story (this run's or the next on a kept fleet) meets a
+        # frozen engine behind the gateway: a frozen box answers nothing, and HAProxy's
+        # requests to it wait out `timeout server`
+        box(fleet.sim, host, f"kill -CONT {' '.join(fleet.engine_cores(host))} 2>/dev/null; "
+                             f"systemctl restart {SERVICE}")
+        raise
     assert fleet.serves(host), fleet.journal(host, SERVICE, began)[-3000:]
     # the restart went through the unit's start, memory gate first
     assert "memory-gate:" in fleet.journal(host, SERVICE, began)
