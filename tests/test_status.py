@@ -61,7 +61,8 @@ def shown(found):
 
 
 STOPPED = box(active="inactive", health=False, requests=None, decode_tok_s=None,
-              **{"watchdog.state": "stopped", "watchdog.last_check_ok": None,
+              # the watchdog keeps its last check from before the stop
+              **{"watchdog.state": "stopped", "watchdog.last_check_ok": True,
                  "watchdog.why": "thorfleet-vllm stopped (inactive/dead): not restarting"})
 OVER_CAP = box(health=True, **{"watchdog.state": "over_cap", "watchdog.last_check_ok": False,
                                "watchdog.why": "3 restarts in the last hour (cap 3)"})
@@ -88,7 +89,7 @@ CASES = [
     ("failing checks", FAILING, RENDERED, False,
      "watchdog failing: 2 requests in flight, 0 tokens in 30 s", {"watchdog": "failing FAIL"}),
     ("health false", box(health=False), RENDERED, False, "health false", {"health": "NO"}),
-    ("held by a deploy", box(**{"watchdog.state": "held", "watchdog.last_check_ok": None}),
+    ("held by a deploy", box(**{"watchdog.state": "held", "watchdog.last_check_ok": True}),
      RENDERED, True, "serving", {"watchdog": "held"}),
     ("watchdog not running", box(**{"watchdog.running": False}), RENDERED, True, "serving",
      {"watchdog": "not running"}),

@@ -230,6 +230,9 @@ def _count(value):
     return f"{value:g}"
 
 
+VERDICT_STATES = ("ok", "failing", "over_cap")  # the watchdog's states its last check decided
+
+
 def cells(found: dict) -> tuple[str, ...]:
     """One row as the table shows it: "?" where the box did not say, "-" where there is none."""
     version = _cell(found, "version")
@@ -240,7 +243,8 @@ def cells(found: dict) -> tuple[str, ...]:
     watchdog = _cell(found, "watchdog")
     if found["watchdog_running"] is False:
         watchdog = "not running"
-    elif found["last_check_ok"] is not None and watchdog != "?":
+    elif found["last_check_ok"] is not None and watchdog in VERDICT_STATES:
+        # a stopped, held or starting server keeps the check from before: not a verdict on it
         watchdog += " pass" if found["last_check_ok"] else " FAIL"
     return (
         found["host"], version, _cell(found, "health"), watchdog,
