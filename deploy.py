@@ -15,7 +15,19 @@ from thorfleet.settings import refuse_outside_the_repository, settings_for_run
 # (thorfleet's strict host-key default): stop before anything is planned, saying where to run.
 refuse_outside_the_repository()
 
-from tasks import cleanup, gateway, image, memory, power, preflight, service, verification, weights
+from tasks import (
+    cleanup,
+    gateway,
+    image,
+    memory,
+    monitor,
+    power,
+    preflight,
+    service,
+    verification,
+    watch,
+    weights,
+)
 from thorfleet import report
 from thorfleet.roles import is_gateway, is_thor
 
@@ -29,6 +41,9 @@ settings = settings_for_run(host.state)[host.name]
 # and drains each one through it.
 if is_gateway(host):
     gateway.run(settings.gateway_role or settings, lock=not is_thor(host))
+# Prometheus on the gateway, or on the host of group `monitor` (which runs nothing else).
+if settings.monitor_role is not None:
+    monitor.run(settings.monitor_role, lock=not (is_gateway(host) or is_thor(host)))
 
 if is_thor(host):
     preflight.run(settings)
@@ -38,6 +53,9 @@ if is_thor(host):
     weights.run(settings)
     service.run(settings)
     gateway.box(settings)  # with a gateway, the vLLM port answers it alone
+    # before the proof: the gateway's health check asks the watchdog, and it holds off while this
+    # run holds the box
+    watch.run(settings)
     verification.run(settings)
     cleanup.run(settings)  # last: only a host that serves gets its old versions removed
 

@@ -68,6 +68,15 @@ rollout_bench_min_fraction = 0.8  # a host below this share of the fleet's media
 rollout_bench_min_toks = 27  # a host below this many tok/s fails the run (a Thor: 33.7 EAGLE, 17.5 base)
 rollout_report_path = "thorfleet-report.json"  # laptop path of the JSON report of the last run
 
+# --- watchdog: proves between runs that each box generates (files/bin/thorfleet-watchdog) -------
+watchdog_interval_s = 15  # seconds between two checks of the server
+watchdog_failures = 3  # failed checks in a row before the watchdog restarts
+watchdog_timeout_s = 20  # a 1-token completion must finish within this
+watchdog_restart_backoff_s = 60  # wait after a restart before the next one may happen; doubles with each restart in the last hour
+watchdog_max_restarts_per_hour = 3  # past it, no restart; the box is reported failed
+watchdog_start_timeout_s = 1800  # a started server gets this long to answer /health before the watchdog judges it
+watchdog_port = 9105  # the box exporter's port (/metrics, /healthy)
+
 # --- gateway: one HTTPS endpoint in front of the boxes (the inventory group `gateway`) ---------
 gateway_serves_model = False  # the gateway host is also a Thor that serves the model (False: a box of its own)
 gateway_port = 8443  # HTTPS port clients use on the gateway
@@ -78,3 +87,8 @@ gateway_ca_dir = "~/.config/thorfleet/fleet-ca"  # laptop folder of the fleet CA
 gateway_fleet_address = None  # IP address the boxes see the gateway connect from (None: its ssh_hostname)
 gateway_queue_timeout_s = 120  # how long a request waits at the gateway for a free box before a 503
 gateway_check_interval_s = 2  # seconds between the gateway's health checks of each box
+
+# --- monitor: Prometheus on the gateway host (or the inventory group `monitor`) -----------------
+monitor_scrape_interval_s = 15  # seconds between two scrapes of every box by Prometheus (and between rule evaluations)
+monitor_fleet_address = None  # IP address the boxes see a monitor host of its own connect from (None: its ssh_hostname)
+monitor_retention = "15d"  # how long Prometheus keeps samples (its duration: 15d, 12h, 1w2d)

@@ -69,9 +69,12 @@ def box(settings):
         files.absent(name="No gateway: no firewall unit file", path=unit_path)
         files.absent(name="No gateway: no firewall script", path=BOX_FIREWALL)
         return
-    script, mark = firewall_script(settings.service_port, settings.gateway)
-    files.whole_file(name=f"Write the firewall: port {settings.service_port} answers "
-                          f"{settings.gateway} (the gateway) and the box only",
+    ports = (settings.service_port, settings.watchdog_port)
+    script, mark = firewall_script(ports, settings.gateway, settings.monitor_source)
+    monitor = f" and {settings.monitor_source} (the monitor)" if settings.monitor_source else ""
+    files.whole_file(name=f"Write the firewall: ports {ports[0]} (vLLM) and {ports[1]} (the "
+                          f"watchdog) answer {settings.gateway} (the gateway){monitor} and the "
+                          "box only",
                      src=StringIO(script), path=BOX_FIREWALL, mode="644")
     unit = files.whole_file(name="Install the unit that loads it at every boot",
                             src=str(FILES / "systemd" / FIREWALL_UNIT), path=unit_path, mode="644")

@@ -27,7 +27,8 @@ def gateway_settings(tmp_path, **data):
     values, problems = check_gateway({"gateway_ca_dir": str(tmp_path / "ca"), **data})
     assert not problems, problems
     return GatewaySettings(values, "gw-1", "127.0.0.1", [
-        Backend("thor-1", "thorfleet-thor-1", 8002, 1), Backend("thor-2", "10.0.0.3", 8002, 1)])
+        Backend("thor-1", "thorfleet-thor-1", 8002, 1, 9105),
+        Backend("thor-2", "10.0.0.3", 8002, 1, 9105)])
 
 
 def haproxy_check(tmp_path, g):
@@ -45,12 +46,13 @@ def test_the_rendered_config_passes_haproxy_c(tmp_path):
     assert checked.returncode == 0, checked.stdout + checked.stderr
     lines = [line.strip() for line in g.config_text.splitlines()]
     # each box takes max_num_seqs at a time; the rest queue 45 s at the gateway
-    assert "server thor-1 thorfleet-thor-1:8002 maxconn 1" in lines
+    assert "server thor-1 thorfleet-thor-1:8002 port 9105 maxconn 1" in lines
     assert "timeout queue 45s" in lines
     # a refused connection is tried on another box; nothing else is retried
     assert {"retries 3", "option redispatch 1"} <= set(lines)
     assert not any(line.startswith("retry-on") for line in lines)
-    assert "http-check send meth GET uri /health" in lines
+    # in rotation while the watchdog (on the check port) says the box generates
+    assert "http-check send meth GET uri /healthy" in lines
     assert f"bind :{g.gateway_port} ssl crt {layout.GATEWAY_PEM} alpn http/1.1" in lines
 
 
@@ -84,19 +86,26 @@ def test_nft_refuses_what_would_be_more_than_a_word(value):
 
 @pytest.mark.parametrize("gateway", ["172.18.0.5", "fd00::5"])
 def test_the_firewall_passes_nft_c_and_names_only_the_gateway(tmp_path, gateway):
-    script, mark = firewall_script(8002, gateway)
+    script, mark = firewall_script((8002, 9105), gateway)
     path = tmp_path / "firewall.nft"
     path.write_text(script)
     checked = subprocess.run([shutil.which("nft") or "nft", "-c", "-f", str(path)],
                              check=False, capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
     family = "ip" if "." in gateway else "ip6"
-    assert f"{family} saddr {gateway} tcp dport 8002 accept" in script
-    assert f'tcp dport 8002 counter drop comment "{mark}"' in script
-    assert 'iifname "lo" tcp dport 8002 accept' in script
+    # vLLM's port and the watchdog's (the gateway's health check) answer the gateway only
+    assert f"{family} saddr {gateway} tcp dport {{ 8002, 9105 }} accept" in script
+    assert f'tcp dport {{ 8002, 9105 }} counter drop comment "{mark}"' in script
+    assert 'iifname "lo" tcp dport { 8002, 9105 } accept' in script
     # the mark names this version: another port or gateway, another mark
-    assert firewall_script(8003, gateway)[1] != mark
-    assert firewall_script(8002, "172.18.0.6")[1] != mark
+    assert firewall_script((8003, 9105), gateway)[1] != mark
+    assert firewall_script((8002, 9105), "172.18.0.6")[1] != mark
+
+
+@pytest.mark.parametrize("port", [0, 65536, True, "8002", "8002 accept"])
+def test_the_firewall_takes_only_tcp_ports(port):
+    with pytest.raises(ValueError):
+        firewall_script((port,), "172.18.0.5")
 
 
 def test_the_firewall_unit_loads_the_file_the_deploy_writes():
@@ -215,9 +224,9 @@ def test_any_inventory_value_is_refused_or_lands_as_itself(tmp_path):
         g = settings["gw-1"]
         servers = [line.split() for line in g.config_text.splitlines()
                    if line.strip().startswith("server ")]
-        assert servers == [["server", v["name"], f"{v['address']}:8002", "maxconn", "1"]], (
-            key, value, servers)
-        script, _ = firewall_script(8002, settings[v["name"]].gateway)
-        assert f"ip saddr {v['fleet']} tcp dport 8002 accept" in script, (key, value)
+        assert servers == [["server", v["name"], f"{v['address']}:8002", "port", "9105",
+                            "maxconn", "1"]], (key, value, servers)
+        script, _ = firewall_script((8002,), settings[v["name"]].gateway)
+        assert f"ip saddr {v['fleet']} tcp dport {{ 8002 }} accept" in script, (key, value)
         assert g.names == ["10.0.0.9", v["names"].lower()], (key, value, g.names)
     assert landed >= len(VALID)  # the valid values, at least, land

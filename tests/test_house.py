@@ -14,10 +14,11 @@ pytestmark = pytest.mark.fast
 PACKAGE = ROOT / "thorfleet"
 # Modules that import nothing of thorfleet's: facts of the world, not logic, and the one module
 # that touches pyinfra's run machinery (pyinfra_hooks), which host is what (roles), the fleet CA
-# (gateway_tls).
-LEAVES = {"gateway_tls", "layout", "pyinfra_hooks", "recipe", "roles", "runstate", "rollout"}
+# (gateway_tls), and the parsers of what a box prints (readings, copied onto the box).
+LEAVES = {"gateway_tls", "layout", "pyinfra_hooks", "readings", "recipe", "roles", "runstate",
+          "rollout"}
 # What the box-facing side (facts, operations) may import: never settings, schema or the report.
-BOX_SIDE = {"facts": {"layout"},
+BOX_SIDE = {"facts": {"layout", "readings"},
             "operations": {"facts", "layout", "pyinfra_hooks", "roles", "rollout", "runstate",
                            "snapshot"},
             "snapshot": {"pyinfra_hooks", "runstate"}}

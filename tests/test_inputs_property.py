@@ -30,6 +30,7 @@ from tests.parse_back import (
     unit_entries,
 )
 from thorfleet import layout, schema
+from thorfleet.monitor import MonitorSettings, Target
 from thorfleet.recipe import PROFILES, RECIPE_ENV
 from thorfleet.render import Settings
 
@@ -76,6 +77,8 @@ VALID = {
     "gateway_tls_key_file": ["~/.config/thorfleet/gateway.key"],
     "gateway_ca_dir": ["~/.config/thorfleet/fleet-ca"],
     "gateway_fleet_address": ["10.0.0.5", "fd00::5"],
+    "monitor_fleet_address": ["10.0.0.6", "fd00::6"],
+    "monitor_retention": ["15d", "1w2d", "90m", "1y2w3d4h5m6s7ms"],
 }
 STRINGS = sorted(VALID)
 NUMBERS = sorted(k for k, f in schema.FIELDS.items()
@@ -220,6 +223,20 @@ def commands_read_back(s):
             ["--endpoint", s.weights_hf_endpoint]
 
 
+def monitor_reads_back(values):
+    """Prometheus's files on the monitor host: the scrape interval, the exporter's port and the
+    retention read back as themselves."""
+    m = MonitorSettings(values, "gw-1", [Target("thor-1", "10.0.0.1", 8002, values.watchdog_port)])
+    config = yaml.safe_load(m.config_text)
+    assert config["global"]["scrape_interval"] == f"{values.monitor_scrape_interval_s}s"
+    box_job = config["scrape_configs"][1]
+    assert box_job["static_configs"][0]["targets"] == [f"10.0.0.1:{values.watchdog_port}"]
+    [assignment] = [line for line in m.defaults_text.splitlines() if not line.startswith("#")]
+    name, _, args = shlex.split(assignment)[0].partition("=")
+    assert name == "ARGS"
+    assert f"--storage.tsdb.retention.time={values.monitor_retention}" in args.split()
+
+
 def outcome(key, value):
     """Refused naming `key`, or accepted and read back as itself everywhere it lands."""
     values, problems = schema.check({**PINS, key: value}, api_key=KEY, groups=GROUPS)
@@ -235,6 +252,7 @@ def outcome(key, value):
     config_reads_back(s)
     secrets_read_back(s)
     commands_read_back(s)
+    monitor_reads_back(values)
 
 
 DEFAULT = Settings(schema.check(PINS, api_key=KEY)[0], api_key=KEY)
@@ -258,7 +276,8 @@ def test_every_setting_is_generated():
         "power_allow_reboot", "image_think_prefill", "weights_hf_allow_plain_http",
         "power_mode", "service_port", "memory_gate_timeout_s", "rollout_batch",
         "rollout_drain_timeout_s", "gateway_serves_model", "gateway_names",
-        "gateway_queue_timeout_s", "gateway_check_interval_s"} >= set(schema.FIELDS), set(schema.FIELDS) - set(STRINGS)
+        "gateway_queue_timeout_s", "gateway_check_interval_s", "watchdog_port",
+        "monitor_scrape_interval_s"} >= set(schema.FIELDS), set(schema.FIELDS) - set(STRINGS)
 
 
 @pytest.mark.parametrize("key", STRINGS)

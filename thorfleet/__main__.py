@@ -2,10 +2,13 @@
 
     python -m thorfleet pin INVENTORY [--ref main] [--image REPO:TAG] [--update] [--yes | --dry-run]
     python -m thorfleet check INVENTORY
+    python -m thorfleet status INVENTORY [--json] [--watch [SECONDS]]
 
 `pin` resolves the weights' hub ref to a commit and the base image's tag to a digest, shows the diff
 of the inventory file and writes it (asks first, unless --yes). `check` runs the settings check that
-every deploy runs first, without connecting to any host. Run from the repository root, like pyinfra.
+every deploy runs first, without connecting to any host. `status` asks every Thor at once how it
+serves now (read-only, one SSH command each) and exits non-zero naming the hosts that do not.
+Run from the repository root, like pyinfra.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 
 EXIT_PROBLEMS = 2  # bad input: the settings check's and pyinfra config's code
 EXIT_NOT_WRITTEN = 3  # pin: changes found but not written (no TTY without --yes, or answered no)
+EXIT_INTERRUPTED = 130  # status: Ctrl-C before the boxes answered (the shell's 128 + SIGINT)
 
 
 def _err(message: str) -> None:
@@ -81,31 +85,61 @@ def cmd_pin(args) -> int:
     return EXIT_PROBLEMS if left else 0
 
 
-def cmd_check(args) -> int:
+def _checked(source):
+    """(inventory, {name: Settings}) of an inventory file, or None once it said why not."""
     from thorfleet.pin import PinError, load_inventory
     from thorfleet.settings import SettingsError, no_hosts, settings_for_inventory
 
     try:
-        inventory = load_inventory(args.inventory)
+        inventory = load_inventory(source)
     except PinError as error:
         _err(str(error))
-        return EXIT_PROBLEMS
-    hosts = len(list(inventory))
-    if hosts == 0:
-        _err(no_hosts(args.inventory))
-        return EXIT_PROBLEMS
+        return None
+    if not list(inventory):
+        _err(no_hosts(source))
+        return None
     try:
-        settings_for_inventory(inventory)
+        return inventory, settings_for_inventory(inventory)
     except SettingsError as error:
         for problem in error.problems:
             print(problem)
-        _err(f"{len(error.problems)} problem(s) in {args.inventory}; no host was contacted")
+        _err(f"{len(error.problems)} problem(s) in {source}; no host was contacted")
+        return None
+
+
+def cmd_check(args) -> int:
+    checked = _checked(args.inventory)
+    if checked is None:
         return EXIT_PROBLEMS
+    hosts = len(list(checked[0]))
     print(f"{hosts} host{'s' if hosts != 1 else ''} OK ({args.inventory})")
     return 0
 
 
+def cmd_status(args) -> int:
+    from thorfleet import status
+    from thorfleet.roles import thors
+
+    if args.watch is not None and args.watch <= 0:
+        _err(f"--watch {args.watch:g}: give the seconds between two refreshes, more than 0")
+        return EXIT_PROBLEMS
+    checked = _checked(args.inventory)
+    if checked is None:
+        return EXIT_PROBLEMS
+    inventory, settings = checked
+    if not thors(inventory):
+        _err(f"{args.inventory}: no Thor to ask (only a gateway): list the boxes in a group")
+        return EXIT_PROBLEMS
+    try:
+        return status.show(inventory, settings, as_json=args.json, watch=args.watch,
+                           timeout=args.timeout)
+    except KeyboardInterrupt:  # before the first table: nothing to show
+        return EXIT_INTERRUPTED
+
+
 def parser() -> argparse.ArgumentParser:
+    from thorfleet.status import TIMEOUT_S, WATCH_S
+
     top = argparse.ArgumentParser(prog="python -m thorfleet", description=__doc__.split("\n\n")[0])
     commands = top.add_subparsers(dest="command", required=True)
 
@@ -134,6 +168,20 @@ def parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="check every host's settings, connecting to none")
     check.add_argument("inventory")
     check.set_defaults(run=cmd_check)
+
+    status = commands.add_parser(
+        "status", help="how every Thor serves now: one SSH command each, all at once, read-only",
+        description="Ask every Thor's watchdog at once (one SSH command each, nothing changed) "
+        "and print one line per host; exit 1 naming the hosts that do not serve.")
+    status.add_argument("inventory")
+    shown = status.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    shown.add_argument("--watch", nargs="?", type=float, const=WATCH_S, metavar="SECONDS",
+                       help=f"refresh the table in place every SECONDS (default {WATCH_S:g}) "
+                       "until Ctrl-C; the exit status is the last refresh's")
+    status.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="SECONDS",
+                        help=f"to connect and for each box's answer (default {TIMEOUT_S:g})")
+    status.set_defaults(run=cmd_status)
     return top
 
 

@@ -14,6 +14,7 @@ from shlex import quote as q
 
 from pyinfra.api import FactBase
 
+from thorfleet import readings
 from thorfleet.layout import (
     BOX_CLEAN,
     BOX_LAYOUT_ENV,
@@ -139,39 +140,26 @@ class SudoWorks(FactBase[bool]):
 
 
 class PowerMode(FactBase[int | None]):
-    """The current nvpmodel mode id: the last line of `nvpmodel -q`, after any NVPM WARN lines."""
+    """The current nvpmodel mode id (readings.power_mode: the last line of `nvpmodel -q`, after any
+    NVPM WARN lines)."""
 
     command = "nvpmodel -q </dev/null"
     requires_command = "nvpmodel"
 
     def process(self, output):
-        return int(output[-1].strip())
+        return readings.power_mode(output)
 
 
 class ClocksLocked(FactBase[bool | None]):
-    """True when jetson_clocks has pinned every CPU and the GPU: MinFreq == MaxFreq on each `cpuN`
-    line and on each GPU line of --show. On Thor the GPU lines are its devfreq devices
-    (`gpu-gpc-0`, `gpu-nvd-0`), not a line starting `GPU` as on Orin; EMC's MinFreq differs from
-    its MaxFreq even when locked, so EMC is not read (a Thor's `jetson_clocks --show` after
-    `jetson_clocks`, as published: tests/test_facts.py). None without jetson_clocks."""
+    """True when jetson_clocks has pinned every CPU and the GPU (readings.clocks_locked reads
+    `jetson_clocks --show`, the box's watchdog reads it the same way). None without
+    jetson_clocks."""
 
     command = "jetson_clocks --show </dev/null"
     requires_command = "jetson_clocks"
 
     def process(self, output):
-        kinds = {"cpu": [], "gpu": []}
-        for line in output:
-            freqs = re.search(r"MinFreq=(\d+)\s+MaxFreq=(\d+)", line)
-            name = line.strip().split(" ", 1)[0].rstrip(":").lower()
-            if not freqs:
-                continue
-            if re.fullmatch(r"cpu\d+", name):
-                kinds["cpu"].append(freqs)
-            elif name.startswith("gpu"):  # "gpu-gpc-0", "gpu-nvd-0" (Thor) or "GPU" (Orin)
-                kinds["gpu"].append(freqs)
-        # no GPU line read is not "locked": a format we do not know must not pass as locked
-        return all(kinds.values()) and all(
-            f.group(1) == f.group(2) for found in kinds.values() for f in found)
+        return readings.clocks_locked(output)
 
 
 class RebootMarker(FactBase[bool]):

@@ -4,7 +4,7 @@
     g.config_text          # /etc/haproxy/haproxy.cfg
     g.pem                  # certificate chain + key (fleet CA's, or the operator's)
     g.endpoint             # {"url": ..., "ca_file": ...}: what clients use, in the report
-    firewall_script(port, ip)  # a Thor's nftables table (and its mark): only the gateway gets in
+    firewall_script(ports, *ips)  # a Thor's nftables table (and its mark): only these get in
 
 Every value lands through the emitter of the file it lands in (haproxy_word, nft_word), which
 refuses what that file's grammar would read as more than one word; the schema and settings.py
@@ -23,6 +23,7 @@ from pathlib import Path
 import jinja2
 
 from thorfleet import gateway_tls, layout
+from thorfleet.schema import Checked
 
 # HAProxy's config words (configuration.txt, 2.2 "Quoting and escaping"): outside quotes a space
 # or '#' ends a word, '\', '"', "'" and '$' start an escape, a quote or a variable. A plain word
@@ -31,9 +32,10 @@ _HAPROXY_PLAIN = re.compile(r"[A-Za-z0-9_.:/@+,=-]+")
 _HAPROXY_QUOTABLE = re.compile(r"[ -&(-~]+")  # printable ASCII but the single quote
 # A server name in HAProxy: letters, digits, '-', '_', '.' and ':' (configuration.txt, "server").
 SERVER_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-# What a request needs to be proven served until the watchdog's own signal plugs in here
-# (issue "serving stays proven"): vLLM's /health (200 once the engine is up).
-HEALTH_PATH = "/health"
+# A box is in rotation while its watchdog says it serves (files/bin/thorfleet-watchdog, on
+# watchdog_port): 200 only while vLLM's own /health answers 200 and the last check that the
+# server generates passed. vLLM's /health alone stays 200 on a wedged engine.
+HEALTH_PATH = "/healthy"
 
 
 def haproxy_word(value):
@@ -51,12 +53,16 @@ def haproxy_word(value):
 
 
 def nft_word(value):
-    """`value` as one word of an nft script: a number, an IP address, a plain name, or a quoted
-    string (nft's strings take no escapes: one holding a quote or a newline is refused)."""
+    """`value` as one word of an nft script: a number, an IP address, a plain name, a quoted
+    string (nft's strings take no escapes: one holding a quote or a newline is refused), or a
+    tuple of numbers as an anonymous set (`{ 8002, 9105 }`)."""
     if isinstance(value, bool) or value is None:
         raise TypeError(f"{value!r} has no nft spelling")
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, tuple) and value and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return "{ " + ", ".join(map(str, value)) + " }"
     if isinstance(value, (ipaddress.IPv4Address, ipaddress.IPv6Address)):
         return str(value)
     text = str(value)
@@ -77,51 +83,53 @@ _HAPROXY = _environment(haproxy_word)
 _NFT = _environment(nft_word)
 
 
-def firewall_script(port: int, gateway_ip: str) -> tuple[str, str]:
-    """(script, mark) of a Thor's nftables table: its vLLM `port` answers `gateway_ip` and the box
-    itself only. The last rule's comment is `mark`, a digest of the rest, so a fact tells the live
-    table is this one from `nft list table` alone."""
-    address = ipaddress.ip_address(gateway_ip)
+def firewall_script(ports, *sources: str) -> tuple[str, str]:
+    """(script, mark) of a Thor's nftables table: its `ports` (vLLM's, the watchdog's) answer
+    the `sources` (the gateway's IP, a monitor host's) and the box itself only. The last rule's
+    comment is `mark`, a digest of the rest, so a fact tells the live table is this one from
+    `nft list table` alone."""
+    addresses = sorted({ipaddress.ip_address(s) for s in sources if s},
+                       key=lambda a: (a.version, a))
     family, table = layout.FIREWALL_TABLE
+    ports = sorted({_port(p) for p in ports})
 
     def render(mark):
         return _NFT.get_template("firewall.nft.j2").render(
-            family=family, table=table, port=int(port), gateway=address,
-            source_family="ip" if address.version == 4 else "ip6", mark=mark)
+            family=family, table=table, ports=tuple(ports),
+            sources=[("ip" if a.version == 4 else "ip6", a) for a in addresses], mark=mark)
 
     mark = f"thorfleet {hashlib.sha256(render('thorfleet').encode()).hexdigest()[:16]}"
     return render(mark), mark
 
 
+def _port(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise ValueError(f"{value!r} is not a TCP port")
+    return value
+
+
 @dataclass(frozen=True)
 class Backend:
     """One Thor behind the gateway: its inventory name, where the gateway dials its vLLM port,
-    and how many requests it takes at once (vLLM's max_num_seqs)."""
+    how many requests it takes at once (vLLM's max_num_seqs), and the port its health check asks
+    (the watchdog's)."""
 
     name: str
     address: str
     port: int
     maxconn: int
+    check_port: int
 
 
-class GatewaySettings:
+class GatewaySettings(Checked):
     """The gateway host's checked settings (`g.gateway_port`, ...) and what is rendered from them."""
 
     def __init__(self, values, name: str, address: str, backends: list[Backend]):
-        self.values = values
-        self.name = name  # its inventory name
+        super().__init__(values, name)
         self.address = address  # how the laptop reaches it (ssh_hostname): a name clients use
         self.backends = backends
         self.health_path = HEALTH_PATH
-
-    def __getattr__(self, name):
-        fields = type(self.__dict__["values"]).model_fields
-        if name in fields:
-            return getattr(self.__dict__["values"], name)
-        raise AttributeError(name)
-
-    def __repr__(self):
-        return f"GatewaySettings({self.name!r}, {self.values!r})"
+        self.monitor_role = None  # MonitorSettings when Prometheus runs here (settings.py)
 
     @property
     def gateway_role(self):

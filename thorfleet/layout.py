@@ -18,6 +18,11 @@ BOX_SERVE = f"{BOX_BIN}/thorfleet-serve"  # start, prove, roll back (system pyth
 BOX_WEIGHTS = f"{BOX_BIN}/thorfleet-weights"  # verify (system python3), fetch (in the image)
 BOX_CLEAN = f"{BOX_BIN}/thorfleet-clean"  # what old revisions, images and build contexts to remove
 BOX_BENCH = f"{BOX_BIN}/thorfleet-bench"  # the recipe's decode benchmark (system python3)
+# Proves between runs that the server generates, restarts it when wedged, exports the box's figures
+# (system python3); it imports thorfleet/readings.py, installed beside it under this name.
+BOX_WATCHDOG = f"{BOX_BIN}/thorfleet-watchdog"
+BOX_READINGS = f"{BOX_BIN}/thorfleet_readings.py"
+WATCHDOG_UNIT = "thorfleet-watchdog.service"
 BOX_IMAGE_CONTEXT = f"{BOX_HOME}/image"  # one build context per image inputs hash
 BOX_MODELS = f"{BOX_HOME}/models"  # the default weights_dir
 # Inside the derived image, not on the box: where files/image/Dockerfile copies chatfix and the
@@ -48,6 +53,9 @@ BOX_REBOOT_MARKER = "/run/thorfleet-before-reboot"  # /run is emptied by every b
 # The run lock (files/bin/thorfleet-run-lock, sent with the command that takes it, so a bare box
 # is held too); on tmpfs: a reboot frees it with the keeper that held it.
 BOX_RUN_LOCK_DIR = "/run/thorfleet"
+# The watchdog's last check, rewritten after each (what its `status` and exporter read); on tmpfs,
+# beside the run lock it tests.
+BOX_WATCHDOG_STATE = f"{BOX_RUN_LOCK_DIR}/watchdog.json"
 BOX_UPLOAD_STAGING = ".thorfleet-upload"  # in the SSH user's home: uploads wait here, 0700
 CLOCKS_UNIT = "thorfleet-clocks.service"
 # With a gateway: the Thor's nftables table (the vLLM port answers the gateway and the box only),
@@ -71,17 +79,21 @@ def box_unit(service):
 
 
 def layout_env_text():
-    """The box's /etc/thorfleet/layout.env: thorfleet-serve's paths, one KEY=value a line.
+    """The box's /etc/thorfleet/layout.env: thorfleet-serve's and the watchdog's paths, one
+    KEY=value a line.
 
-    The box scripts spell none of the paths above; thorfleet-serve reads these (its only built-in
-    path is BOX_LAYOUT_ENV, the place it looks; a test holds the two to each other), and
-    thorfleet-weights and memory-gate take theirs as arguments.
+    The box scripts spell none of the paths above; thorfleet-serve and thorfleet-watchdog read
+    these (each tool's only built-in path is BOX_LAYOUT_ENV, the place it looks, and each ignores
+    the keys it does not need; tests hold them to each other), and thorfleet-weights and
+    memory-gate take theirs as arguments. RUN_DIR holds the run lock (thorfleet-run-lock) and the
+    watchdog's state (BOX_WATCHDOG_STATE).
     """
     paths = {
         "STATE_DIR": BOX_STATE,
         "CONFIG": BOX_CONFIG,
         "SECRETS_ENV": BOX_SECRETS_ENV,
         "UNIT_DIR": BOX_UNIT_DIR,
+        "RUN_DIR": BOX_RUN_LOCK_DIR,
     }
-    return ("# Managed by thorfleet (thorfleet/layout.py): where thorfleet-serve finds its files.\n"
+    return ("# Managed by thorfleet (thorfleet/layout.py): where the box's tools find their files.\n"
             + "".join(f"{key}={value}\n" for key, value in paths.items()))

@@ -4,6 +4,7 @@ the key the boxes copy with.
     fleet_copy(settings, inventory)  # does this run copy between boxes (weights_source)?
     first_of_run(inventory, state)   # the host that downloads, and builds the shared image
     sources(name, inventory, state)  # peer addresses `name` copies from, best first
+    dial_host(h)                     # the host part the gateway and the monitor dial
     key_pair(path)                   # (private key, public key line), made on first use
 
 The boxes copy with one shared key that may only run `rrsync -ro <weights_dir>` on the others, so
@@ -36,6 +37,15 @@ def first_of_run(inventory, state) -> str | None:
 def peer_address(h) -> str:
     """How the other boxes dial `h`: weights_peer_address, else its SSH address (no port: 22)."""
     return h.data.get("weights_peer_address") or h.data.get("ssh_hostname") or h.name
+
+
+def dial_host(h) -> str:
+    """The host part of how the gateway and the monitor dial `h`: weights_peer_address's (a name
+    or IPv4 address, its :port is SSH's), else ssh_hostname or the inventory name as it is (an
+    IPv6 address included)."""
+    if h.data.get("weights_peer_address"):
+        return h.data.get("weights_peer_address").partition(":")[0]
+    return h.data.get("ssh_hostname") or h.name
 
 
 def peer_address_problems(inventory) -> list[str]:

@@ -43,6 +43,14 @@ Hooks, where pyinfra 3.10 has no public path:
 5. thorfleet's per-run records are attributes of the run's State (`thorfleet_events` here,
    `thorfleet_run` in runstate.py, `thorfleet_settings` in settings.py): one set per run, so two
    runs in one process never share them, and pyinfra has no place for a deploy's own data per run.
+6. `connectable`, `run_once`: `thorfleet status` puts the inventory on a State of its own
+   (pyinfra's API: State, Config), then sends each box one command over the connection pyinfra's
+   own SSH connector opened (`Host.connect`: the deploy's ssh_* data and host-key check), through
+   the connector's paramiko client (`SSHConnector.client`). `Host.run_shell_command` would ask for a
+   sudo password on the terminal when `sudo -n` says one is needed
+   (pyinfra/connectors/util.py `execute_command_with_sudo_retry`), and it reads the output in
+   gevent greenlets whose timeout cannot fire in the plain thread each box is asked from (no
+   monkey patching: a blocked read holds the thread), so a box that stops answering would hang.
 """
 
 from __future__ import annotations
@@ -328,3 +336,41 @@ def load_cli_inventory(path: str, cwd: str, fresh=()):
             compiled.pop(name, None)
     with ctx_state.use(State(check_for_changes=False)):  # the CLI's exec_file needs a state
         return make_inventory(str(path), cwd=cwd)
+
+
+# --- one command over the deploy's own SSH connection (hook 6) --------------------------------------
+
+
+def connectable(inventory, connect_timeout: float):
+    """`inventory` (loaded by load_cli_inventory) on a State of its own, so its hosts can connect
+    outside a run, each within `connect_timeout` seconds (pyinfra's CONNECT_TIMEOUT). pyinfra's
+    and paramiko's log lines are kept off the terminal: what they say of a host is its row."""
+    import logging
+
+    from pyinfra.api import Config, State
+
+    for name in ("pyinfra", "paramiko"):
+        logging.getLogger(name).addHandler(logging.NullHandler())
+    State(inventory, Config(CONNECT_TIMEOUT=connect_timeout), check_for_changes=False)
+    return inventory
+
+
+def run_once(host, command: str, timeout: float) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `command` on `host`, connected as a deploy connects (its
+    ssh_* data; host keys checked as the deploy checks them), then disconnected. Nothing is asked
+    on the terminal; no read waits longer than `timeout` seconds. Raises ConnectError when the
+    host cannot be reached, OSError (socket.timeout) when it stops answering."""
+    host.connect(show_errors=False, raise_exceptions=True)
+    client = getattr(host.connector, "client", None)
+    try:
+        if client is None:
+            raise OSError(f"{host.name}: not an SSH host (status reads boxes over SSH)")
+        stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
+        stdin.close()
+        out, err = stdout.read(), stderr.read()
+        return (stdout.channel.recv_exit_status(), out.decode(errors="replace"),
+                err.decode(errors="replace"))
+    finally:
+        if client is not None:
+            client.close()
+        host.disconnect()

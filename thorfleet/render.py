@@ -90,6 +90,8 @@ class Settings:
         # GatewaySettings.
         self.gateway = None
         self.gateway_role = None
+        self.monitor_role = None  # a gateway serving the model too, as the monitor: MonitorSettings
+        self.monitor_source = None  # a monitor host of its own: the IP it scrapes this box from
 
     def __getattr__(self, name):
         # A declared setting reads as an attribute: s.service_port. Nothing else does.
@@ -148,6 +150,12 @@ class Settings:
     @cached_property
     def unit_text(self):
         return self.render("systemd/thorfleet-vllm.service.j2")
+
+    @cached_property
+    def watchdog_unit_text(self):
+        """The watchdog's unit (files/bin/thorfleet-watchdog). Not part of the fingerprint: a
+        watchdog setting changed restarts the watchdog, never the server."""
+        return self.render("systemd/thorfleet-watchdog.service.j2")
 
     @cached_property
     def config_text(self):

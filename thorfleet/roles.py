@@ -1,22 +1,32 @@
 """Which hosts of the inventory are Thors and which is the gateway.
 
     is_gateway(h)    # in the inventory group `gateway`: HAProxy in front of the Thors
-    is_thor(h)       # serves the model: every host but a gateway that is a box of its own
+    is_thor(h)       # serves the model: every host but a gateway or monitor that is a box of its own
     thors(hosts)     # the Thors of an inventory (or any iterable of hosts), in order
     gateway_of(hosts)  # the gateway host, or None
+    monitor_of(hosts)  # where Prometheus runs: the `monitor` group's host, else the gateway, or None
 
 A gateway is a box of its own unless its data says gateway_serves_model=True (then it is one of
-the Thors too): group names other than `gateway` are the operator's, so they cannot say it.
+the Thors too): group names other than `gateway` and `monitor` are the operator's, so they cannot
+say it. A host of the group `monitor` runs Prometheus and serves no model.
 """
 
 GATEWAY_GROUP = "gateway"
+MONITOR_GROUP = "monitor"
 
 
 def is_gateway(h) -> bool:
     return GATEWAY_GROUP in getattr(h, "groups", ())  # hosts made by hand (tests) have none
 
 
+def is_monitor_host(h) -> bool:
+    """In the inventory group `monitor` (a gateway is the monitor only when no host is)."""
+    return MONITOR_GROUP in getattr(h, "groups", ())
+
+
 def is_thor(h) -> bool:
+    if is_monitor_host(h) and not is_gateway(h):
+        return False
     return not is_gateway(h) or h.data.get("gateway_serves_model") is True
 
 
@@ -31,3 +41,10 @@ def gateway_of(hosts):
 
 def gateways(hosts) -> list:
     return [h for h in hosts if is_gateway(h)]
+
+
+def monitor_of(hosts):
+    """The host Prometheus runs on: the first of the group `monitor`, else the gateway, else None."""
+    hosts = list(hosts)
+    found = [h for h in hosts if is_monitor_host(h)]
+    return found[0] if found else gateway_of(hosts)

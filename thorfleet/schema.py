@@ -46,7 +46,7 @@ from thorfleet.recipe import PROFILES, SECRET_ENV
 
 # Group data keys with these prefixes are thorfleet's: one no setting has is a typo, not a choice.
 PREFIXES = ("preflight_", "power_", "memory_", "weights_", "image_", "service_", "rollout_",
-            "gateway_")
+            "watchdog_", "gateway_", "monitor_")
 
 
 class SettingsError(ValueError):
@@ -326,6 +326,23 @@ def _url(url):
     return url
 
 
+# Prometheus's duration (prometheus/common model/time.go ParseDuration: its durationRE, matched
+# whole; "" is refused there, and its bare "0" is refused here: a retention of 0 is no setting).
+_PROMETHEUS_DURATION = re.compile(r"(?:([0-9]+)y)?(?:([0-9]+)w)?(?:([0-9]+)d)?(?:([0-9]+)h)?"
+                                  r"(?:([0-9]+)m)?(?:([0-9]+)s)?(?:([0-9]+)ms)?")
+_DURATION_MS = (365 * 86400_000, 7 * 86400_000, 86400_000, 3600_000, 60_000, 1000, 1)
+
+
+def _prometheus_duration(value):
+    found = _PROMETHEUS_DURATION.fullmatch(value)
+    if not value or not found:
+        raise ValueError("not a duration")
+    # ParseDuration also refuses what overflows its int64 of milliseconds
+    if sum(int(n) * ms for n, ms in zip(found.groups(), _DURATION_MS) if n) >= 2**63:
+        raise ValueError("too long")
+    return value
+
+
 def setting(default, meaning, must, **constraints):
     """A setting: its default, its one-line meaning (the comment in group_data/all.py), and what a
     bad value is told ("<key>=<value> <must>")."""
@@ -511,6 +528,35 @@ class Schema(BaseModel):
         "thorfleet-report.json", "laptop path of the JSON report of the last run",
         "must be a file path on the laptop")
 
+    # --- watchdog: proves between runs that each box generates (files/bin/thorfleet-watchdog) ----
+    # Each lands as a whole number on the watchdog unit's command line.
+    watchdog_interval_s: Annotated[StrictInt, Field(ge=1),
+                                   AfterValidator(_at_most_max_seconds)] = setting(
+        15, "seconds between two checks of the server",
+        "must be a whole number of seconds, at least 1")
+    watchdog_failures: Annotated[StrictInt, Field(ge=1)] = setting(
+        3, "failed checks in a row before the watchdog restarts",
+        "must be a whole number of checks, at least 1")
+    watchdog_timeout_s: Annotated[StrictInt, Field(ge=1),
+                                  AfterValidator(_at_most_max_seconds)] = setting(
+        20, "a 1-token completion must finish within this",
+        "must be a whole number of seconds, at least 1")
+    watchdog_restart_backoff_s: Annotated[StrictInt, Field(ge=0),
+                                          AfterValidator(_at_most_max_seconds)] = setting(
+        60, "wait after a restart before the next one may happen; doubles with each restart in "
+        "the last hour", "must be a whole number of seconds, 0 or more")
+    watchdog_max_restarts_per_hour: Annotated[StrictInt, Field(ge=1)] = setting(
+        3, "past it, no restart; the box is reported failed",
+        "must be a whole number of restarts, at least 1")
+    # Not service_health_timeout_s: that one is part of a version, which a failed proof rolls
+    # back, while the watchdog's unit stays as written.
+    watchdog_start_timeout_s: Annotated[StrictInt, Field(ge=1),
+                                        AfterValidator(_at_most_max_seconds)] = setting(
+        1800, "a started server gets this long to answer /health before the watchdog judges it",
+        "must be a whole number of seconds, at least 1")
+    watchdog_port: Annotated[StrictInt, Field(ge=1, le=65535)] = setting(
+        9105, "the box exporter's port (/metrics, /healthy)",
+        "must be at least 1 and at most 65535 (a TCP port), not service_port")
 
     # --- gateway: one HTTPS endpoint in front of the boxes (the inventory group `gateway`) -------
     gateway_serves_model: StrictBool = setting(
@@ -540,6 +586,19 @@ class Schema(BaseModel):
     gateway_check_interval_s: Annotated[StrictInt, Field(ge=1, le=3600)] = setting(
         2, "seconds between the gateway's health checks of each box",
         "must be a whole number of seconds from 1 to 3600")
+
+    # --- monitor: Prometheus on the gateway host (or the inventory group `monitor`) --------------
+    monitor_scrape_interval_s: Annotated[StrictInt, Field(ge=1),
+                                         AfterValidator(_at_most_max_seconds)] = setting(
+        15, "seconds between two scrapes of every box by Prometheus (and between rule evaluations)",
+        "must be a whole number of seconds, at least 1")
+    monitor_fleet_address: Annotated[StrictStr, AfterValidator(_ip)] | None = setting(
+        None, "IP address the boxes see a monitor host of its own connect from (None: its ssh_hostname)",
+        "must be an IP address (with a gateway, the boxes' firewall lets it in too), or None")
+    monitor_retention: Annotated[StrictStr, AfterValidator(_prometheus_duration)] = setting(
+        "15d", "how long Prometheus keeps samples (its duration: 15d, 12h, 1w2d)",
+        "is not a Prometheus duration: digits and units y w d h m s ms in that order, like 15d "
+        "or 1w2d")
 
 
 FIELDS = Schema.model_fields
@@ -650,6 +709,10 @@ def check(data, *, api_key=None, hf_token=None, groups=None):
                         "thorfleet would tag its derived image there and remove that "
                         "repository's other tags as its old versions (thorfleet-clean); use a "
                         "name of its own, like thorfleet/mistral-small4")
+    if values is not None and values.watchdog_port == values.service_port:
+        problems.append(f"watchdog_port={values.watchdog_port!r} is service_port too: the "
+                        "watchdog's exporter and vLLM cannot listen on one port; use another, "
+                        "like 9105")
     canary = data.get("rollout_canary_group")
     if groups is not None and isinstance(canary, str) and canary not in groups:
         names = sorted(g for g in groups if g != "all")
@@ -660,23 +723,64 @@ def check(data, *, api_key=None, hf_token=None, groups=None):
 
 # A gateway that is no Thor runs no server: it reads how it is reached and its own settings only,
 # so the Thors' required pins and key need not be in its data.
-GATEWAY_KEYS = tuple(k for k in FIELDS if k.startswith(("ssh_", "gateway_"))) + (
+GATEWAY_KEYS = tuple(k for k in FIELDS if k.startswith(("ssh_", "gateway_", "monitor_"))) + (
     "rollout_drain_timeout_s", "preflight_lock_wait_s")
-GatewaySchema = create_model(
-    "GatewaySchema", __config__=Schema.model_config,
-    **{key: (FIELDS[key].annotation, FIELDS[key]) for key in GATEWAY_KEYS})
+def _role_schema(name, keys):
+    """The schema of a host that is no Thor: the settings `keys` alone, declared as for a Thor."""
+    return create_model(name, __config__=Schema.model_config,
+                        **{key: (FIELDS[key].annotation, FIELDS[key]) for key in keys})
+
+
+def _check_role(schema, keys, data):
+    """(values or None, problems) of `data` for a host of `schema`: a key no setting has, or one
+    that breaks its rule, is a problem."""
+    problems = _unknown_keys(data)
+    values = None
+    try:
+        values = schema.model_validate({k: data[k] for k in keys if k in data})
+    except ValidationError as error:
+        problems += _messages(error, data)
+    return values, problems
+
+
+class Checked:
+    """A checked host's settings read as attributes (`g.gateway_port`), the schema's only."""
+
+    def __init__(self, values, name: str):
+        self.values = values
+        self.name = name  # its inventory name
+
+    def __getattr__(self, name):
+        fields = type(self.__dict__["values"]).model_fields
+        if name in fields:
+            return getattr(self.__dict__["values"], name)
+        raise AttributeError(name)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.name!r}, {self.values!r})"
+
+
+GatewaySchema = _role_schema("GatewaySchema", GATEWAY_KEYS)
 
 
 def check_gateway(data):
     """(GatewaySchema, []) for the data of a gateway that is no Thor, or (None, problems)."""
-    problems = _unknown_keys(data)
-    values = None
-    try:
-        values = GatewaySchema.model_validate({k: data[k] for k in GATEWAY_KEYS if k in data})
-    except ValidationError as error:
-        problems += _messages(error, data)
+    values, problems = _check_role(GatewaySchema, GATEWAY_KEYS, data)
     cert, key = data.get("gateway_tls_cert_file"), data.get("gateway_tls_key_file")
     if (cert is None) != (key is None):
         problems.append("gateway_tls_cert_file and gateway_tls_key_file go together: set both "
                         "(your certificate and its key), or neither (the fleet CA signs one)")
+    return (None if problems else values), problems
+
+
+# A monitor host (the group `monitor`) runs Prometheus only: how it is reached, its run lock and
+# Prometheus's own settings; the Thors' watchdog_port and service_port are read from the Thors.
+MONITOR_KEYS = tuple(k for k in FIELDS if k.startswith(("ssh_", "monitor_"))) + (
+    "preflight_lock_wait_s",)
+MonitorSchema = _role_schema("MonitorSchema", MONITOR_KEYS)
+
+
+def check_monitor(data):
+    """(MonitorSchema, []) for the data of a monitor host that is no Thor, or (None, problems)."""
+    values, problems = _check_role(MonitorSchema, MONITOR_KEYS, data)
     return (None if problems else values), problems

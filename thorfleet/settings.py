@@ -17,10 +17,18 @@ import yaml
 
 from thorfleet import gateway_tls
 from thorfleet.gateway import SERVER_NAME, Backend, GatewaySettings
-from thorfleet.peers import fleet_copy, peer_address, peer_address_problems
+from thorfleet.monitor import MonitorSettings, Target, label_value, target
+from thorfleet.peers import dial_host, fleet_copy, peer_address, peer_address_problems
 from thorfleet.render import Settings, image_files_hash
-from thorfleet.roles import is_gateway, is_thor, thors
-from thorfleet.schema import SettingsError, check, check_gateway, is_host, is_ip_address
+from thorfleet.roles import is_gateway, is_monitor_host, is_thor, monitor_of, thors
+from thorfleet.schema import (
+    SettingsError,
+    check,
+    check_gateway,
+    check_monitor,
+    is_host,
+    is_ip_address,
+)
 
 __all__ = ["Settings", "SettingsError", "no_hosts", "refuse_outside_the_repository", "settings_for",
            "settings_for_inventory", "settings_for_run"]
@@ -97,6 +105,8 @@ def settings_for_inventory(inventory):
     found += _one_batch_size(settings)
     gateways, problems = _the_gateway(inventory, settings)
     found += problems
+    monitors, problems = _the_monitor(inventory, settings, gateways)
+    found += problems
     if found:
         raise SettingsError(found)
     for name, gateway in gateways.items():
@@ -104,7 +114,64 @@ def settings_for_inventory(inventory):
             settings[name].gateway_role = gateway
         else:
             settings[name] = gateway
+    for name, monitor in monitors.items():
+        if name in settings:  # the gateway (or a gateway that is a Thor too) is the monitor
+            settings[name].monitor_role = monitor
+        else:
+            settings[name] = monitor
     return settings
+
+
+def _the_monitor(inventory, settings, gateways):
+    """({name: MonitorSettings}, [problem]) of the host Prometheus runs on (roles.monitor_of): the
+    group `monitor`'s host, checked with its own settings, else the gateway with the gateway's;
+    none without either. Each Thor is a target at the address the gateway dials it at."""
+    h = monitor_of(inventory)
+    if h is None:
+        return {}, []
+    hosts = [m for m in inventory if is_monitor_host(m)]
+    if len(hosts) > 1:
+        return {}, [(f"{', '.join(m.name for m in hosts)}: group `monitor` holds one host "
+                     "(one Prometheus scrapes the whole fleet)")]
+    if is_gateway(h):
+        gateway = gateways.get(h.name)
+        if gateway is None:
+            return {}, []  # the gateway's own problems are listed already
+        values = gateway.values
+    else:
+        values, problems = check_monitor(h.data.dict())
+        if problems:
+            return {}, [f"{h.name}: {p}" for p in problems]
+    problems, targets, source = [], [], None
+    if not is_gateway(h):  # a host of its own: the boxes' firewall (with a gateway) lets it in
+        address = h.data.get("ssh_hostname") or h.name
+        source = values.monitor_fleet_address or address
+        if gateways and not is_ip_address(source):
+            problems.append(f"{h.name}: monitor_fleet_address is not set and ssh_hostname "
+                            f"{address!r} is not an IP address: set monitor_fleet_address to the "
+                            "IP the boxes see the monitor connect from (their firewall lets it in)")
+    for t in thors(inventory):
+        checked = settings.get(t.name)
+        if checked is None:
+            continue  # its own problems are listed already
+        checked.monitor_source = source if source and is_ip_address(source) else None
+        address = dial_host(t)
+        try:
+            label_value(t.name)
+        except ValueError:
+            problems.append(f"{t.name!r}: Prometheus labels each box's series and alerts with its "
+                            "inventory name (host), which an alert's one line cannot show with a "
+                            "newline or a control character in it: rename the host in the inventory")
+        try:
+            target(address, checked.service_port)
+        except ValueError:
+            problems.append(f"{t.name}: Prometheus dials it at {address!r}, not a host name or "
+                            "address: set weights_peer_address (the address the other boxes, "
+                            "the gateway and the monitor reach it at)")
+        targets.append(Target(t.name, address, checked.service_port, checked.watchdog_port))
+    if problems:
+        return {}, problems
+    return {h.name: MonitorSettings(values, h.name, targets)}, []
 
 
 def _the_gateway(inventory, settings):
@@ -157,7 +224,8 @@ def _the_gateway(inventory, settings):
                             "address: set weights_peer_address (the address the other boxes "
                             "and the gateway reach it at)")
         checked.gateway = source if is_ip_address(source) else None
-        backends.append(Backend(t.name, target, checked.service_port, _max_num_seqs(checked)))
+        backends.append(Backend(t.name, target, checked.service_port, _max_num_seqs(checked),
+                                checked.watchdog_port))
     if problems:
         return {}, problems
     return {h.name: GatewaySettings(values, h.name, address, backends)}, []

@@ -22,9 +22,11 @@ GATEWAY_PACKAGES = ("haproxy", "socat")
 
 @reads(installed=lambda packages, **_: (facts.DebInstalled, {"packages": list(packages)}))
 @operation()
-def packages(packages, *, installed):
+def packages(packages, *, installed, keep_config=False):
     """The distribution's `packages` installed (apt; the lists are refreshed only when one is
-    missing, so a re-run reads dpkg and changes nothing).
+    missing, so a re-run reads dpkg and changes nothing). `keep_config`: a config file thorfleet
+    wrote before the install is kept (dpkg --force-confold), so the service the package starts
+    at once starts with it.
 
     .. code:: python
 
@@ -34,8 +36,9 @@ def packages(packages, *, installed):
     if not missing:
         host.noop(f"{', '.join(packages)} installed")
         return
+    keep = "-o Dpkg::Options::=--force-confold " if keep_config else ""
     yield ("export DEBIAN_FRONTEND=noninteractive && apt-get update -q && "
-           f"apt-get install -y -q --no-install-recommends {sh(*missing)}")
+           f"apt-get install -y -q --no-install-recommends {keep}{sh(*missing)}")
 
 
 @reads(active=lambda unit, **_: (facts.UnitActive, {"unit": unit}))

@@ -1,0 +1,47 @@
+"""Watch: the box's watchdog proves the server keeps generating between runs.
+
+vLLM's /health stays 200 on a wedged engine (it asks only whether the engine core died), so the
+watchdog (files/bin/thorfleet-watchdog, a unit of its own) checks that the server generates:
+a 1-token completion when idle, growing token counters while requests run. After
+watchdog_failures failed checks it restarts the server through its unit (the memory gate runs, as
+at any start), with backoff and a cap per hour; never a server the operator stopped, never while
+a deploy holds the box. Its /healthy is what the gateway's health check asks, and its /metrics
+the box's figures Prometheus scrapes.
+
+Installed before the verification step: the gateway's health check asks the watchdog, so a box
+is in rotation as soon as its proven server answers; the watchdog does nothing while this run
+holds the box. A watchdog setting changed restarts the watchdog, never the server.
+"""
+
+from io import StringIO
+
+from pyinfra.api import deploy
+from pyinfra.operations import systemd
+
+from thorfleet.layout import BOX_READINGS, BOX_UNIT_DIR, BOX_WATCHDOG, FILES, ROOT, WATCHDOG_UNIT
+from thorfleet.operations import files, gateway, monitor
+
+
+@deploy("Watchdog")
+def run(settings):
+    # The parsers the laptop's facts use too (thorfleet/readings.py), beside the watchdog that
+    # imports them: box and laptop read nvpmodel, jetson_clocks and /metrics one way.
+    readings = files.whole_file(name="Install the box readings the watchdog imports",
+                                src=str(ROOT / "thorfleet" / "readings.py"), path=BOX_READINGS,
+                                mode="644")
+    tool = files.whole_file(name="Install the watchdog",
+                            src=str(FILES / "bin" / "thorfleet-watchdog"), path=BOX_WATCHDOG,
+                            mode="755")
+    unit = files.whole_file(
+        name=f"Write the watchdog's unit: a check every {settings.watchdog_interval_s}s, a "
+             f"restart after {settings.watchdog_failures} failed, at most "
+             f"{settings.watchdog_max_restarts_per_hour} an hour",
+        src=StringIO(settings.watchdog_unit_text), path=f"{BOX_UNIT_DIR}/{WATCHDOG_UNIT}",
+        mode="644")
+    systemd.daemon_reload(name="Reload systemd after the watchdog's unit changed",
+                          _if=unit.did_change)
+    files.unit_enabled(name="Enable the watchdog at boot", unit=WATCHDOG_UNIT)
+    monitor.reloaded(name="Restart the watchdog for its new code or unit (the server stays up)",
+                     unit=WATCHDOG_UNIT, restart=True,
+                     _if=lambda: readings.did_change() or tool.did_change() or unit.did_change())
+    gateway.running(name="The watchdog is running", unit=WATCHDOG_UNIT)

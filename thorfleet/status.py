@@ -1,0 +1,346 @@
+"""`python -m thorfleet status`: the fleet as it is now, read-only, without a deploy.
+
+    replies = collect(hosts, commands)   # {host name: Reply}: one SSH round trip per box, all at once
+    table = rows(replies, rendered)      # pure: one row per host (ROW_FIELDS), from the box's JSON
+    ok, why = serving(row)               # what the exit status and stderr say of a host
+
+Each Thor is asked one command, the box's watchdog (`layout.BOX_WATCHDOG status`, under `sudo -n`),
+which prints one JSON object: what the server, its watchdog and the box's readings say now. The
+laptop adds what only it knows: whether the box serves the version the inventory renders
+(render.Settings.fingerprint, the deploy's own hash). Boxes are reached as a deploy reaches them:
+pyinfra's SSH connector with the host's ssh_* data and the deploy's host-key check
+(pyinfra_hooks.run_once), one thread per box.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
+from thorfleet import layout
+
+TIMEOUT_S = 10.0  # to connect, and for the box's answer: a box that stops answering is a row
+WATCH_S = 5.0  # --watch's default refresh
+# Watchdog states that mean the box does not serve (the others: ok, starting, held, unknown).
+NOT_SERVING = ("failing", "over_cap", "stopped")
+GIB = 1024 ** 3
+
+# Every row has exactly these keys, in this order (--json prints the rows).
+ROW_FIELDS = ("host", "serving", "why", "version", "version_state", "fingerprint", "active",
+              "health", "watchdog", "watchdog_running", "last_check_ok", "watchdog_why",
+              "running", "waiting", "decode_tok_s", "eagle_acceptance", "mem_available_gib",
+              "power_mode", "clocks_locked", "temperature_max_c", "restarts_24h", "unknown",
+              "error")
+# Where each field is in the box's JSON (files/bin/thorfleet-watchdog `status`), and its type.
+# A field the answer lacks (an older watchdog script) or gives another type is listed in the
+# row's `unknown` and shown as "?"; null (the box knows there is none) is shown as "-".
+NUMBER = (int, float)
+READS = {
+    "fingerprint": (("fingerprint",), str),
+    "active": (("active",), str),
+    "health": (("health",), bool),
+    "watchdog": (("watchdog", "state"), str),
+    "watchdog_running": (("watchdog", "running"), bool),
+    "last_check_ok": (("watchdog", "last_check_ok"), bool),
+    "watchdog_why": (("watchdog", "why"), str),
+    "running": (("requests", "running"), NUMBER),
+    "waiting": (("requests", "waiting"), NUMBER),
+    "decode_tok_s": (("decode_tok_s",), NUMBER),
+    "eagle_acceptance": (("eagle_acceptance",), NUMBER),
+    "mem_available_gib": (("mem_available_bytes",), NUMBER),
+    "power_mode": (("power_mode",), int),
+    "clocks_locked": (("clocks_locked",), bool),
+    "temperature_max_c": (("temperatures_c",), dict),
+    "restarts_24h": (("watchdog", "restarts_24h"), int),
+}
+BOX_FIELDS = ("version", *READS)
+
+
+class Reply(NamedTuple):
+    """What one box answered: its status JSON, or why there is none."""
+
+    status: dict | None
+    error: str | None = None
+
+
+# --- asking the boxes -------------------------------------------------------------------------------
+
+
+def command(settings) -> str:
+    """The one command a Thor runs for `status`, for its own service and port. Its key is never
+    on it: the watchdog reads it from the box's secrets file."""
+    return shlex.join(["sudo", "-n", layout.BOX_WATCHDOG, "status",
+                       "--service", settings.service_name, "--port", str(settings.service_port)])
+
+
+def reply(code: int, out: str, err: str) -> Reply:
+    """The box's answer to `command`, read: one JSON object on stdout, or why not."""
+    try:
+        found = json.loads(out)
+    except ValueError:
+        found = None
+    if isinstance(found, dict):
+        return Reply(found)
+    said = (err.strip() or out.strip() or "no output").splitlines()[-1]
+    if "password is required" in said:
+        said += " (ssh_user needs passwordless sudo, as for a deploy)"
+    elif "command not found" in said or "No such file" in said:
+        said += " (no watchdog on the box: deploy first)"
+    return Reply(None, f"watchdog status failed (exit {code}): {said}")
+
+
+def _ask(host, line, run, timeout) -> Reply:
+    try:
+        return reply(*run(host, line, timeout))
+    except TimeoutError:
+        return Reply(None, f"unreachable: no answer within {timeout:g} s")
+    except Exception as error:  # noqa: BLE001 - one box's failure is its row, never the others'
+        return Reply(None, f"unreachable: {error or type(error).__name__}")
+
+
+def collect(hosts, commands, run=None, timeout=TIMEOUT_S) -> dict:
+    """{host name: Reply} of every host in `hosts` (each with .name), all asked at once, one
+    thread each. `commands`: {name: command line}; `run(host, command, timeout) -> (exit status,
+    stdout, stderr)`, by default over the deploy's own SSH connection."""
+    if run is None:
+        from thorfleet.pyinfra_hooks import run_once as run
+    hosts = list(hosts)
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        asked = {h.name: pool.submit(_ask, h, commands[h.name], run, timeout) for h in hosts}
+        return {name: future.result() for name, future in asked.items()}
+
+
+# --- rows: pure -------------------------------------------------------------------------------------
+
+def _read(status, path, kinds):
+    """(value, known) of status[path...]: known is False when a key is missing or the value is
+    neither null nor of `kinds`."""
+    value = status
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None, False
+        value = value[key]
+    if value is None:
+        return None, True
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        return None, False
+    return value, True
+
+
+def version_state(box, rendered) -> str:
+    """current: the box serves what its inventory renders; stale: another version; none: the
+    box has proven none."""
+    if box is None:
+        return "none"
+    return "current" if box.strip() == rendered else "stale"
+
+
+def row(name, answer: Reply, rendered=None) -> dict:
+    """One host's row (ROW_FIELDS) from its Reply; `rendered`: the fingerprint its inventory
+    renders. An unreachable host's row knows none of the box's fields."""
+    found = dict.fromkeys(ROW_FIELDS)
+    found.update(host=name, unknown=[])
+    if answer.status is None:
+        found.update(unknown=list(BOX_FIELDS), version_state="?", error=answer.error)
+    else:
+        for field, (path, kinds) in READS.items():
+            if path[0] == "requests" and answer.status.get("requests", {}) is None:
+                continue  # null: vLLM's /metrics could not be read (the server is down)
+            found[field], known = _read(answer.status, path, kinds)
+            if not known:
+                found["unknown"].append(field)
+        if "fingerprint" in found["unknown"]:
+            found["unknown"].insert(0, "version")
+            found["version_state"] = "?"
+        else:
+            found["version"] = (found["fingerprint"] or "")[:12] or None
+            found["version_state"] = version_state(found["fingerprint"], rendered)
+        if found["mem_available_gib"] is not None:
+            found["mem_available_gib"] = round(found["mem_available_gib"] / GIB, 1)
+        zones = found["temperature_max_c"]
+        degrees = [v for v in (zones or {}).values()
+                   if isinstance(v, NUMBER) and not isinstance(v, bool)]
+        found["temperature_max_c"] = max(degrees) if degrees else None
+    found["serving"], found["why"] = serving(found)
+    return found
+
+
+def rows(replies: dict, rendered: dict | None = None) -> list[dict]:
+    """One row per host, in the order of `replies` ({name: Reply}); `rendered`: {name: the
+    fingerprint its inventory renders}."""
+    return [row(name, answer, (rendered or {}).get(name)) for name, answer in replies.items()]
+
+
+def serving(found: dict) -> tuple[bool, str]:
+    """(whether the host serves, why not): health true and the watchdog not failing, over its cap
+    or stopped; an unreachable host does not serve."""
+    if found.get("error"):
+        return False, found["error"]
+    why = []
+    active = found.get("active")
+    if active is not None and active != "active":
+        why.append(f"not active ({active})")
+    if found.get("health") is not True:
+        why.append("health false" if found.get("health") is False else "health unknown")
+    state = found.get("watchdog")
+    if state in NOT_SERVING:
+        said = found.get("watchdog_why")
+        why.append(f"watchdog {state}" + (f": {said}" if said else ""))
+    return (False, "; ".join(why)) if why else (True, "serving")
+
+
+def exit_status(table: list[dict]) -> int:
+    return 0 if all(r["serving"] for r in table) else 1
+
+
+def problems(table: list[dict]) -> list[str]:
+    """One stderr line per host that does not serve."""
+    return [f"thorfleet: {r['host']}: not serving: {r['why']}" for r in table if not r["serving"]]
+
+
+# --- the table ---------------------------------------------------------------------------------------
+
+COLUMNS = (("host", "left"), ("version", "left"), ("health", "left"), ("watchdog", "left"),
+           ("run/wait", "right"), ("tok/s", "right"), ("EAGLE", "right"), ("MemAvail", "right"),
+           ("power", "right"), ("clocks", "left"), ("°C", "right"), ("restarts", "right"),
+           ("not serving", "left"))
+CAPTION = ("version: what the box serves, against what the inventory renders; run/wait: "
+           "requests; tok/s: decode over the watchdog's last interval; MemAvail: GiB; °C: the "
+           "hottest thermal zone; restarts: by the watchdog, last 24 h; ?: the box did not say")
+
+
+def _cell(found, field, text=str):
+    if field in found["unknown"]:
+        return "?"
+    value = found[field]
+    if value is None:
+        return "-"
+    if value is True or value is False:
+        return "yes" if value else "NO"
+    return text(value)
+
+
+def _count(value):
+    return f"{value:g}"
+
+
+VERDICT_STATES = ("ok", "failing", "over_cap")  # the watchdog's states its last check decided
+
+
+def cells(found: dict) -> tuple[str, ...]:
+    """One row as the table shows it: "?" where the box did not say, "-" where there is none."""
+    version = _cell(found, "version")
+    if found["version_state"] == "none":
+        version = "none"
+    elif version not in ("?", "-"):
+        version = f"{version} {found['version_state']}"
+    watchdog = _cell(found, "watchdog")
+    if found["watchdog_running"] is False:
+        watchdog = "not running"
+    elif found["last_check_ok"] is not None and watchdog in VERDICT_STATES:
+        # a stopped, held or starting server keeps the check from before: not a verdict on it
+        watchdog += " pass" if found["last_check_ok"] else " FAIL"
+    return (
+        found["host"], version, _cell(found, "health"), watchdog,
+        f"{_cell(found, 'running', _count)}/{_cell(found, 'waiting', _count)}",
+        _cell(found, "decode_tok_s", lambda v: f"{v:.1f}"),
+        _cell(found, "eagle_acceptance", lambda v: f"{v:.2f}"),
+        _cell(found, "mem_available_gib", lambda v: f"{v:.1f}"),
+        _cell(found, "power_mode"), _cell(found, "clocks_locked"),
+        _cell(found, "temperature_max_c", lambda v: f"{v:.0f}"),
+        _cell(found, "restarts_24h"),
+        "" if found["serving"] else found["why"],
+    )
+
+
+def table(found: list[dict], width: int | None = None, at: float | None = None):
+    """The rows as a rich Table, one line per host. Given the terminal's `width`, the last
+    column (why a host does not serve: in full on stderr and in --json) is cut to fit."""
+    from rich.table import Table
+
+    shown = [cells(r) for r in found]
+    note = None
+    if width:
+        widths = [max([len(header), *(len(c[i]) for c in shown)])
+                  for i, (header, _) in enumerate(COLUMNS[:-1])]
+        note = max(width - sum(widths) - (len(COLUMNS) - 1), len(COLUMNS[-1][0]))
+    up = sum(1 for r in found if r["serving"])
+    when = time.strftime("%H:%M:%S", time.localtime(at if at is not None else time.time()))
+    grid = Table(title=f"thorfleet status: {up}/{len(found)} serving, {when}",
+                 title_justify="left", caption=CAPTION, caption_justify="left", box=None,
+                 padding=(0, 1, 0, 0), pad_edge=False, header_style="bold underline")
+    for header, justify in COLUMNS:
+        last = header == COLUMNS[-1][0]
+        grid.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis",
+                        max_width=note if last else None)
+    for r, row_cells in zip(found, shown):
+        grid.add_row(*row_cells, style=None if r["serving"] else "red")
+    return grid
+
+
+# --- the command --------------------------------------------------------------------------------------
+
+
+def refresh(hosts, commands, rendered, run=None, timeout=TIMEOUT_S) -> list[dict]:
+    return rows(collect(hosts, commands, run=run, timeout=timeout), rendered)
+
+
+def console():
+    import sys
+
+    from rich.console import Console
+
+    # piped: wide enough that no column is cut (a terminal's own width otherwise)
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
+def show(inventory, settings, *, as_json=False, watch=None, timeout=TIMEOUT_S, run=None,
+         out=None, err=None) -> int:
+    """Ask every Thor of `inventory` (its checked `settings`: {name: Settings}) once, or every
+    `watch` seconds until Ctrl-C; print the table (or the rows as JSON) and a stderr line per host
+    that does not serve. Exit status 0 when every host serves (of the last refresh), else 1."""
+    import sys
+
+    from thorfleet.roles import thors
+
+    err = err or sys.stderr
+    hosts = thors(inventory)
+    if run is None:
+        from thorfleet.pyinfra_hooks import connectable
+
+        connectable(inventory, timeout)
+    commands = {h.name: command(settings[h.name]) for h in hosts}
+    rendered = {h.name: settings[h.name].fingerprint for h in hosts}
+    screen = out or console()
+    found = refresh(hosts, commands, rendered, run, timeout)
+    if watch:
+        found = _watch(screen, found, lambda: refresh(hosts, commands, rendered, run, timeout),
+                       watch)
+    elif as_json:
+        screen.file.write(json.dumps(found, indent=2) + "\n")
+    else:
+        screen.print(table(found, screen.width))
+    for line in problems(found):
+        print(line, file=err)
+    return exit_status(found)
+
+
+def _watch(screen, found, again, every):
+    """The table refreshed in place every `every` seconds until Ctrl-C: the last rows."""
+    from rich.live import Live
+
+    with Live(table(found, screen.width), console=screen, auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(every)
+                found = again()
+                live.update(table(found, screen.width), refresh=True)
+        except KeyboardInterrupt:
+            pass
+    return found
