@@ -1,16 +1,31 @@
-"""Image: the derived vLLM image with the chat patches, built on the box from a pinned base.
+"""Image: the derived vLLM image with the chat patches, built on the box from a pinned base, once
+per run.
 
-With image_registry set it is built once per run: the first host of the run builds and pushes it,
-the others pull it (a separate operation, so the push comes first) and build it only when the
-registry does not have it.
+The run's first host builds it (or holds it already). With image_registry set it pushes it and
+the others pull it; without one (image_source, on with two or more boxes) the others load it from
+that first host over SSH. Either way each box checks the image on arrival, a box that has it gets
+nothing, and a box that cannot get it builds its own (a separate, later operation on each, so the
+build comes first).
 """
+
+from io import StringIO
 
 from pyinfra import host, inventory, state
 from pyinfra.api import deploy
 
-from thorfleet.layout import BOX_IMAGE_CONTEXT, FILES
+from thorfleet import peers
+from thorfleet.layout import (
+    BOX_IMAGE_CONTEXT,
+    BOX_IMAGE_HOME,
+    BOX_IMAGE_KEY,
+    BOX_IMAGE_SUDOERS,
+    BOX_IMAGE_TOOL,
+    BOX_PEER_KNOWN_HOSTS,
+    BOX_STATE,
+    FILES,
+    IMAGE_USER,
+)
 from thorfleet.operations import files, image
-from thorfleet.peers import first_of_run
 
 
 @deploy("Image")
@@ -18,14 +33,53 @@ def run(settings):
     context = f"{BOX_IMAGE_CONTEXT}/{settings.image_inputs_hash[:12]}"
     files.tree(name="Upload the image build context (Dockerfile, patches)",
                src=str(FILES / "image"), dest=context)
+    copying = peers.image_copy(settings, inventory)
+    if copying:
+        image_access(settings)
+    else:  # no copy between boxes: nobody may ask this box for its image
+        files.absent(name="No image copy access (the copy is off)",
+                     path=f"{BOX_IMAGE_HOME}/.ssh/authorized_keys")
+        files.absent(name="No image copy rule (the copy is off)", path=BOX_IMAGE_SUDOERS)
+        files.absent(name="No image copy key (the copy is off)", path=BOX_IMAGE_KEY)
     built_from = {"tag": settings.image_tag, "base": settings.image_base,
                   "inputs_hash": settings.image_inputs_hash,
                   "think_prefill": settings.image_think_prefill, "context": context}
-    if not settings.image_registry or host.name == first_of_run(inventory, state):
-        image.derived_image(name=f"Build {settings.image_tag} unless it exists", **built_from,
-                            registry=settings.image_registry,
-                            shared_ref=settings.image_shared_ref)
-    else:  # a later line: pyinfra runs it after the build (and push) above on every host
+    first = host.name == peers.first_of_run(inventory, state)
+    if settings.image_registry and not first:  # a later line: after the first host's push
         image.shared_image(
             name=f"Pull {settings.image_tag} from {settings.image_registry} unless it exists",
             **built_from, registry=settings.image_registry, shared_ref=settings.image_shared_ref)
+    elif copying and not first:  # a later line: after the first host's build
+        source = peers.image_source_of(inventory, state)
+        image.loaded_image(name=f"Load {settings.image_tag} from {source} unless it exists",
+                           **built_from, source=source)
+    else:
+        image.derived_image(name=f"Build {settings.image_tag} unless it exists", **built_from,
+                            registry=settings.image_registry,
+                            shared_ref=settings.image_shared_ref, shared=copying)
+
+
+def image_access(settings):
+    """What the boxes load the image with: a user whose one authorized key may only ask this box
+    for a `docker save` of a derived image (thorfleet-image serve, then its save through the one
+    sudo rule), and that key for this box's own loads."""
+    private, public = peers.key_pair(settings.image_peer_key_file, IMAGE_USER)
+    files.whole_file(name="Install the image copy tool", src=str(FILES / "bin" / "thorfleet-image"),
+                     path=BOX_IMAGE_TOOL, mode="755")
+    files.system_user(name=f"Create {IMAGE_USER}, who may only ask for a derived image",
+                      user=IMAGE_USER, home=BOX_IMAGE_HOME, shell="/bin/sh")
+    files.directory(name=f"Create {BOX_IMAGE_HOME}/.ssh", path=f"{BOX_IMAGE_HOME}/.ssh",
+                    mode="755")
+    files.whole_file(name="Authorize the fleet's image key, for a derived image only",
+                     path=f"{BOX_IMAGE_HOME}/.ssh/authorized_keys",
+                     src=StringIO(f'command="{BOX_IMAGE_TOOL} serve",restrict {public}\n'))
+    # sudo takes the rule only if visudo does: a broken file here would lock sudo out
+    files.whole_file(name="Let the image user run the image tool's save as root, nothing else",
+                     path=BOX_IMAGE_SUDOERS, mode="440", check=("visudo", "-c", "-q", "-f"),
+                     src=StringIO(f"# Managed by thorfleet: the image copy (thorfleet-image)\n"
+                                  f"{IMAGE_USER} ALL=(root) NOPASSWD: {BOX_IMAGE_TOOL} save *\n"))
+    files.secret_file(name="Install the fleet's image key (root-only)", path=BOX_IMAGE_KEY,
+                      content=private)
+    files.directory(name=f"Create {BOX_STATE}", path=BOX_STATE, mode="700")
+    files.whole_file(name="Install the boxes' host keys for the copy (as the laptop knows them)",
+                     path=BOX_PEER_KNOWN_HOSTS, src=StringIO(peers.peer_known_hosts(inventory)))

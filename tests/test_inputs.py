@@ -172,10 +172,14 @@ def test_an_ssh_hostname_the_other_boxes_cannot_dial_is_refused_when_they_copy(t
         settings_for_inventory(Inventory((hosts, {**PINS, "service_api_key_file": str(key)})))
     assert error.value.problems == [(
         "thor-2: ssh_hostname 'thor-2 -oProxyCommand=x' is not a host name or IPv4 address the "
-        "other boxes can dial for the fleet copy (weights_source): set weights_peer_address to "
-        "one, or weights_source='hub'")]
-    hub = Inventory((hosts, {**PINS, "service_api_key_file": str(key), "weights_source": "hub"}))
-    assert sorted(settings_for_inventory(hub)) == ["thor-1", "thor-2"]  # no copy: never dialled
+        "other boxes can dial for the fleet copy (weights_source, image_source): set "
+        "weights_peer_address to one, or weights_source='hub' and image_source='build'")]
+    # the image copy dials the same address: the weights from the hub alone are not enough
+    hub = {**PINS, "service_api_key_file": str(key), "weights_source": "hub"}
+    with pytest.raises(SettingsError):
+        settings_for_inventory(Inventory((hosts, hub)))
+    apart = Inventory((hosts, {**hub, "image_source": "build"}))
+    assert sorted(settings_for_inventory(apart)) == ["thor-1", "thor-2"]  # no copy: never dialled
 
 
 @pytest.mark.parametrize("address", ["thor-2:99999", "thor-2:0", "10.0.0.300", "thor_2",

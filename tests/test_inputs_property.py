@@ -64,6 +64,8 @@ VALID = {
                    "registry:5000/nvidia-ai-iot/vllm:latest-jetson-thor@sha256:" + "d" * 64],
     "image_name": ["thorfleet/mistral-small4", "registry.local:5000/team/m"],
     "image_registry": ["registry.site:5000/thorfleet"],
+    "image_source": ["auto", "build", "fleet"],
+    "image_peer_key_file": ["~/.config/thorfleet/image_ed25519"],
     "service_name": ["thorfleet-vllm", "vllm_2.mistral", "thorfleet-vllm-2"],
     "service_profile": ["default", "no-eagle"],
     "service_host": ["0.0.0.0", "127.0.0.1", "::1", "fe80::1%eth0", "thor-1.lan"],

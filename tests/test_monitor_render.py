@@ -122,9 +122,10 @@ def test_a_config_promtool_refuses_is_seen_as_refused(tmp_path):
 def test_each_box_s_own_ports_and_an_ipv6_address_in_brackets(tmp_path):
     settings = settings_for_inventory(inventory(tmp_path, thor_hosts=[
         ("thor-1", {"ssh_hostname": "fd00::1", "service_port": 8010, "watchdog_port": 9200,
-                    "weights_source": "hub"}),  # the fleet copy dials IPv4 and names only
+                    # the fleet copies dial IPv4 and names only
+                    "weights_source": "hub", "image_source": "build"}),
         ("thor-2", {"ssh_hostname": "10.0.0.2", "weights_peer_address": "thor-2.fleet:2222",
-                    "weights_source": "hub"})],
+                    "weights_source": "hub", "image_source": "build"})],
         gateway_data={"gateway_fleet_address": "10.0.0.9"}))
     m = settings["gw-1"].monitor_role
     assert scraped(m)["vllm"] == [("[fd00::1]:8010", {"host": "thor-1"}),

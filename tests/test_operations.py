@@ -444,6 +444,50 @@ def test_the_other_hosts_pull_check_the_inputs_label_and_build_only_without_it()
             f"sha256:{'9' * 64} ] && docker tag ") in pulled
 
 
+def test_without_a_registry_the_first_host_builds_and_records_the_id_the_others_load():
+    built_id = "sha256:" + "9" * 64
+    commands, fake = plan(image.derived_image, {facts.DockerImageLabels: lambda ref: None,
+                                                facts.DockerImageId: None},
+                          **built_from(shared=True),
+                          shell=lambda c: (True, SimpleNamespace(stdout_lines=[built_id])))
+    *build, remember = (text(c) for c in commands)
+    assert build[-1].startswith("sh /ctx/build-image.sh ") and remember == "call remember"
+    assert execute(commands[-1], fake) is True
+    assert run_state(fake.state).image_ids == {"thorfleet/mistral-small4:abc": built_id}
+    # a first host that has it: nothing to do, but its ID is the one the others must load
+    commands, fake = plan(image.derived_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"},
+                                               facts.DockerImageId: built_id},
+                          **built_from(shared=True))
+    assert commands == [] and run_state(fake.state).image_ids == {
+        "thorfleet/mistral-small4:abc": built_id}
+    # not shared (one box, or image_source='build'): its ID is not even read
+    assert image.derived_image.declared(**built_from()) == [
+        (facts.DockerImageLabels, {"ref": "thorfleet/mistral-small4:abc"}),
+        (facts.DockerImageLabels, {"ref": "r/vllm@sha256:" + "c" * 64})]
+
+
+def test_the_other_hosts_load_from_the_first_check_the_id_and_build_only_without_it():
+    commands, noops = run(image.loaded_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"}},
+                          **built_from(source="thor-1:2201"))
+    assert commands == [] and "already here" in noops[0]  # a box that has it gets nothing
+    state = SimpleNamespace()
+    run_state(state).image_ids["thorfleet/mistral-small4:abc"] = "sha256:" + "9" * 64
+    [command], _ = run(image.loaded_image, {facts.DockerImageLabels: lambda ref: None},
+                       **built_from(source="thor-1:2201"), state=state)
+    loaded, built = command.split("; else ")
+    assert loaded == (
+        f"if {layout.BOX_IMAGE_TOOL} load --from thor-1:2201 --tag thorfleet/mistral-small4:abc "
+        f"--inputs {'abc' * 10} --id sha256:{'9' * 64} --key {layout.BOX_IMAGE_KEY} "
+        f"--known-hosts {layout.BOX_PEER_KNOWN_HOSTS} --user {layout.IMAGE_USER}; then :")
+    # the load failed (the first host down, a cut transfer, another image): built here
+    assert built.startswith("echo 'thorfleet: building thorfleet/mistral-small4:abc here instead'")
+    assert "docker pull r/vllm@sha256:" in built and "sh /ctx/build-image.sh" in built
+    # the first host's build failed, so it recorded no ID: the load is asked without one
+    [command], _ = run(image.loaded_image, {facts.DockerImageLabels: lambda ref: None},
+                       **built_from(source="thor-1"))
+    assert "--id" not in command.split("; else ")[0]
+
+
 def test_directory_is_made_put_right_or_left_alone():
     right = {"type": "directory", "mode": "755", "user": "root", "group": "root"}
     assert run(files.directory, {facts.PathState: right}, path="/etc/t")[0] == []
@@ -560,6 +604,9 @@ ABSENT_AND_RIGHT = {
         {facts.DockerImageLabels: None, facts.DockerImageId: None},
         {facts.DockerImageLabels: {"thorfleet.patches": "p"}, facts.DockerImageId: "sha256:9"}]),
     image.shared_image: (built_from(**SHARED), [
+        {facts.DockerImageLabels: None},
+        {facts.DockerImageLabels: {"thorfleet.patches": "p"}}]),
+    image.loaded_image: (built_from(source="thor-1"), [
         {facts.DockerImageLabels: None},
         {facts.DockerImageLabels: {"thorfleet.patches": "p"}}]),
     verification.serving: ({"service": "thorfleet-vllm", "port": 8002, "fingerprint": "f" * 64,

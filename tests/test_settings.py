@@ -244,6 +244,8 @@ BAD_INPUTS = [
     ({"weights_source": "mirror"}, "weights_source='mirror' is not 'auto', 'hub' or 'fleet'"),
     ({"weights_peer_address": "thor-2:22 "}, "weights_peer_address='thor-2:22 ' is not a host"),
     ({"weights_peer_key_file": ""}, "weights_peer_key_file='' must be a file path on the laptop"),
+    ({"image_source": "registry"}, "image_source='registry' is not 'auto', 'build' or 'fleet'"),
+    ({"image_peer_key_file": ""}, "image_peer_key_file='' must be a file path on the laptop"),
     ({"weights_progress_interval_s": 0},
      "weights_progress_interval_s=0 must be a number of seconds above 0"),
     ({"image_base": "ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor"}, "is not pinned by digest"),

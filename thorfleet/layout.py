@@ -47,6 +47,15 @@ PEER_USER = "thorfleet-peer"
 BOX_PEER_HOME = "/var/lib/thorfleet-peer"
 BOX_PEER_KEY = f"{BOX_ETC}/peer_key"  # the fleet's box-to-box private key, root-only
 BOX_PEER_KNOWN_HOSTS = f"{BOX_STATE}/peer_known_hosts"  # peers' host keys, as the laptop knows them
+# The fleet copy of the derived image: the boxes load it from the run's first box as IMAGE_USER,
+# whose one authorized key may only run BOX_IMAGE_TOOL's `serve` (a `docker save` of a derived
+# image, through the one sudo rule in BOX_IMAGE_SUDOERS). A key and user of their own: the weights
+# copy key stays read-only on weights_dir.
+BOX_IMAGE_TOOL = f"{BOX_BIN}/thorfleet-image"
+IMAGE_USER = "thorfleet-image"
+BOX_IMAGE_HOME = "/var/lib/thorfleet-image"
+BOX_IMAGE_KEY = f"{BOX_ETC}/image_key"  # the boxes' image-copy private key, root-only
+BOX_IMAGE_SUDOERS = "/etc/sudoers.d/thorfleet-image"
 BOX_MANIFESTS = f"{BOX_STATE}/manifests"  # the hub's file list of each pinned revision
 RRSYNC = "/usr/bin/rrsync"  # rsync's own restricted-rsync wrapper (Debian and Ubuntu ship it)
 BOX_REBOOT_MARKER = "/run/thorfleet-before-reboot"  # /run is emptied by every boot

@@ -2,10 +2,11 @@
 the key the boxes copy with.
 
     fleet_copy(settings, inventory)  # does this run copy between boxes (weights_source)?
+    image_copy(settings, inventory)  # and the derived image (image_source)?
     first_of_run(inventory, state)   # the host that downloads, and builds the shared image
     sources(name, inventory, state)  # peer addresses `name` copies from, best first
     dial_host(h)                     # the host part the gateway and the monitor dial
-    key_pair(path)                   # (private key, public key line), made on first use
+    key_pair(path, comment)          # (private key, public key line), made on first use
 
 The boxes copy with one shared key that may only run `rrsync -ro <weights_dir>` on the others, so
 a box added later (a run limited to it) can copy from boxes this run does not touch. Every copied
@@ -27,6 +28,15 @@ def fleet_copy(settings, inventory) -> bool:
     if settings.weights_source == "auto":
         return len(thors(inventory)) > 1
     return settings.weights_source == "fleet"
+
+
+def image_copy(settings, inventory) -> bool:
+    """Does this run ship the derived image between boxes (image_source, no image_registry)?"""
+    if settings.image_registry:
+        return False
+    if settings.image_source == "auto":
+        return len(thors(inventory)) > 1
+    return settings.image_source == "fleet"
 
 
 def first_of_run(inventory, state) -> str | None:
@@ -51,7 +61,8 @@ def dial_host(h) -> str:
 def peer_address_problems(inventory) -> list[str]:
     """One line per host whose address the other boxes could not dial as it is: it lands in the
     copying box's rsync and ssh command lines (run as root), so it must be a host name or IPv4
-    address (with an optional :port), nothing more. weights_peer_address is the schema's to check."""
+    address (with an optional :port), nothing more. weights_peer_address is the schema's to check.
+    (The image copy dials the same addresses, so the same rule holds for it.)"""
     problems = []
     for h in thors(inventory):
         if h.data.get("weights_peer_address"):
@@ -60,9 +71,16 @@ def peer_address_problems(inventory) -> list[str]:
         address = peer_address(h)
         if not is_peer_address(address):
             problems.append(f"{h.name}: {key} {address!r} is not a host name or IPv4 address the "
-                            "other boxes can dial for the fleet copy (weights_source): set "
-                            "weights_peer_address to one, or weights_source='hub'")
+                            "other boxes can dial for the fleet copy (weights_source, "
+                            "image_source): set weights_peer_address to one, or "
+                            "weights_source='hub' and image_source='build'")
     return problems
+
+
+def image_source_of(inventory, state) -> str | None:
+    """How the other boxes dial the run's first host, which builds the image they load."""
+    first = first_of_run(inventory, state)
+    return next((peer_address(h) for h in thors(inventory) if h.name == first), None)
 
 
 def sources(name, inventory, state) -> list[str]:
@@ -109,8 +127,9 @@ def peer_known_hosts(inventory) -> str:
 
 
 @cache
-def key_pair(path: str) -> tuple[str, str]:
-    """The fleet's copy key at `path` on the laptop (OpenSSH ed25519), made 0600 when missing."""
+def key_pair(path: str, comment: str = "thorfleet-peer") -> tuple[str, str]:
+    """The fleet's copy key at `path` on the laptop (OpenSSH ed25519), made 0600 when missing;
+    its public line ends in `comment` (whom the boxes' authorized_keys let in)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -128,4 +147,4 @@ def key_pair(path: str) -> tuple[str, str]:
     key = serialization.load_ssh_private_key(private, password=None)
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                            serialization.PublicFormat.OpenSSH).decode()
-    return private.decode(), f"{public} thorfleet-peer"
+    return private.decode(), f"{public} {comment}"

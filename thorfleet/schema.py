@@ -461,6 +461,15 @@ class Schema(BaseModel):
         None, "registry the image is shared through: the run's first host builds and pushes, the "
         "others pull (None: every box builds)",
         "is not a registry path like registry.site:5000/thorfleet (no tag), or None")
+    image_source: Literal["auto", "build", "fleet"] = setting(
+        "auto", "without image_registry: fleet: the run's first box builds, the others load it "
+        "from that box over SSH (docker save | docker load); build: every box builds its own; "
+        "auto: fleet for 2+ hosts", "is not 'auto', 'build' or 'fleet' (a registry is "
+        "image_registry)")
+    image_peer_key_file: Annotated[StrictStr, Field(min_length=1)] = setting(
+        "~/.config/thorfleet/image_ed25519", "laptop path of the boxes' image-copy key (may only "
+        "docker-save thorfleet's derived image from another box); made when missing",
+        "must be a file path on the laptop")
     image_think_prefill: StrictBool = setting(
         True, "open [THINK] for reasoning_effort=high (this checkpoint does not by itself)",
         "must be True or False")

@@ -18,7 +18,13 @@ import yaml
 from thorfleet import gateway_tls
 from thorfleet.gateway import SERVER_NAME, Backend, GatewaySettings
 from thorfleet.monitor import MonitorSettings, Target, label_value, target
-from thorfleet.peers import dial_host, fleet_copy, peer_address, peer_address_problems
+from thorfleet.peers import (
+    dial_host,
+    fleet_copy,
+    image_copy,
+    peer_address,
+    peer_address_problems,
+)
 from thorfleet.render import Settings, image_files_hash
 from thorfleet.roles import is_gateway, is_monitor_host, is_thor, monitor_of, thors
 from thorfleet.schema import (
@@ -96,7 +102,8 @@ def settings_for_inventory(inventory):
         address = (data.get("ssh_hostname") or h.name, data.get("ssh_port") or 22,
                    data.get("service_port"))
         boxes.setdefault(address, []).append(h.name)
-    if any(fleet_copy(checked, inventory) for checked in settings.values()):
+    if any(fleet_copy(checked, inventory) or image_copy(checked, inventory)
+           for checked in settings.values()):
         found += peer_address_problems(inventory)
     for (addr, ssh_port, port), names in boxes.items():
         if len(names) > 1:

@@ -756,6 +756,7 @@ def sim_group_data() -> dict:
     # The boxes' shared copy key (weights_source): made by the first deploy that copies, kept here
     # rather than in the operator's ~/.config.
     data["weights_peer_key_file"] = str(state / "peer_ed25519")
+    data["image_peer_key_file"] = str(state / "image_ed25519")  # the image copy's, likewise
     # Memory: none of thorfleet's memory settings are overridden. The box reports a Thor's unified
     # memory (MemTotal 122 GiB, tests/sim/box/files/thorsim-memory), so the real defaults apply.
     # The disk is this machine's, smaller than a Thor's NVMe.

@@ -1,5 +1,6 @@
-"""Image: the derived vLLM image, built on the box from a pinned base, or shared through a
-registry: built and pushed once per run, pulled and checked by the other boxes."""
+"""Image: the derived vLLM image, built on the box from a pinned base, once per run: shared through
+a registry (built and pushed by the run's first box, pulled and checked by the others) or, without
+one, loaded by the others from that first box over SSH and checked the same way."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, operation
 
 from thorfleet import facts, pyinfra_hooks
+from thorfleet.layout import BOX_IMAGE_KEY, BOX_IMAGE_TOOL, BOX_PEER_KNOWN_HOSTS, IMAGE_USER
 from thorfleet.operations.commands import ShownCommand, q, sh
 from thorfleet.roles import thors
 from thorfleet.runstate import run_state
@@ -75,14 +77,15 @@ def _lacking(tag):
 
 
 @reads(labels=_labels, base_labels=_base_labels,
-       image_id=lambda tag, registry=None, **_: (
-           (facts.DockerImageId, {"ref": tag}) if registry else None))
+       image_id=lambda tag, registry=None, shared=False, **_: (
+           (facts.DockerImageId, {"ref": tag}) if registry or shared else None))
 @operation()
 def derived_image(tag, base, inputs_hash, think_prefill, context, registry=None, shared_ref=None,
-                  *, labels, base_labels, image_id):
+                  shared=False, *, labels, base_labels, image_id):
     """The derived vLLM image for these inputs: built from `context` on the box when absent, and
     with `registry` shared through it: pulled from it when an earlier run already pushed it
-    there, else built and pushed for the other boxes of the run.
+    there, else built and pushed for the other boxes of the run. `shared` (the image copy, no
+    registry): its ID is recorded for the boxes that load it from this one (loaded_image).
 
     The tag is a hash of every input (Dockerfile, patches, base digest, build options), so the image
     is built again only when one changed, and a failed build leaves the running image alone.
@@ -94,6 +97,7 @@ def derived_image(tag, base, inputs_hash, think_prefill, context, registry=None,
     + context: the build context's folder on the box (tree)
     + registry: image_registry, shared through (None: the box builds its own)
     + shared_ref: the image's name in `registry`
+    + shared: the run's other boxes load it from this one (image_source)
 
     .. code:: python
 
@@ -102,8 +106,9 @@ def derived_image(tag, base, inputs_hash, think_prefill, context, registry=None,
                       think_prefill=True, context=f"{layout.BOX_IMAGE_CONTEXT}/<hash>")
     """
     if labels is not None:
-        if registry and image_id:
+        if (registry or shared) and image_id:  # what the other boxes check theirs against
             run_state(host.state).image_ids[tag] = image_id
+        if registry and image_id:
             # built before image_registry was set, or the registry lost it: the run's boxes
             # that lack it pull it rather than build their own
             lacking = _lacking(tag)
@@ -117,6 +122,8 @@ def derived_image(tag, base, inputs_hash, think_prefill, context, registry=None,
     if not registry:
         for command in build:
             yield ShownCommand(command)  # the build's steps as they come
+        if shared:
+            yield _remember_id(tag)
         return
     yield ShownCommand(f"if {_pulled(tag, inputs_hash, shared_ref)}; then echo 'thorfleet: {tag} "
                        f"pulled from {registry}'; else {' && '.join(build)} && "
@@ -155,3 +162,35 @@ def shared_image(tag, base, inputs_hash, think_prefill, context, registry, share
         f"if {_pulled(tag, inputs_hash, shared_ref, image_id)}; then echo 'thorfleet: {tag} "
         f"{arrived}'; else echo 'thorfleet: {shared_ref} is not in the registry as this run "
         f"expects: building here'; {built}; fi")
+
+
+@reads(labels=_labels, base_labels=_base_labels)
+@operation()
+def loaded_image(tag, base, inputs_hash, think_prefill, context, source, *, labels, base_labels):
+    """The derived image loaded from `source`, the run's first box, which built it or holds it:
+    `docker save` there, `docker load` here, over SSH as the image user (files/bin/thorfleet-image:
+    its key may only save a derived image), checked on arrival (its thorfleet.inputs label, and
+    the ID the first box holds). Built here instead when that fails: the first box is down, its
+    build failed, the transfer was cut, or what arrived is another image.
+
+    + tag, base, inputs_hash, think_prefill, context: as derived_image's
+    + source: how this box dials the run's first box (host[:ssh port])
+
+    .. code:: python
+
+        loaded_image(name="Load the derived image", tag="thorfleet/mistral-small4:<hash>",
+                     base="<registry>/vllm@sha256:<digest>", inputs_hash="<hash>",
+                     think_prefill=True, context=f"{layout.BOX_IMAGE_CONTEXT}/<hash>",
+                     source="thor-1.lan")
+    """
+    if labels is not None:
+        host.noop(f"{tag} is already here ({labels.get('thorfleet.patches', '?')})")
+        return
+    built = " && ".join(_build(tag, base, inputs_hash, think_prefill, context,
+                               base_labels is not None))
+    image_id = run_state(host.state).image_ids.get(tag)
+    load = sh(BOX_IMAGE_TOOL, "load", "--from", source, "--tag", tag, "--inputs", inputs_hash,
+              *(("--id", image_id) if image_id else ()), "--key", BOX_IMAGE_KEY,
+              "--known-hosts", BOX_PEER_KNOWN_HOSTS, "--user", IMAGE_USER)
+    yield ShownCommand(f"if {load}; then :; else echo 'thorfleet: building {tag} here "
+                       f"instead'; {built}; fi")
