@@ -43,7 +43,7 @@ weights_peer_key_file = "~/.config/thorfleet/peer_ed25519"  # laptop path of the
 # --- image: the derived vLLM image with the chat patches ----------------------------------------
 image_base = None  # REQUIRED: base vLLM image pinned by digest, e.g. ghcr.io/nvidia-ai-iot/vllm@sha256:…
 image_name = "thorfleet/mistral-small4"  # local name of the derived image; the tag is a hash of its inputs
-image_registry = None  # registry the image is shared through: the run's first host builds and pushes, the others pull (None: every box builds)
+image_registry = None  # registry the image is shared through: the run's first host builds and pushes, the others pull (None: see image_source)
 image_source = "auto"  # without image_registry: fleet: the run's first box builds, the others load it from that box over SSH (docker save | docker load); build: every box builds its own; auto: fleet for 2+ hosts
 image_peer_key_file = "~/.config/thorfleet/image_ed25519"  # laptop path of the boxes' image-copy key (may only docker-save thorfleet's derived image from another box); made when missing
 image_think_prefill = True  # open [THINK] for reasoning_effort=high (this checkpoint does not by itself)

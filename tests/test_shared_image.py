@@ -1,12 +1,17 @@
-"""The image is built once per run and shipped to the other boxes through the registry the operator
-names (issue 12, item 2): the run's first host builds and pushes, the others pull, check the image
-on arrival (inputs label, and the ID the first host built) and tag it; a box that has it gets
-nothing; every box ends with the same image ID.
+"""The image is built once per run and shipped to the other boxes: through the registry the
+operator names (issue 12, item 2), or without one from the run's first box over SSH (issue 22).
+The run's first host builds, the others pull or load it, check it on arrival (inputs label, and
+the ID the first host built) and tag it; a box that has it gets nothing; every box ends with the
+same image ID; a transfer cut short leaves the box building its own.
 
-Uses the rollout boxes (3-5) and gives them back as they were. The edit that breaks it: no
+Uses the rollout boxes (3-5) and gives them back as they were. The edits that break it: no
 image_registry handling in tasks/image.py (every box builds); for a box added later, a first host
-that never pushes an image it already has (that box builds its own).
+that never pushes an image it already has (that box builds its own); no image copy without a
+registry (every box builds); a load whose failure is not followed by a build (the cut box has no
+image).
 """
+
+import re
 
 import pytest
 
@@ -66,3 +71,56 @@ def test_one_box_builds_the_others_pull_the_same_image_and_a_rerun_changes_nothi
         back = deploy(sim_fleet.write_inventory(tmp_path / "back.py", hosts=hosts,
                                                 extra_data=report))
         assert back.returncode == 0, back.stderr[-4000:]
+
+
+def test_without_a_registry_one_box_builds_and_the_others_load_it_from_that_box(sim_fleet,
+                                                                              my_boxes, tmp_path):
+    hosts = my_boxes
+    inventory = sim_fleet.write_inventory(tmp_path / "fleet.py", hosts=hosts, extra_data={
+        "rollout_report_path": str(tmp_path / "report.json")})
+    converged = deploy(inventory)  # as the other stories left them, with the image copy's access
+    assert converged.returncode == 0, converged.stderr[-4000:]
+    tag = image_of(sim_fleet, hosts[0])
+    # a first install's image: none of the boxes has it (their servers run on, untagged)
+    for h in hosts:
+        box(sim_fleet, h, f"docker rmi -f {tag} >/dev/null")
+    run = deploy(inventory)
+    assert run.returncode == 0, run.stderr[-4000:]
+    changed = {h: " ".join(changed_on(run, h)) for h in hosts}
+    assert [h for h in hosts if "Image | Build" in changed[h]] == [hosts[0]], changed
+    assert [h for h in hosts if "Image | Load" in changed[h]] == hosts[1:], changed
+    ids = {h: box(sim_fleet, h, f"docker images -q --no-trunc {tag}") for h in hosts}
+    assert len(set(ids.values())) == 1 and "" not in ids.values(), ids
+    # each checked what arrived against the ID the first host built in this run
+    loaded = re.findall(rf"loaded {re.escape(tag)} from \S+, ID {ids[hosts[0]][7:19]}", run.stderr)
+    assert len(loaded) == 2, run.stderr[-4000:]
+    assert len(re.findall(r"thorfleet-image: sent \d+ bytes of ", run.stderr)) == 2
+    assert run.stderr.count("==> built ") == 1
+    assert all(serves(sim_fleet, h, timeout=5) for h in hosts)
+    again = deploy(inventory)
+    assert [changed_on(again, h) for h in hosts] == [[], [], []]
+
+    # a box added later (here: one whose image went): it alone loads; the others get nothing
+    box(sim_fleet, hosts[2], f"docker rmi -f {tag} >/dev/null")
+    run = deploy(inventory)
+    assert run.returncode == 0, run.stderr[-4000:]
+    changed = {h: " ".join(changed_on(run, h)) for h in hosts}
+    assert changed[hosts[0]] == changed[hosts[1]] == "", changed
+    assert changed[hosts[2]].startswith("Image | Load"), changed
+    assert "==> building" not in run.stderr
+
+    # the link drops while the image streams (the first box's save is killed mid-way): the box
+    # throws away what arrived and builds its own, and serves
+    box(sim_fleet, hosts[2], f"docker rmi -f {tag} >/dev/null")
+    box(sim_fleet, hosts[0], "nohup setsid sh -c 'for i in $(seq 1500); do pkill -f "
+                             "\"^docker save\" && exit; sleep 0.2; done' >/dev/null 2>&1 &")
+    try:
+        run = deploy(inventory)
+    finally:
+        box(sim_fleet, hosts[0], "pkill -f 'seq 1500' || true")
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert f"{tag} not loaded: the transfer from" in run.stderr, run.stderr[-4000:]
+    assert f"building {tag} here instead" in run.stderr
+    assert run.stderr.count("==> built ") == 1
+    assert box(sim_fleet, hosts[2], f"docker images -q {tag}") != ""
+    assert serves(sim_fleet, hosts[2], timeout=5)

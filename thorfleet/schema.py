@@ -459,7 +459,7 @@ class Schema(BaseModel):
         "(thorfleet tags it with a hash of its inputs)")
     image_registry: Annotated[StrictStr, _full(_IMAGE_NAME)] | None = setting(
         None, "registry the image is shared through: the run's first host builds and pushes, the "
-        "others pull (None: every box builds)",
+        "others pull (None: see image_source)",
         "is not a registry path like registry.site:5000/thorfleet (no tag), or None")
     image_source: Literal["auto", "build", "fleet"] = setting(
         "auto", "without image_registry: fleet: the run's first box builds, the others load it "
