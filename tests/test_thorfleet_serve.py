@@ -405,3 +405,40 @@ def test_hold_keeps_the_live_secrets(box):
     assert done.returncode == 0 and "the secrets stay the live ones" in done.stdout
     assert box.config.read_text() == "version: 1\n"
     assert box.secrets.read_text() == "VLLM_API_KEY=sk-rotated\n"
+
+
+# The start-up lines each base's vLLM logs for its kernel choice (seen from the stand-in running
+# the real 0.19.0 and 0.26.0 packages): the proof reads either, and the Marlin fallback in either.
+LOGGED = {
+    "0.19.0": ["Using AttentionBackendEnum.TRITON_MLA backend.",
+               "Using NvFp4LinearBackend.FLASHINFER_CUTLASS for NVFP4 GEMM",
+               "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of potential backends: [...]."],
+    "0.26.0": ["INFO 12-01 21:54:22 [cuda.py:422] Using AttentionBackendEnum.TRITON_MLA backend.",
+               "INFO 12-01 21:54:22 [__init__.py:978] Using FlashInferCutlassNvFp4LinearKernel "
+               "for NVFP4 GEMM",
+               "INFO 12-01 21:54:22 [nvfp4.py:239] Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend "
+               "out of potential backends: ['FLASHINFER_TRTLLM', 'FLASHINFER_CUTEDSL', "
+               "'FLASHINFER_CUTEDSL_BATCHED', 'FLASHINFER_CUTLASS', 'VLLM_CUTLASS', 'MARLIN', "
+               "'HUMMING', 'EMULATION']."],
+}
+
+
+def serve_tool():
+    from importlib.machinery import SourceFileLoader
+    from importlib.util import module_from_spec, spec_from_loader
+
+    loader = SourceFileLoader("thorfleet_serve", str(ROOT / "files" / "bin" / "thorfleet-serve"))
+    module = module_from_spec(spec_from_loader("thorfleet_serve", loader))
+    loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("version", sorted(LOGGED))
+def test_the_proof_reads_each_bases_kernel_lines_and_its_marlin_fallback(version):
+    tool = serve_tool()
+    log = "\n".join(LOGGED[version])
+    assert all(pattern.search(log) for pattern in tool.KERNELS.values())
+    assert not tool.MARLIN.search(log)
+    marlin = log.replace("FlashInferCutlassNvFp4LinearKernel", "MarlinNvFp4LinearKernel").replace(
+        "NvFp4LinearBackend.FLASHINFER_CUTLASS", "NvFp4LinearBackend.MARLIN")
+    assert tool.MARLIN.search(marlin)

@@ -1,4 +1,4 @@
-"""python -m tests.sim up|down|status|exec|reboot|cut|heal: drive the simulated Thor fleet."""
+"""python -m tests.sim up|down|status|bases|exec|reboot|cut|heal: drive the simulated Thor fleet."""
 
 import argparse
 import sys
@@ -20,6 +20,8 @@ def main(argv=None) -> int:
                          "127.0.0.1:28443), in the inventory's group `gateway`")
     commands.add_parser("down", help="remove boxes, gateway, hub, registry and network")
     commands.add_parser("status", help="each box's SSH port and systemd state; hub and registry")
+    commands.add_parser("bases", help="the stand-in vLLM bases, one line each: NAME "
+                                      "IMAGE@DIGEST VLLM_VERSION (built and pushed when missing)")
     run = commands.add_parser("exec", help="run a command in a box as root (through Docker)")
     run.add_argument("host")
     run.add_argument("--user", default="root")
@@ -37,6 +39,9 @@ def main(argv=None) -> int:
         fleet.down(client)
     elif args.command == "status":
         print("\n".join(fleet.status(client)))
+    elif args.command == "bases":
+        for name, ref, version in fleet.bases(client):
+            print(name, ref, version)
     elif args.command == "exec":
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         code, out = fleet.box_exec(client, args.host, cmd, user=args.user, timeout=3600)

@@ -399,6 +399,24 @@ def _ensure_base(client, rootfs: str) -> tuple[str | None, str | None]:
     return registry.in_sim_ref(BASE_REPO_TAG.partition(":")[0], digest), local
 
 
+def bases(client=None) -> list[tuple[str, str, str]]:
+    """(name, the in-sim reference by digest, vLLM version) of every stand-in base
+    (tests/sim/base BASES), each built once (cached by its inputs) and pushed to the sim's
+    registry under its real image's name, so a box pulls it as it would the real one."""
+    from tests.sim.base import BASES, ensure_base_image
+
+    client = client or docker.from_env()
+    rootfs = ensure_rootfs(client)
+    ensure_network(client)
+    registry.ensure_registry(client, rootfs)
+    listed = []
+    for name, base in BASES.items():
+        digest = registry.push(client, ensure_base_image(client, rootfs, name), base.repo_tag)
+        listed.append((name, registry.in_sim_ref(base.repo_tag.partition(":")[0], digest),
+                       base.vllm_version))
+    return listed
+
+
 def _test_tokenizer(client, base_local: str | None) -> Path | None:
     """The v15 test tokenizer the hub serves as the model's tekken.json, made by the base image's
     own mistral_common (cached per base image)."""

@@ -1,14 +1,20 @@
-"""The stand-in for the base image `ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor`.
+"""The stand-ins for the vLLM base images thorfleet builds on: each a real vLLM release from PyPI
+whose own API server runs here on CPU with only the engine stood in (vllm_standin.py), laid out as
+its real image is.
 
-    ensure_base_image(client, rootfs_ref) -> image tag
+    ensure_base_image(client, rootfs_ref, name=DEFAULT) -> image tag
     export_v15_tokenizer(client, image_ref, dest_path) -> dest_path
     build_derived(image_ref, tag, think_prefill=True, labels=()) -> CompletedProcess
 
-The image holds the real vLLM 0.19.0, transformers 4.57.3 and mistral_common 1.11.0 from PyPI in
-/opt/venv (first on PATH) and a `vllm` command standing in for `vllm serve` (vllm_standin.py).
-Wheels are downloaded on this machine once into the sim state dir and copied into the build,
-so no CUDA torch is ever fetched (torch is the CPU build from the machine's local wheel dir).
-The image is tagged by a hash of its inputs: a second call with nothing changed builds nothing.
+BASES (`python -m tests.sim bases` lists them, pushed to the sim's registry by digest):
+    jetson-0.19.0    ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor: vLLM 0.19.0, transformers
+                     4.57.3, mistral_common 1.11.0 in a venv at /opt/venv, first on PATH
+    upstream-0.26.0  vllm/vllm-openai:v0.26.0: vLLM 0.26.0, transformers 5.20.2, mistral_common
+                     1.11.7 in the system Python's dist-packages, entrypoint `vllm serve`
+Wheels are downloaded on this machine once per base into the sim state dir and copied into the
+build, so no CUDA torch is ever fetched (torch is the CPU build from the machine's local wheel
+dir). Each image is tagged by a hash of its inputs: a second call with nothing changed builds
+nothing.
 """
 
 import hashlib
@@ -17,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker.errors
@@ -27,64 +34,91 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 IMAGE_CONTEXT = REPO / "files" / "image"  # the derived image's build context (build-image.sh)
 REPOSITORY = "thorfleet-sim/vllm-base"
-VLLM_WHEEL = "vllm==0.19.0"
-INPUTS = ["Dockerfile", "requirements.txt", "vllm_standin.py", "standin_core.py", "vllm"]
+COMMON = ["vllm_standin.py", "standin_core.py", "vllm"]  # every base's stand-in
 
 
-def _inputs_hash(rootfs_ref: str) -> str:
-    digest = hashlib.sha256(f"{rootfs_ref}\0{VLLM_WHEEL}\0".encode())
-    for name in INPUTS:
+@dataclass(frozen=True)
+class Base:
+    name: str
+    dockerfile: str  # in this folder
+    requirements: str  # the pinned wheels it installs with --no-deps, in this folder
+    vllm: str  # the vLLM release, from PyPI
+    repo_tag: str  # where the sim's registry serves it: the real image's name
+    layout: str  # where its packages are, as the real image has them
+
+    @property
+    def vllm_version(self) -> str:
+        return self.vllm.partition("==")[2]
+
+
+BASES = {b.name: b for b in (
+    Base("jetson-0.19.0", "Dockerfile", "requirements.txt", "vllm==0.19.0",
+         "nvidia-ai-iot/vllm:latest-jetson-thor", "/opt/venv"),
+    Base("upstream-0.26.0", "Dockerfile.upstream", "requirements-0.26.0.txt", "vllm==0.26.0",
+         "vllm/vllm-openai:v0.26.0", "system dist-packages"),
+)}
+DEFAULT = "jetson-0.19.0"  # the base every fleet story runs on
+VLLM_WHEEL = BASES[DEFAULT].vllm
+
+
+def _inputs_hash(rootfs_ref: str, base: Base) -> str:
+    digest = hashlib.sha256(f"{rootfs_ref}\0{base.vllm}\0".encode())
+    for name in (base.dockerfile, base.requirements, *COMMON):
         digest.update(name.encode() + b"\0" + (HERE / name).read_bytes())
     return digest.hexdigest()[:16]
 
 
-def ensure_base_image(client, rootfs_ref: str) -> str:
-    """Return the tag of the stand-in base image, building it only when its inputs changed."""
-    tag = f"{REPOSITORY}:{_inputs_hash(rootfs_ref)}"
-    with locked("vllm-base"):
+def ensure_base_image(client, rootfs_ref: str, name: str = DEFAULT) -> str:
+    """Return the tag of the stand-in base `name`, building it only when its inputs changed."""
+    base = BASES[name]
+    suffix = "" if name == DEFAULT else f"-{name}"
+    tag = f"{REPOSITORY}:{_inputs_hash(rootfs_ref, base)}{suffix}"
+    with locked(f"vllm-base{suffix}"):
         try:
             client.images.get(tag)
             return tag
         except docker.errors.ImageNotFound:
             pass
-        wheels = _wheels()
-        _build(client, tag, rootfs_ref, wheels)
+        wheels = _wheels(base)
+        _build(client, tag, rootfs_ref, wheels, base)
     return tag
 
 
-def _wheels() -> Path:
-    """Download (once per requirements.txt) every wheel the image installs, with this machine's
+def _wheels(base: Base) -> Path:
+    """Download (once per requirements list) every wheel the image installs, with this machine's
     pip: its find-links dir supplies torch's CPU build."""
-    requirements = HERE / "requirements.txt"
-    key = hashlib.sha256(requirements.read_bytes() + VLLM_WHEEL.encode()).hexdigest()[:16]
+    requirements = HERE / base.requirements
+    key = hashlib.sha256(requirements.read_bytes() + base.vllm.encode()).hexdigest()[:16]
     cache = state_dir() / "cache" / f"base-wheels-{key}"
     if (cache / ".complete").exists():
         return cache
     cache.mkdir(parents=True, exist_ok=True)
-    log(f"base image: downloading {VLLM_WHEEL} and its pinned wheels into {cache} (once)")
+    log(f"base image {base.name}: downloading {base.vllm} and its pinned wheels into {cache} "
+        "(once)")
     # This machine's Python is the image's (3.11, x86_64, glibc): its wheels fit the image.
     pip = [sys.executable, "-m", "pip", "download", "-qq", "--dest", str(cache),
            "--only-binary=:all:"]
     # Pinned, so resolving the same list again gives the same wheels; vLLM alone, without deps.
     subprocess.run([*pip, "--no-deps", "-r", str(requirements)], check=True)
-    subprocess.run([*pip, "--no-deps", VLLM_WHEEL], check=True)
+    subprocess.run([*pip, "--no-deps", base.vllm], check=True)
     shutil.copyfile(requirements, cache / "requirements.txt")
     (cache / ".complete").write_text("")
     return cache
 
 
-def _build(client, tag: str, rootfs_ref: str, wheels: Path) -> None:
-    log_path = state_dir() / "logs" / "vllm-base.log"
+def _build(client, tag: str, rootfs_ref: str, wheels: Path, base: Base) -> None:
+    log_path = state_dir() / "logs" / f"vllm-base-{base.name}.log"
     log_path.parent.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=state_dir(), prefix="vllm-base-") as work:
         context = Path(work)
-        for name in INPUTS:
+        for name in COMMON:
             shutil.copy2(HERE / name, context / name)
+        shutil.copy2(HERE / base.dockerfile, context / "Dockerfile")
         (context / "wheels").mkdir()
         for wheel in wheels.iterdir():
             if wheel.name != ".complete":
                 os.link(wheel, context / "wheels" / wheel.name)  # same filesystem: no copy
-        build_image(client, "base image", log_path, path=str(context), tag=tag,
+        build_image(client, f"base image {base.name}", log_path, path=str(context), tag=tag,
                     buildargs={"ROOTFS": rootfs_ref})
 
 

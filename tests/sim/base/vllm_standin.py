@@ -55,6 +55,7 @@ IMITATED (cannot run without a CUDA GPU and 66 GB of weights), each rule citing 
 
 import asyncio
 import fcntl
+import inspect
 import json
 import logging
 import os
@@ -200,7 +201,58 @@ def select_attention(vllm_config) -> str:
     return valid[0]
 
 
-def select_nvfp4_gemm() -> str:
+# vLLM 0.2x moved the NVFP4 GEMM choice into kernel classes (this file) and dropped the MoE
+# oracle's FlashInfer env switches: which rule a base follows is read from its code, as vLLM would
+# run it, never from its version.
+KERNELS_LINEAR = "model_executor/kernels/linear/__init__.py"
+MOE_ORACLE = "model_executor/layers/fused_moe/oracle/nvfp4.py"
+
+
+def select_nvfp4_gemm(vllm_config=None) -> str:
+    if (VLLM_DIR / KERNELS_LINEAR).exists():
+        return select_nvfp4_gemm_kernel(vllm_config)
+    return select_nvfp4_gemm_backend()
+
+
+# vLLM 0.26.0 kernels/linear/__init__.py _POSSIBLE_NVFP4_KERNELS[CUDA] (L446-460), in order, and
+# whether each kernel's is_supported() holds on (11, 0) with FlashInfer present: CuteDSL needs
+# capability family 100 (nvfp4/flashinfer.py L36-39); FlashInfer CUTLASS cutlass_fp4_supported()
+# and >= 100 and FlashInfer (L82-95); the rest are not reached once it is chosen.
+NVFP4_KERNELS = ["FlashInferCuteDslNvFp4LinearKernel", "FlashInferCutlassNvFp4LinearKernel",
+                 "CutlassNvFp4LinearKernel", "MarlinNvFp4LinearKernel",
+                 "FlashInferTrtllmNvFp4LinearKernel", "FlashInferCudnnNvFp4LinearKernel",
+                 "FbgemmNvFp4LinearKernel", "EmulationNvFp4LinearKernel",
+                 "HummingNvFp4LinearKernel"]
+# --linear-backend's filter (_LINEAR_BACKEND_KERNEL_MAP, L216-...) for the NVFP4 kernels
+NVFP4_LINEAR_BACKENDS = {"cutlass": "CutlassNvFp4LinearKernel",
+                         "flashinfer_cutlass": "FlashInferCutlassNvFp4LinearKernel",
+                         "marlin": "MarlinNvFp4LinearKernel",
+                         "emulation": "EmulationNvFp4LinearKernel"}
+
+
+def select_nvfp4_gemm_kernel(vllm_config) -> str:
+    """vLLM 0.26.0 kernels/linear/__init__.py init_nvfp4_linear_kernel L884-985 on (11, 0): the
+    first kernel class of the CUDA list that is not disabled and is supported."""
+    from vllm import envs
+
+    supported = {"FlashInferCuteDslNvFp4LinearKernel": _cc(10)}
+    backend = getattr(getattr(vllm_config, "kernel_config", None), "linear_backend", "auto")
+    possible = NVFP4_KERNELS
+    if backend and backend != "auto":  # L941-948
+        if backend not in NVFP4_LINEAR_BACKENDS:
+            raise ValueError(f"--linear-backend={backend} was requested but no '{backend}' "
+                             "kernel exists for NVFP4 layers.")
+        possible = [NVFP4_LINEAR_BACKENDS[backend]]
+    for kernel in possible:
+        if kernel in envs.VLLM_DISABLED_KERNELS or not supported.get(kernel, True):  # L952-962
+            continue
+        vlog(KERNELS_LINEAR, 'logger.info_once("Using %s for NVFP4 GEMM", kernel_cls.__name__)',
+             logging.INFO, "Using %s for NVFP4 GEMM", kernel)
+        return kernel
+    raise ValueError("Failed to find a kernel that can implement the NVFP4 linear layer.")
+
+
+def select_nvfp4_gemm_backend() -> str:
     """quantization/utils/nvfp4_utils.py select_nvfp4_linear_backend L39-86 on (11, 0)."""
     from vllm import envs
     from vllm.model_executor.layers.quantization.utils.nvfp4_utils import NvFp4LinearBackend
@@ -230,6 +282,43 @@ def select_nvfp4_gemm() -> str:
 
 
 def select_nvfp4_moe(vllm_config) -> str:
+    if "VLLM_USE_FLASHINFER_MOE_FP4" not in (VLLM_DIR / MOE_ORACLE).read_text():
+        return select_nvfp4_moe_in_order(vllm_config)
+    return select_nvfp4_moe_with_env(vllm_config)
+
+
+def select_nvfp4_moe_in_order(vllm_config) -> str:
+    """vLLM 0.26.0 fused_moe/oracle/nvfp4.py select_nvfp4_moe_backend L165-293 on (11, 0): no
+    FlashInfer env switch any more; an explicit moe_backend (L243-266, map_nvfp4_backend L145-162)
+    or the first supported backend of AVAILABLE_BACKENDS (L178-187). TRTLLM and CuteDSL need
+    capability family 100 (experts/trtllm_nvfp4_moe.py L173-179), so (11, 0) gets FlashInfer
+    CUTLASS."""
+    available = ["FLASHINFER_TRTLLM", "FLASHINFER_CUTEDSL", "FLASHINFER_CUTEDSL_BATCHED",
+                 "FLASHINFER_CUTLASS", "VLLM_CUTLASS", "MARLIN", "HUMMING", "EMULATION"]
+    family100 = {"FLASHINFER_TRTLLM", "FLASHINFER_CUTEDSL", "FLASHINFER_CUTEDSL_BATCHED"}
+
+    def chosen(backend):
+        if backend in family100 and not _cc(10):
+            raise ValueError(f"NvFp4 MoE backend '{backend}' does not support the deployment "
+                             "configuration.")
+        vlog(MOE_ORACLE, "logger.info_once(_make_log_backend(backend))", logging.INFO,
+             "Using '%s' NvFp4 MoE backend out of potential backends: %s.", backend, available)
+        return backend
+
+    runner = getattr(getattr(vllm_config, "kernel_config", None), "moe_backend", "auto")
+    if runner and runner != "auto":
+        mapping = {"cutlass": "VLLM_CUTLASS", "flashinfer_trtllm": "FLASHINFER_TRTLLM",
+                   "flashinfer_cutlass": "FLASHINFER_CUTLASS",
+                   "flashinfer_cutedsl": "FLASHINFER_CUTEDSL", "marlin": "MARLIN",
+                   "humming": "HUMMING", "emulation": "EMULATION"}
+        if runner not in mapping:
+            raise ValueError(f"moe_backend='{runner}' is not supported for NvFP4 MoE. "
+                             f"Expected one of {list(mapping.keys())}.")
+        return chosen(mapping[runner])
+    return chosen(next(b for b in available if b not in family100 or _cc(10)))
+
+
+def select_nvfp4_moe_with_env(vllm_config) -> str:
     """fused_moe/oracle/nvfp4.py select_nvfp4_moe_backend L134-260 on (11, 0)."""
     from vllm import envs
 
@@ -541,7 +630,7 @@ def start_engine_core(vllm_config, started: float) -> None:
     requested = check_memory(cache_config)  # gpu_worker.py init_device -> request_memory
     hold(THORSIM / "holds", requested, f"vllm-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     select_attention(vllm_config)
-    select_nvfp4_gemm()
+    select_nvfp4_gemm(vllm_config)
     select_nvfp4_moe(vllm_config)
     model = Path(vllm_config.model_config.model)
     spec = vllm_config.speculative_config
@@ -604,7 +693,9 @@ async def serve(args, started: float) -> int:
     from vllm.entrypoints.openai import api_server
     from vllm.usage.usage_lib import UsageContext
 
-    listen_address, sock = api_server.setup_server(args)
+    # 0.2x: setup_server(args, reuse_port) (0.26.0 entrypoints/openai/api_server.py L616)
+    reuse = "reuse_port" in inspect.signature(api_server.setup_server).parameters
+    listen_address, sock = api_server.setup_server(args, **({"reuse_port": False} if reuse else {}))
     engine_args = AsyncEngineArgs.from_cli_args(args)
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     try:
