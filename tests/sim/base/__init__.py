@@ -45,6 +45,7 @@ class Base:
     vllm: str  # the vLLM release, from PyPI
     repo_tag: str  # where the sim's registry serves it: the real image's name
     layout: str  # where its packages are, as the real image has them
+    parent: str | None = None  # a base this one changes (dockerfile: FROM its BASE build arg)
 
     @property
     def vllm_version(self) -> str:
@@ -56,6 +57,11 @@ BASES = {b.name: b for b in (
          "nvidia-ai-iot/vllm:latest-jetson-thor", "/opt/venv"),
     Base("upstream-0.26.0", "Dockerfile.upstream", "requirements-0.26.0.txt", "vllm==0.26.0",
          "vllm/vllm-openai:v0.26.0", "system dist-packages"),
+    # A build of that image without FlashInfer (a tag whose build dropped it): vLLM then picks
+    # other NVFP4 kernels by itself, and the proof must refuse it.
+    Base("upstream-0.26.0-no-flashinfer", "variants/no-flashinfer/Dockerfile", "", "vllm==0.26.0",
+         "vllm/vllm-openai:v0.26.0-no-flashinfer", "system dist-packages",
+         parent="upstream-0.26.0"),
 )}
 DEFAULT = "jetson-0.19.0"  # the base every fleet story runs on
 VLLM_WHEEL = BASES[DEFAULT].vllm
@@ -63,7 +69,8 @@ VLLM_WHEEL = BASES[DEFAULT].vllm
 
 def _inputs_hash(rootfs_ref: str, base: Base) -> str:
     digest = hashlib.sha256(f"{rootfs_ref}\0{base.vllm}\0".encode())
-    for name in (base.dockerfile, base.requirements, *COMMON):
+    names = (base.dockerfile,) if base.parent else (base.dockerfile, base.requirements, *COMMON)
+    for name in names:
         digest.update(name.encode() + b"\0" + (HERE / name).read_bytes())
     return digest.hexdigest()[:16]
 
@@ -71,16 +78,22 @@ def _inputs_hash(rootfs_ref: str, base: Base) -> str:
 def ensure_base_image(client, rootfs_ref: str, name: str = DEFAULT) -> str:
     """Return the tag of the stand-in base `name`, building it only when its inputs changed."""
     base = BASES[name]
+    # a changed base is built from its parent's tag: the parent's inputs are in that tag
+    parent = ensure_base_image(client, rootfs_ref, base.parent) if base.parent else rootfs_ref
     suffix = "" if name == DEFAULT else f"-{name}"
-    tag = f"{REPOSITORY}:{_inputs_hash(rootfs_ref, base)}{suffix}"
+    tag = f"{REPOSITORY}:{_inputs_hash(parent, base)}{suffix}"
     with locked(f"vllm-base{suffix}"):
         try:
             client.images.get(tag)
             return tag
         except docker.errors.ImageNotFound:
             pass
-        wheels = _wheels(base)
-        _build(client, tag, rootfs_ref, wheels, base)
+        if base.parent:
+            build_image(client, f"base image {name}", state_dir() / "logs" /
+                        f"vllm-base-{name}.log", path=str((HERE / base.dockerfile).parent),
+                        tag=tag, buildargs={"BASE": parent})
+        else:
+            _build(client, tag, rootfs_ref, _wheels(base), base)
     return tag
 
 

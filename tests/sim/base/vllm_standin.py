@@ -215,9 +215,12 @@ def select_nvfp4_gemm(vllm_config=None) -> str:
 
 
 # vLLM 0.26.0 kernels/linear/__init__.py _POSSIBLE_NVFP4_KERNELS[CUDA] (L446-460), in order, and
-# whether each kernel's is_supported() holds on (11, 0) with FlashInfer present: CuteDSL needs
-# capability family 100 (nvfp4/flashinfer.py L36-39); FlashInfer CUTLASS cutlass_fp4_supported()
-# and >= 100 and FlashInfer (L82-95); the rest are not reached once it is chosen.
+# whether each kernel's is_supported() holds on (11, 0): CuteDSL needs capability family 100
+# (nvfp4/flashinfer.py L36-39); FlashInfer CUTLASS cutlass_fp4_supported(), >= 100 and FlashInfer
+# (L82-95), whose presence vLLM's own has_flashinfer() reads; vLLM's CUTLASS kernel
+# cutlass_fp4_supported() alone (nvfp4/cutlass.py). cutlass_fp4_supported() is a CUDA op
+# (cutlass_scaled_mm_supports_fp4, not in the wheel's Python): taken as true on 11.0, as the
+# recipe's FLASHINFER_CUTLASS on a Thor implies. The rest are not reached.
 NVFP4_KERNELS = ["FlashInferCuteDslNvFp4LinearKernel", "FlashInferCutlassNvFp4LinearKernel",
                  "CutlassNvFp4LinearKernel", "MarlinNvFp4LinearKernel",
                  "FlashInferTrtllmNvFp4LinearKernel", "FlashInferCudnnNvFp4LinearKernel",
@@ -234,8 +237,10 @@ def select_nvfp4_gemm_kernel(vllm_config) -> str:
     """vLLM 0.26.0 kernels/linear/__init__.py init_nvfp4_linear_kernel L884-985 on (11, 0): the
     first kernel class of the CUDA list that is not disabled and is supported."""
     from vllm import envs
+    from vllm.utils.flashinfer import has_flashinfer
 
-    supported = {"FlashInferCuteDslNvFp4LinearKernel": _cc(10)}
+    supported = {"FlashInferCuteDslNvFp4LinearKernel": _cc(10) and has_flashinfer(),
+                 "FlashInferCutlassNvFp4LinearKernel": has_flashinfer()}
     backend = getattr(getattr(vllm_config, "kernel_config", None), "linear_backend", "auto")
     possible = NVFP4_KERNELS
     if backend and backend != "auto":  # L941-948
@@ -291,14 +296,19 @@ def select_nvfp4_moe_in_order(vllm_config) -> str:
     """vLLM 0.26.0 fused_moe/oracle/nvfp4.py select_nvfp4_moe_backend L165-293 on (11, 0): no
     FlashInfer env switch any more; an explicit moe_backend (L243-266, map_nvfp4_backend L145-162)
     or the first supported backend of AVAILABLE_BACKENDS (L178-187). TRTLLM and CuteDSL need
-    capability family 100 (experts/trtllm_nvfp4_moe.py L173-179), so (11, 0) gets FlashInfer
-    CUTLASS."""
+    capability family 100 (experts/trtllm_nvfp4_moe.py L173-179), and every FlashInfer one
+    FlashInfer itself, so (11, 0) gets FlashInfer CUTLASS, or vLLM's CUTLASS without FlashInfer."""
+    from vllm.utils.flashinfer import has_flashinfer
+
     available = ["FLASHINFER_TRTLLM", "FLASHINFER_CUTEDSL", "FLASHINFER_CUTEDSL_BATCHED",
                  "FLASHINFER_CUTLASS", "VLLM_CUTLASS", "MARLIN", "HUMMING", "EMULATION"]
     family100 = {"FLASHINFER_TRTLLM", "FLASHINFER_CUTEDSL", "FLASHINFER_CUTEDSL_BATCHED"}
+    unsupported = {b for b in family100 if not _cc(10)}
+    if not has_flashinfer():
+        unsupported |= {b for b in available if b.startswith("FLASHINFER")}
 
     def chosen(backend):
-        if backend in family100 and not _cc(10):
+        if backend in unsupported:
             raise ValueError(f"NvFp4 MoE backend '{backend}' does not support the deployment "
                              "configuration.")
         vlog(MOE_ORACLE, "logger.info_once(_make_log_backend(backend))", logging.INFO,
@@ -315,7 +325,7 @@ def select_nvfp4_moe_in_order(vllm_config) -> str:
             raise ValueError(f"moe_backend='{runner}' is not supported for NvFP4 MoE. "
                              f"Expected one of {list(mapping.keys())}.")
         return chosen(mapping[runner])
-    return chosen(next(b for b in available if b not in family100 or _cc(10)))
+    return chosen(next(b for b in available if b not in unsupported))
 
 
 def select_nvfp4_moe_with_env(vllm_config) -> str:
