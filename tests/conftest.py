@@ -31,11 +31,13 @@ BOXES = {
     "test_air_gapped": (6,), "test_drain": (6,), "test_sim_box": (6,), "test_two_runs": (6,),
     "test_gateway": (10, 11, 12),  # and the gateway box, gw-1
     "test_watch": (10, 11, 12),  # and gw-1's Prometheus
+    "test_bases": (13, 14, 15),  # the newer base
 }
 # Longest first (seconds each took in a 4-worker run), so the longest start at once and the short
 # ones fill in: xdist hands groups out in this order (--no-loadscope-reorder), one at a time.
 GROUP_ORDER = [
     "thor-10+11+12",  # the gateway, the watchdog and Prometheus
+    "thor-13+14+15",  # the newer base, through a canary
     "thor-3+4+5",  # 1780: rollout, benchmark, shared image
     "thor-8",  # 1200: says no
     "thor-1+7",  # 1090: deploy, drift, disk hygiene, security (+ the weights copy)
