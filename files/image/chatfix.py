@@ -11,7 +11,8 @@ may have more than one diff, one per shape of the code it changes (the file move
 around it changed): the first whose file the base has and whose hunks fit is the one applied.
 
 The table (TABLE, in this order; the label lists each as applied, skipped or off):
-    vllm-reasoning-effort          patches/vllm-reasoning-effort.diff (vLLM passes None on)
+    vllm-reasoning-effort          patches/vllm-reasoning-effort.diff (vLLM passes None on;
+                                   skipped where transformers takes it: the 400 is the pair)
     transformers-reasoning-effort  patches/transformers-reasoning-effort.diff (4.57.3 refuses it)
     think-prefill                  patches/think-prefill.diff (build option: "high" opens [THINK])
     api-key-every-route            patches/vllm-api-key-every-route.diff (--api-key only on /v1),
@@ -316,6 +317,24 @@ def vllm_already_skips_unset_effort(text: str, relpath: str = VLLM_TOKENIZER) ->
     return None  # the 0.19.0 shape, or code this patch does not know: fit() says which
 
 
+def transformers_takes_what_vllm_passes(transformers_text: str) -> str | None:
+    """The other half of the pair: vLLM 0.26.0 vllm/tokenizers/mistral.py L426-428 still passes
+    `reasoning_effort=kwargs.get("reasoning_effort")`, None included, but transformers 5.x's
+    MistralCommonBackend.apply_chat_template has a `reasoning_effort=None` parameter
+    (tokenization_mistral_common.py L1050 in 5.20.2), so the keyword, None or not, is no error:
+    the 400 needs both halves."""
+    takes = transformers_already_takes_effort(transformers_text)
+    return f"{takes} (default None): the None vLLM passes on is no error" if takes else None
+
+
+def vllm_effort_not_needed(text: str, relpath: str = VLLM_TOKENIZER) -> str | None:
+    """vLLM's own fix (vllm_already_skips_unset_effort), or a transformers that takes what vLLM
+    passes (read from the installed transformers' source, by ast as well)."""
+    if (reason := vllm_already_skips_unset_effort(text, relpath)) is not None:
+        return reason
+    return transformers_takes_what_vllm_passes(source_of(TRANSFORMERS_TOKENIZER)[1])
+
+
 def transformers_already_takes_effort(text: str, relpath: str = TRANSFORMERS_TOKENIZER) -> str | None:
     """transformers 4.57.3 tokenization_mistral_common.py L1368-1380: apply_chat_template has no
     reasoning_effort parameter and refuses extra kwargs; 5.x's MistralCommonBackend takes it
@@ -367,6 +386,50 @@ def stream_gate_already_ends_without_think(text: str, relpath: str = CHAT_SERVIN
     return None  # the 0.19.0 shape, or code this patch does not know: fit() says which
 
 
+def stream_goes_through_parse_delta(text: str, relpath: str = CHAT_SERVING) -> bool:
+    """vLLM 0.26.0 chat_completion/serving.py L606-613: no end-of-reasoning gate left in the
+    stream generator (no `if` whose body calls extract_content_ids); every delta goes to
+    `parser.parse_delta(...)` (vllm/parser/abstract_parser.py), which decides the hand-over to
+    the tool parser with the reasoning parser's is_reasoning_end_streaming."""
+    _, function = method(parse(relpath, text), ("OpenAIServingChat",),
+                         "chat_completion_stream_generator", relpath)
+    gates = [node for node in ast.walk(function) if isinstance(node, ast.If) and any(
+        isinstance(n, ast.Attribute) and n.attr == "extract_content_ids"
+        for stmt in node.body for n in ast.walk(stmt))]
+    return not gates and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                             and n.func.attr == "parse_delta" for n in ast.walk(function))
+
+
+def mistral_stream_ends_without_think(text: str, relpath: str = MISTRAL_REASONING) -> str | None:
+    """vLLM 0.26.0 reasoning/mistral_reasoning_parser.py L76-83: MistralReasoningParser.
+    is_reasoning_end_streaming is true for [/THINK] in the delta or when
+    `self.start_token_id not in input_ids` (the answer opened no [THINK]), so a plain answer's
+    [TOOL_CALLS] reaches the tool parser. 0.19.0's has no such method (the generic one waits for
+    [/THINK])."""
+    tree = parse(relpath, text)
+    found = [item for node in tree.body if isinstance(node, ast.ClassDef)
+             and node.name == "MistralReasoningParser" for item in node.body
+             if isinstance(item, ast.FunctionDef) and item.name == "is_reasoning_end_streaming"]
+    ends = any(isinstance(n, ast.Compare) and any(isinstance(op, ast.NotIn) for op in n.ops)
+               and isinstance(n.left, ast.Attribute) and n.left.attr == "start_token_id"
+               for function in found for n in ast.walk(function))
+    if ends:
+        return ("vLLM streams every delta through parser.parse_delta and its "
+                "MistralReasoningParser ends reasoning when the answer opened no [THINK]")
+    return None
+
+
+def stream_tools_not_needed(text: str, relpath: str = CHAT_SERVING) -> str | None:
+    """The 0.19.0 gate fixed in place, or the 0.26.0 shape: no gate in serving, the parser's
+    end-of-reasoning rule ends a reasoning the answer never opened (read from the installed
+    mistral_reasoning_parser.py, by ast as well)."""
+    if (reason := stream_gate_already_ends_without_think(text, relpath)) is not None:
+        return reason
+    if stream_goes_through_parse_delta(text, relpath):
+        return mistral_stream_ends_without_think(source_of(MISTRAL_REASONING)[1])
+    return None
+
+
 def mistral_parser_splits_prefill(text: str, relpath: str = MISTRAL_REASONING) -> str | None:
     """vLLM 0.19.0 reasoning/mistral_reasoning_parser.py L144-153: MistralReasoningParser.
     extract_reasoning returns `None, prev_eot_token + post_eot_token` for an output with [/THINK]
@@ -390,7 +453,7 @@ def always_needed(text: str, relpath: str = "") -> str | None:
 
 VLLM_FIX = Patch("vllm-reasoning-effort", "vllm-reasoning-effort.diff",
                  "vLLM passes reasoning_effort=None to transformers",
-                 vllm_already_skips_unset_effort)
+                 vllm_effort_not_needed)
 TRANSFORMERS_FIX = Patch("transformers-reasoning-effort", "transformers-reasoning-effort.diff",
                          "transformers' MistralCommonTokenizer refuses reasoning_effort",
                          transformers_already_takes_effort)
@@ -402,7 +465,7 @@ API_KEY = Patch("api-key-every-route", "vllm-api-key-every-route.diff",
                 more=("vllm-api-key-every-route-serve.diff",))
 STREAM_TOOLS = Patch("streamed-tool-calls", "vllm-streamed-tool-calls.diff",
                      "vLLM streams a tool call as content while a reasoning parser is on",
-                     stream_gate_already_ends_without_think)
+                     stream_tools_not_needed)
 # No diff: thorfleet_reasoning.py is copied into the image and named in the rendered config
 # (reasoning_parser_plugin, reasoning_parser: thorfleet_mistral). With think-prefill off no
 # prompt opens [THINK], so it is off (the plugin, still loaded, then only delegates).
