@@ -517,18 +517,23 @@ def plan(think_prefill: bool) -> list[tuple[Patch, str, str]]:
         if patch in (THINK_PREFILL, REASONING_SPLIT) and not think_prefill:
             steps.append((patch, "off", "build option --think-prefill 0"))
             continue
-        relpath = target_of(patch)
-        _, text = source_of(relpath)
-        if carries(patch, text, relpath):
-            steps.append((patch, "skip", "the base already carries this patch"))
-        elif (reason := patch.not_needed(text, relpath)) is not None:
-            steps.append((patch, "skip", reason))
-        elif relpath != (primary := target_of_first(patch)):
-            steps.append((patch, "apply", f"{patch.why} ({primary} moved: here {relpath})"))
-        else:
-            steps.append((patch, "apply", patch.why))
+        steps.append((patch, *decide(patch)))
     patched_texts(steps)  # shapes last: raises PlanError when a hunk does not fit
     return steps
+
+
+def decide(patch: Patch) -> tuple[str, str]:
+    """("skip" | "apply", why) for one patch, from the file the base has; whether an applied
+    patch's hunks fit is patched_texts()'s (fit()'s) to say."""
+    relpath = target_of(patch)
+    _, text = source_of(relpath)
+    if carries(patch, text, relpath):
+        return "skip", "the base already carries this patch"
+    if (reason := patch.not_needed(text, relpath)) is not None:
+        return "skip", reason
+    if relpath != (primary := target_of_first(patch)):
+        return "apply", f"{patch.why} ({primary} moved: here {relpath})"
+    return "apply", patch.why
 
 
 def label(steps) -> str:
