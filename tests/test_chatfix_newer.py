@@ -497,3 +497,13 @@ def test_serving_shapes(monkeypatch):
     fix = load_chatfix(monkeypatch, {}, VERSIONS_0_26_0)
     assert fix.stream_goes_through_parse_delta(SERVING_0_26_0)
     assert not fix.stream_goes_through_parse_delta(SERVING_0_19_0)
+    # parse_delta, but the 0.19.0 gate still there too: not the fixed shape
+    both = SERVING_0_26_0 + "\n".join(SERVING_0_19_0.splitlines()[2:]) + "\n"
+    assert not fix.stream_goes_through_parse_delta(both)
+
+
+def test_stream_rule_needs_both_halves(monkeypatch):
+    """0.26.0's parser rule alone is no fix while serving still gates on is_reasoning_end."""
+    fix = load_chatfix(monkeypatch, {REASONING: REASONING_0_26_0}, VERSIONS_0_26_0)
+    assert fix.stream_tools_not_needed(SERVING_0_19_0) is None
+    assert "parse_delta" in fix.stream_tools_not_needed(SERVING_0_26_0)
