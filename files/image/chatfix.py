@@ -6,13 +6,18 @@ Runs with whatever `python3` the image puts first on PATH, and finds the package
 interpreter (no hard-coded site-packages path). Each patch is a real unified diff in patches/;
 it is applied here strictly: every hunk's old lines must occur exactly once in the target file,
 wherever they are (line numbers are ignored), or nothing is written and the build stops with what
-was expected and what was found. A patch the base no longer needs is skipped, and said so.
+was expected and what was found. A patch the base no longer needs is skipped, and said so. A patch
+may have more than one diff, one per shape of the code it changes (the file moved, the lines
+around it changed): the first whose file the base has and whose hunks fit is the one applied.
 
 The table (TABLE, in this order; the label lists each as applied, skipped or off):
-    vllm-reasoning-effort          patches/vllm-reasoning-effort.diff (vLLM passes None on)
+    vllm-reasoning-effort          patches/vllm-reasoning-effort.diff (vLLM passes None on;
+                                   skipped where transformers takes it: the 400 is the pair)
     transformers-reasoning-effort  patches/transformers-reasoning-effort.diff (4.57.3 refuses it)
     think-prefill                  patches/think-prefill.diff (build option: "high" opens [THINK])
-    api-key-every-route            patches/vllm-api-key-every-route.diff (--api-key only on /v1)
+    api-key-every-route            patches/vllm-api-key-every-route.diff (--api-key only on /v1),
+                                   or vllm-api-key-every-route-serve.diff where the middleware
+                                   lives in entrypoints/serve/utils/ (prefixes /v1 /v2 /inference)
     streamed-tool-calls            patches/vllm-streamed-tool-calls.diff (stream waits for [/THINK])
     reasoning-split                thorfleet_reasoning.py, a --reasoning-parser-plugin, no diff:
                                    splits a [THINK] the prompt opened; off with think-prefill off,
@@ -37,6 +42,7 @@ import argparse
 import ast
 import asyncio
 import difflib
+import importlib
 import importlib.metadata
 import importlib.util
 import json
@@ -66,11 +72,15 @@ class Patch:
     name: str
     diff: str  # in patches/; its +++ line names the file, relative to the site-packages dir
     why: str
-    # (text of the target file) -> None when the patch is needed, else why it is not. Reads the
-    # code's shape only; whether the hunks fit is checked separately (fit()).
-    not_needed: Callable[[str], str | None]
+    # (text of the target file, its path relative to site-packages) -> None when the patch is
+    # needed, else why it is not. Reads the code's shape only; whether the hunks fit is checked
+    # separately (fit()).
+    not_needed: Callable[[str, str], str | None]
     # A step with no diff (a plugin shipped beside this file): the file its rule reads.
     reads: str = ""
+    # The same fix for later shapes of the code, tried after `diff` (its file moved, or the lines
+    # around the change did); each is chosen only where its own hunks fit.
+    more: tuple[str, ...] = ()
 
 
 def say(message: str) -> None:
@@ -147,27 +157,47 @@ def closest(lines: list[str], block: list[str]) -> str:
                      for n, line in enumerate(lines[best_at:best_at + size]))
 
 
+def diffs_of(patch: Patch) -> tuple[str, ...]:
+    return (patch.diff, *patch.more) if patch.diff else ()
+
+
+def exists(relpath: str) -> bool:
+    try:
+        source_of(relpath)
+    except PlanError:
+        return False
+    return True
+
+
 def target_of(patch: Patch) -> str:
+    """The file the patch changes (or its rule reads) in this base: the first of its diffs' files
+    the base has; the first diff's when it has none (source_of then says it is missing)."""
+    targets = [read_diff(PATCHES / diff)[0] for diff in diffs_of(patch)] or [patch.reads]
+    return next((relpath for relpath in targets if exists(relpath)), targets[0])
+
+
+def target_of_first(patch: Patch) -> str:
     return read_diff(PATCHES / patch.diff)[0] if patch.diff else patch.reads
 
 
-def carries(patch: Patch, text: str) -> bool:
-    """The text already carries the patch: every new block there once, no old block left."""
-    if not patch.diff:
-        return False  # a plugin: installed by the Dockerfile whatever the base holds
-    _, hunks = read_diff(PATCHES / patch.diff)
-    lines = text.splitlines()
-    return all(len(find_block(lines, new)) == 1 for _, new in hunks) and not any(
-        find_block(lines, old) for old, _ in hunks)
+def shapes(patch: Patch, relpath: str | None) -> list[tuple[str, list]]:
+    """[(diff, hunks)] of the patch's diffs that change `relpath` (all of them when None)."""
+    found = [(diff, *read_diff(PATCHES / diff)) for diff in diffs_of(patch)]
+    return [(diff, hunks) for diff, target, hunks in found if relpath in (None, target)]
 
 
-def fit(patch: Patch, text: str) -> str | None:
-    """The text with every hunk applied, each hunk's old lines found exactly once; None when the
-    text already carries the patch."""
-    relpath, hunks = read_diff(PATCHES / patch.diff)
-    if carries(patch, text):
-        return None
-    lines = text.splitlines()
+def carries(patch: Patch, text: str, relpath: str | None = None) -> bool:
+    """The text already carries the patch (one of its diffs): every new block there once, no old
+    block left."""
+    lines = text.splitlines()  # a plugin (no diff) has no shapes: never carried
+    return any(all(len(find_block(lines, new)) == 1 for _, new in hunks) and not any(
+        find_block(lines, old) for old, _ in hunks) for _, hunks in shapes(patch, relpath))
+
+
+def apply_hunks(patch: Patch, relpath: str, hunks: list, lines: list[str]) -> list[str]:
+    """The lines with each hunk applied in turn, its old lines found exactly once in the lines as
+    the hunks before it left them; PlanError at the first that is not."""
+    lines = list(lines)
     package = relpath.split("/")[0]
     for n, (old, new) in enumerate(hunks, 1):
         found = find_block(lines, old)
@@ -181,7 +211,28 @@ def fit(patch: Patch, text: str) -> str | None:
                 f"  found it {where}; closest code in the file:\n{closest(lines, old)}")
         at = found[0]
         lines[at:at + len(old)] = new
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def fit(patch: Patch, text: str, relpath: str | None = None) -> str | None:
+    """The text with the hunks of the patch's first diff (of those for `relpath`) that fits
+    applied, each hunk's old lines found exactly once; None when the text already carries the
+    patch. When none fits: PlanError with the first diff's misfit (and the other diffs tried)."""
+    if carries(patch, text, relpath):
+        return None
+    tried = shapes(patch, relpath)
+    if not tried:
+        raise PlanError(f"{patch.name}: no diff of this patch changes {relpath}")
+    first = None
+    for diff, hunks in tried:
+        try:
+            lines = apply_hunks(patch, read_diff(PATCHES / diff)[0], hunks, text.splitlines())
+        except PlanError as error:
+            first = first or error
+            continue
+        return "\n".join(lines) + "\n"
+    others = ", ".join(diff for diff, _ in tried[1:])
+    raise PlanError(f"{first}\n  (nor do the hunks of {others} fit)" if others else str(first))
 
 
 def patched_texts(steps) -> dict[Path, str]:
@@ -191,14 +242,22 @@ def patched_texts(steps) -> dict[Path, str]:
     for patch, action, _ in steps:
         if action != "apply" or not patch.diff:
             continue
-        path, text = source_of(target_of(patch))
+        relpath = target_of(patch)
+        path, text = source_of(relpath)
         text = texts.get(path, text)
-        texts[path] = fit(patch, text) or text
+        texts[path] = fit(patch, text, relpath) or text
     return texts
 
 
 # ------------------------------------------------------------------ does the base need a patch?
 # Each rule reads the target file's syntax tree (ast), never imports it, never a version string.
+
+VLLM_TOKENIZER = "vllm/tokenizers/mistral.py"
+TRANSFORMERS_TOKENIZER = "transformers/tokenization_mistral_common.py"
+AUTH_0_19 = "vllm/entrypoints/openai/server_utils.py"
+CHAT_SERVING = "vllm/entrypoints/openai/chat_completion/serving.py"
+MISTRAL_REASONING = "vllm/reasoning/mistral_reasoning_parser.py"
+
 
 def parse(relpath: str, text: str) -> ast.Module:
     try:
@@ -242,12 +301,11 @@ def mentions(expr: ast.expr, word: str) -> bool:
                or isinstance(n, ast.Constant) and n.value == word for n in ast.walk(expr))
 
 
-def vllm_already_skips_unset_effort(text: str) -> str | None:
+def vllm_already_skips_unset_effort(text: str, relpath: str = VLLM_TOKENIZER) -> str | None:
     """vLLM 0.19.0 vllm/tokenizers/mistral.py L433-435: for v15 tokenizers
     `version_kwargs["reasoning_effort"] = kwargs.get("reasoning_effort")`, None included, under
     an `if` that tests only the version. Upstream later puts
     it under a test of reasoning_effort itself. Not needed when every such assignment is."""
-    relpath = "vllm/tokenizers/mistral.py"
     _, function = method(parse(relpath, text), ("MistralTokenizer",), "apply_chat_template",
                          relpath)
     sets = guarded_by(function, lambda n: isinstance(n, ast.Assign) and any(
@@ -259,11 +317,28 @@ def vllm_already_skips_unset_effort(text: str) -> str | None:
     return None  # the 0.19.0 shape, or code this patch does not know: fit() says which
 
 
-def transformers_already_takes_effort(text: str) -> str | None:
+def transformers_takes_what_vllm_passes(transformers_text: str) -> str | None:
+    """The other half of the pair: vLLM 0.26.0 vllm/tokenizers/mistral.py L426-428 still passes
+    `reasoning_effort=kwargs.get("reasoning_effort")`, None included, but transformers 5.x's
+    MistralCommonBackend.apply_chat_template has a `reasoning_effort=None` parameter
+    (tokenization_mistral_common.py L1050 in 5.20.2), so the keyword, None or not, is no error:
+    the 400 needs both halves."""
+    takes = transformers_already_takes_effort(transformers_text)
+    return f"{takes} (default None): the None vLLM passes on is no error" if takes else None
+
+
+def vllm_effort_not_needed(text: str, relpath: str = VLLM_TOKENIZER) -> str | None:
+    """vLLM's own fix (vllm_already_skips_unset_effort), or a transformers that takes what vLLM
+    passes (read from the installed transformers' source, by ast as well)."""
+    if (reason := vllm_already_skips_unset_effort(text, relpath)) is not None:
+        return reason
+    return transformers_takes_what_vllm_passes(source_of(TRANSFORMERS_TOKENIZER)[1])
+
+
+def transformers_already_takes_effort(text: str, relpath: str = TRANSFORMERS_TOKENIZER) -> str | None:
     """transformers 4.57.3 tokenization_mistral_common.py L1368-1380: apply_chat_template has no
     reasoning_effort parameter and refuses extra kwargs; 5.x's MistralCommonBackend takes it
     (huggingface/transformers PR #44656)."""
-    relpath = "transformers/tokenization_mistral_common.py"
     cls, function = method(parse(relpath, text), ("MistralCommonBackend", "MistralCommonTokenizer"),
                            "apply_chat_template", relpath)
     params = function.args
@@ -274,12 +349,14 @@ def transformers_already_takes_effort(text: str) -> str | None:
     return None
 
 
-def base_guards_every_route(text: str) -> str | None:
+def base_guards_every_route(text: str, relpath: str = AUTH_0_19) -> str | None:
     """vLLM 0.19.0 entrypoints/openai/server_utils.py L80: AuthenticationMiddleware.__call__
     answers 401 only `if url_path.startswith("/v1") and not self.verify_token(headers)`
     (vllm #58144). Not needed when no test around the 401 looks at
-    a path prefix (upstream's deny-by-default, PR #58028); `check` then proves it by probing."""
-    relpath = "vllm/entrypoints/openai/server_utils.py"
+    a path prefix (upstream's deny-by-default, PR #58028); `check` then proves it by probing.
+    vLLM 0.26.0 moved it to entrypoints/serve/utils/server_utils.py (L90:
+    `url_path.startswith(GUARDED_PREFIX)`, GUARDED_PREFIX = ("/v1", "/v2", "/inference")): the
+    same shape, still needed."""
     _, function = method(parse(relpath, text), ("AuthenticationMiddleware",), "__call__",
                          relpath)
     denials = guarded_by(function, lambda n: isinstance(n, ast.keyword) and n.arg == "status_code"
@@ -291,13 +368,12 @@ def base_guards_every_route(text: str) -> str | None:
     return None
 
 
-def stream_gate_already_ends_without_think(text: str) -> str | None:
+def stream_gate_already_ends_without_think(text: str, relpath: str = CHAT_SERVING) -> str | None:
     """vLLM 0.19.0 entrypoints/openai/chat_completion/serving.py L936: with tools ("auto") and a
     reasoning parser, the stream hands deltas to the tool parser only after
     `if reasoning_parser.is_reasoning_end(output_token_ids):` (the `if` whose body calls
     extract_content_ids), which a Mistral answer without [THINK] never satisfies (upstream
     discussion in vllm PR #44596). Not needed when that gate tests more than that one call."""
-    relpath = "vllm/entrypoints/openai/chat_completion/serving.py"
     _, function = method(parse(relpath, text), ("OpenAIServingChat",),
                          "chat_completion_stream_generator", relpath)
     gates = [node for node in ast.walk(function) if isinstance(node, ast.If) and any(
@@ -310,13 +386,56 @@ def stream_gate_already_ends_without_think(text: str) -> str | None:
     return None  # the 0.19.0 shape, or code this patch does not know: fit() says which
 
 
-def mistral_parser_splits_prefill(text: str) -> str | None:
+def stream_goes_through_parse_delta(text: str, relpath: str = CHAT_SERVING) -> bool:
+    """vLLM 0.26.0 chat_completion/serving.py L606-613: no end-of-reasoning gate left in the
+    stream generator (no `if` whose body calls extract_content_ids); every delta goes to
+    `parser.parse_delta(...)` (vllm/parser/abstract_parser.py), which decides the hand-over to
+    the tool parser with the reasoning parser's is_reasoning_end_streaming."""
+    _, function = method(parse(relpath, text), ("OpenAIServingChat",),
+                         "chat_completion_stream_generator", relpath)
+    gates = [node for node in ast.walk(function) if isinstance(node, ast.If) and any(
+        isinstance(n, ast.Attribute) and n.attr == "extract_content_ids"
+        for stmt in node.body for n in ast.walk(stmt))]
+    return not gates and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                             and n.func.attr == "parse_delta" for n in ast.walk(function))
+
+
+def mistral_stream_ends_without_think(text: str, relpath: str = MISTRAL_REASONING) -> str | None:
+    """vLLM 0.26.0 reasoning/mistral_reasoning_parser.py L76-83: MistralReasoningParser.
+    is_reasoning_end_streaming is true for [/THINK] in the delta or when
+    `self.start_token_id not in input_ids` (the answer opened no [THINK]), so a plain answer's
+    [TOOL_CALLS] reaches the tool parser. 0.19.0's has no such method (the generic one waits for
+    [/THINK])."""
+    tree = parse(relpath, text)
+    found = [item for node in tree.body if isinstance(node, ast.ClassDef)
+             and node.name == "MistralReasoningParser" for item in node.body
+             if isinstance(item, ast.FunctionDef) and item.name == "is_reasoning_end_streaming"]
+    ends = any(isinstance(n, ast.Compare) and any(isinstance(op, ast.NotIn) for op in n.ops)
+               and isinstance(n.left, ast.Attribute) and n.left.attr == "start_token_id"
+               for function in found for n in ast.walk(function))
+    if ends:
+        return ("vLLM streams every delta through parser.parse_delta and its "
+                "MistralReasoningParser ends reasoning when the answer opened no [THINK]")
+    return None
+
+
+def stream_tools_not_needed(text: str, relpath: str = CHAT_SERVING) -> str | None:
+    """The 0.19.0 gate fixed in place, or the 0.26.0 shape: no gate in serving, the parser's
+    end-of-reasoning rule ends a reasoning the answer never opened (read from the installed
+    mistral_reasoning_parser.py, by ast as well)."""
+    if (reason := stream_gate_already_ends_without_think(text, relpath)) is not None:
+        return reason
+    if stream_goes_through_parse_delta(text, relpath):
+        return mistral_stream_ends_without_think(source_of(MISTRAL_REASONING)[1])
+    return None
+
+
+def mistral_parser_splits_prefill(text: str, relpath: str = MISTRAL_REASONING) -> str | None:
     """vLLM 0.19.0 reasoning/mistral_reasoning_parser.py L144-153: MistralReasoningParser.
     extract_reasoning returns `None, prev_eot_token + post_eot_token` for an output with [/THINK]
     but no [THINK], i.e. a trace whose [THINK] the prompt opened is folded into content, [/THINK]
     dropped. Not needed when no `return None, <a + b>` is left there. Also read at server start
     by thorfleet_reasoning.py, which then registers vLLM's own class under its name."""
-    relpath = "vllm/reasoning/mistral_reasoning_parser.py"
     _, function = method(parse(relpath, text), ("MistralReasoningParser",), "extract_reasoning",
                          relpath)
     folds = [n for n in ast.walk(function) if isinstance(n, ast.Return)
@@ -328,13 +447,13 @@ def mistral_parser_splits_prefill(text: str) -> str | None:
     return None
 
 
-def always_needed(text: str) -> str | None:
+def always_needed(text: str, relpath: str = "") -> str | None:
     return None
 
 
 VLLM_FIX = Patch("vllm-reasoning-effort", "vllm-reasoning-effort.diff",
                  "vLLM passes reasoning_effort=None to transformers",
-                 vllm_already_skips_unset_effort)
+                 vllm_effort_not_needed)
 TRANSFORMERS_FIX = Patch("transformers-reasoning-effort", "transformers-reasoning-effort.diff",
                          "transformers' MistralCommonTokenizer refuses reasoning_effort",
                          transformers_already_takes_effort)
@@ -342,10 +461,11 @@ TRANSFORMERS_FIX = Patch("transformers-reasoning-effort", "transformers-reasonin
 THINK_PREFILL = Patch("think-prefill", "think-prefill.diff",
                       'reasoning_effort "high" opens the [THINK] block', always_needed)
 API_KEY = Patch("api-key-every-route", "vllm-api-key-every-route.diff",
-                "vLLM's --api-key guards only paths under /v1", base_guards_every_route)
+                "vLLM's --api-key guards only paths under /v1", base_guards_every_route,
+                more=("vllm-api-key-every-route-serve.diff",))
 STREAM_TOOLS = Patch("streamed-tool-calls", "vllm-streamed-tool-calls.diff",
                      "vLLM streams a tool call as content while a reasoning parser is on",
-                     stream_gate_already_ends_without_think)
+                     stream_tools_not_needed)
 # No diff: thorfleet_reasoning.py is copied into the image and named in the rendered config
 # (reasoning_parser_plugin, reasoning_parser: thorfleet_mistral). With think-prefill off no
 # prompt opens [THINK], so it is off (the plugin, still loaded, then only delegates).
@@ -397,15 +517,23 @@ def plan(think_prefill: bool) -> list[tuple[Patch, str, str]]:
         if patch in (THINK_PREFILL, REASONING_SPLIT) and not think_prefill:
             steps.append((patch, "off", "build option --think-prefill 0"))
             continue
-        _, text = source_of(target_of(patch))
-        if carries(patch, text):
-            steps.append((patch, "skip", "the base already carries this patch"))
-        elif (reason := patch.not_needed(text)) is not None:
-            steps.append((patch, "skip", reason))
-        else:
-            steps.append((patch, "apply", patch.why))
+        steps.append((patch, *decide(patch)))
     patched_texts(steps)  # shapes last: raises PlanError when a hunk does not fit
     return steps
+
+
+def decide(patch: Patch) -> tuple[str, str]:
+    """("skip" | "apply", why) for one patch, from the file the base has; whether an applied
+    patch's hunks fit is patched_texts()'s (fit()'s) to say."""
+    relpath = target_of(patch)
+    _, text = source_of(relpath)
+    if carries(patch, text, relpath):
+        return "skip", "the base already carries this patch"
+    if (reason := patch.not_needed(text, relpath)) is not None:
+        return "skip", reason
+    if relpath != (primary := target_of_first(patch)):
+        return "apply", f"{patch.why} ({primary} moved: here {relpath})"
+    return "apply", patch.why
 
 
 def label(steps) -> str:
@@ -512,10 +640,11 @@ async def through_middleware(middleware_class, method: str, path: str, key: str 
 
 def check_api_key() -> None:
     """Every path but the allowlist answers 401 without the key and passes with it."""
-    from vllm.entrypoints.openai.server_utils import AuthenticationMiddleware
+    module = importlib.import_module(target_of(API_KEY).removesuffix(".py").replace("/", "."))
+    middleware_class = module.AuthenticationMiddleware
 
     def status(method, path, key):
-        return asyncio.run(through_middleware(AuthenticationMiddleware, method, path, key))
+        return asyncio.run(through_middleware(middleware_class, method, path, key))
 
     for path in MUST_NEED_KEY:
         got = status("POST", path, None)
