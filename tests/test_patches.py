@@ -187,8 +187,11 @@ def test_transformers_5_base_keeps_its_own_fix(docker_client, images, base_image
     tag, code, output = images(base5, "transformers5")
     assert code == 0, output
     assert "skip  transformers-reasoning-effort: transformers 5.24.0" in output
+    # the bug is the pair: transformers 5 takes the None vLLM 0.19.0 passes on, so vLLM's side
+    # needs nothing either
+    assert "skip  vllm-reasoning-effort: transformers 5.24.0" in output
     assert labels(docker_client, tag)["thorfleet.patches"] == (
-        "vllm-reasoning-effort=applied,transformers-reasoning-effort=skipped,"
+        "vllm-reasoning-effort=skipped,transformers-reasoning-effort=skipped,"
         "think-prefill=applied,api-key-every-route=applied,streamed-tool-calls=applied,"
         "reasoning-split=applied")
     rendered = render(docker_client, tag)
