@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import resource
 import statistics
 import tempfile
@@ -75,6 +76,18 @@ def built_on(run, hosts):
     """The hosts whose run built the derived image (its Build operation changed something)."""
     return [h for h in hosts if any(op["name"].startswith("Image | Build") and h in op["success"]
                                     for op in run.json["results"]["operations"])]
+
+
+SENT = re.compile(r"\[(?P<host>[^\]\s]+)\].*thorfleet-image: sent (?P<bytes>\d+) bytes of \S+ "
+                  r"\(image (?P<image>\d+) bytes\)")
+
+
+def image_moved(run):
+    """{host: {"bytes": sent to it, "image_bytes": the image's size}} from the lines the first
+    host's thorfleet-image prints as it finishes each send, shown under the loading host's name
+    (ssh passes the sender's stderr on)."""
+    return {m["host"]: {"bytes": int(m["bytes"]), "image_bytes": int(m["image"])}
+            for m in map(SENT.search, run.stderr.splitlines()) if m}
 
 
 def deploy(inventory, env=None):
@@ -182,6 +195,8 @@ def main():
                         help="skip the fresh-box converges (measure re-runs and rollouts only)")
     parser.add_argument("--image-registry", help="share the image through this registry path "
                         "(in the sim: thorfleet-registry:5000/thorfleet)")
+    parser.add_argument("--image-base", help="the sim base to converge on (python -m "
+                        "tests.sim bases), e.g. upstream-0.26.0 (default: the group data's)")
     parser.add_argument("--wan-rate", type=int, help="bytes/s of the one uplink every hub "
                         "response shares (an office's WAN)")
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 2],
@@ -201,7 +216,10 @@ def main():
     client = docker.from_env()
     workdir = Path(tempfile.mkdtemp(prefix="thorfleet-bench-"))
     extra = {"image_registry": args.image_registry} if args.image_registry else {}
-    results = {"hosts": hosts, "image_registry": args.image_registry, "wan_rate": args.wan_rate,
+    if args.image_base:
+        extra["image_base"] = {n: ref for n, ref, _ in fleet.bases(client)}[args.image_base]
+    results = {"hosts": hosts, "image_registry": args.image_registry,
+               "image_base": args.image_base, "wan_rate": args.wan_rate,
                "rtt_ms": args.rtt_ms, "converge": {}, "rollouts": []}
     modes = ["batched", "each"] if args.reads == "both" else [args.reads]
 
@@ -224,6 +242,7 @@ def main():
                 "first_s": round(first.seconds, 1), "hub_bytes": served,
                 "hub_copies": round(served / one_copy, 2),
                 "image_built_on": built_on(first, group),
+                "image_moved": image_moved(first),
                 "first_sections_s": first.sections})
         with delayed(sim, workdir, group, args.rtt_ms) as (entries, reach):
             for mode in modes:

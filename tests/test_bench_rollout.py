@@ -1,7 +1,10 @@
 """The fleet benchmark's own arithmetic (bench/rollout.py): where a converge's time went."""
 
+from types import SimpleNamespace
+
 import pytest
 
+from bench import rollout
 from bench.rollout import sections
 from tests.sim import operator
 
@@ -29,3 +32,17 @@ def test_a_timed_deploy_keeps_each_line_with_when_it_came(tmp_path):
     assert "".join(line for _, line in run.marks) == run.stderr
     times = [at for at, _ in run.marks]
     assert times == sorted(times) and 0 < times[-1] <= run.seconds
+
+
+def test_the_image_moved_to_each_box_is_read_from_the_senders_last_line():
+    run = SimpleNamespace(stderr="\n".join([
+        "[thor-14] thorfleet-image: sending thorfleet/mistral-small4:abcdef012345 (image 1.2 GiB)",
+        "[thor-14] thorfleet-image: 0.50 GiB sent",
+        "[thor-14] thorfleet-image: sent 1288490188 bytes of thorfleet/mistral-small4:abcdef012345"
+        " (image 1288000000 bytes)",
+        "[thor-15] thorfleet-image: loaded thorfleet/mistral-small4:abcdef012345 from thor-13",
+        "[thor-15] thorfleet-image: sent 99 bytes of thorfleet/mistral-small4:abcdef012345 "
+        "(image 98 bytes)"]))
+    assert rollout.image_moved(run) == {
+        "thor-14": {"bytes": 1288490188, "image_bytes": 1288000000},
+        "thor-15": {"bytes": 99, "image_bytes": 98}}
