@@ -34,15 +34,15 @@ def test_a_timed_deploy_keeps_each_line_with_when_it_came(tmp_path):
     assert times == sorted(times) and 0 < times[-1] <= run.seconds
 
 
+TAG = "thorfleet/mistral-small4:abcdef012345"
+
+
 def test_the_image_moved_to_each_box_is_read_from_the_senders_last_line():
-    run = SimpleNamespace(stderr="\n".join([
-        "[thor-14] thorfleet-image: sending thorfleet/mistral-small4:abcdef012345 (image 1.2 GiB)",
-        "[thor-14] thorfleet-image: 0.50 GiB sent",
-        "[thor-14] thorfleet-image: sent 1288490188 bytes of thorfleet/mistral-small4:abcdef012345"
-        " (image 1288000000 bytes)",
-        "[thor-15] thorfleet-image: loaded thorfleet/mistral-small4:abcdef012345 from thor-13",
-        "[thor-15] thorfleet-image: sent 99 bytes of thorfleet/mistral-small4:abcdef012345 "
-        "(image 98 bytes)"]))
-    assert rollout.image_moved(run) == {
+    lines = [f"[thor-14] thorfleet-image: sending {TAG} (image 1.2 GiB)",
+             "[thor-14] thorfleet-image: 0.50 GiB sent",
+             f"[thor-14] thorfleet-image: sent 1288490188 bytes of {TAG} (image 1288000000 bytes)",
+             f"[thor-15] thorfleet-image: loaded {TAG} from thor-13",
+             f"[thor-15] thorfleet-image: sent 99 bytes of {TAG} (image 98 bytes)"]
+    assert rollout.image_moved(SimpleNamespace(stderr="\n".join(lines))) == {
         "thor-14": {"bytes": 1288490188, "image_bytes": 1288000000},
         "thor-15": {"bytes": 99, "image_bytes": 98}}
