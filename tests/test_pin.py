@@ -393,11 +393,13 @@ def test_edits_keep_layout_in_every_dict_shape(tmp_path):
 
 class FakeGhcr:
     """ghcr.io's answers, on 127.0.0.1: HEAD a manifest -> 401 with a Bearer challenge; GET the
-    realm -> an anonymous pull token; HEAD again with it -> 200 and Docker-Content-Digest."""
+    realm -> an anonymous pull token; HEAD again with it -> 200 and Docker-Content-Digest.
+    Docker Hub answers the same way (its registry and auth service), for its repository."""
 
     DIGEST = "sha256:" + "e" * 64
 
-    def __init__(self):
+    def __init__(self, service="ghcr.io", repository="nvidia-ai-iot/vllm",
+                 tag="latest-jetson-thor"):
         import http.server
         import threading
 
@@ -425,9 +427,9 @@ class FakeGhcr:
                 if self.headers.get("Authorization") != "Bearer anon-pull-token":
                     self.send_response(401)
                     self.send_header("WWW-Authenticate", (
-                        f'Bearer realm="http://127.0.0.1:{fake.port}/token",service="ghcr.io",'
-                        'scope="repository:nvidia-ai-iot/vllm:pull"'))
-                elif (self.path == "/v2/nvidia-ai-iot/vllm/manifests/latest-jetson-thor"
+                        f'Bearer realm="http://127.0.0.1:{fake.port}/token",service="{service}",'
+                        f'scope="repository:{repository}:pull"'))
+                elif (self.path == f"/v2/{repository}/manifests/{tag}"
                       and "application/vnd.oci.image.index.v1+json" in accept):
                     self.send_response(200)
                     self.send_header("Docker-Content-Digest", fake.DIGEST)
@@ -438,7 +440,7 @@ class FakeGhcr:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
-        self.via = f"ghcr.io=http://127.0.0.1:{self.port}"
+        self.via = f"{service}=http://127.0.0.1:{self.port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
@@ -469,6 +471,29 @@ def test_the_example_as_copied_gets_the_default_base_image_pinned_through_a_bear
     assert ghcr.seen[-1] == ("HEAD", "/v2/nvidia-ai-iot/vllm/manifests/latest-jetson-thor",
                              "Bearer anon-pull-token")
     assert thorfleet("check", path).returncode == 0
+
+
+def test_the_upstream_vllm_image_is_pinned_from_docker_hub_as_the_jetson_one_is(hub, tmp_path):
+    """The base moves on: `pin --image vllm/vllm-openai:v0.26.0` resolves Docker Hub's tag to its
+    digest through the same bearer-token dance, records the tag, and --update re-resolves it."""
+    fake = FakeGhcr(service="docker.io", repository="vllm/vllm-openai", tag="v0.26.0")
+    try:
+        path = new_inventory(tmp_path, hub)
+        run = thorfleet("pin", path, "--image", "vllm/vllm-openai:v0.26.0", "--via", fake.via,
+                        "--yes", tmp_path=tmp_path)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert values(path)["image_base"] == f"vllm/vllm-openai@{FakeGhcr.DIGEST}"
+        assert f"vllm/vllm-openai@{FakeGhcr.DIGEST}\",  # tag v0.26.0" in path.read_text()
+        assert fake.seen[-1] == ("HEAD", "/v2/vllm/vllm-openai/manifests/v0.26.0",
+                                 "Bearer anon-pull-token")
+        fake.seen.clear()
+        run = thorfleet("pin", path, "--update", "--via", fake.via, "--yes", tmp_path=tmp_path)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert fake.seen[-1] == ("HEAD", "/v2/vllm/vllm-openai/manifests/v0.26.0",
+                                 "Bearer anon-pull-token")  # the tag the comment records
+        assert thorfleet("check", path).returncode == 0
+    finally:
+        fake.close()
 
 
 def test_image_names_are_read_as_docker_reads_them():
