@@ -414,12 +414,12 @@ LOGGED = {
                "Using NvFp4LinearBackend.FLASHINFER_CUTLASS for NVFP4 GEMM",
                "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of potential backends: [...]."],
     "0.26.0": ["INFO 12-01 21:54:22 [cuda.py:422] Using AttentionBackendEnum.TRITON_MLA backend.",
-               "INFO 12-01 21:54:22 [__init__.py:978] Using FlashInferCutlassNvFp4LinearKernel "
-               "for NVFP4 GEMM",
-               "INFO 12-01 21:54:22 [nvfp4.py:239] Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend "
-               "out of potential backends: ['FLASHINFER_TRTLLM', 'FLASHINFER_CUTEDSL', "
-               "'FLASHINFER_CUTEDSL_BATCHED', 'FLASHINFER_CUTLASS', 'VLLM_CUTLASS', 'MARLIN', "
-               "'HUMMING', 'EMULATION']."],
+               ("INFO 12-01 21:54:22 [__init__.py:978] Using FlashInferCutlassNvFp4LinearKernel "
+                "for NVFP4 GEMM"),
+               ("INFO 12-01 21:54:22 [nvfp4.py:239] Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend "
+                "out of potential backends: ['FLASHINFER_TRTLLM', 'FLASHINFER_CUTEDSL', "
+                "'FLASHINFER_CUTEDSL_BATCHED', 'FLASHINFER_CUTLASS', 'VLLM_CUTLASS', 'MARLIN', "
+                "'HUMMING', 'EMULATION'].")],
 }
 
 
