@@ -16,6 +16,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -442,3 +443,16 @@ def test_the_proof_reads_each_bases_kernel_lines_and_its_marlin_fallback(version
     marlin = log.replace("FlashInferCutlassNvFp4LinearKernel", "MarlinNvFp4LinearKernel").replace(
         "NvFp4LinearBackend.FLASHINFER_CUTLASS", "NvFp4LinearBackend.MARLIN")
     assert tool.MARLIN.search(marlin)
+
+
+def test_a_base_that_chose_other_kernels_is_refused_naming_what_it_chose(tmp_path, monkeypatch):
+    # vLLM 0.26.0 without FlashInfer: its own CUTLASS kernels, which the proof does not accept
+    tool = serve_tool()
+    log = "\n".join(LOGGED["0.26.0"]).replace(
+        "FlashInferCutlassNvFp4LinearKernel", "CutlassNvFp4LinearKernel").replace(
+        "'FLASHINFER_CUTLASS' NvFp4 MoE", "'VLLM_CUTLASS' NvFp4 MoE")
+    monkeypatch.setattr(tool, "run", lambda *a, **k: SimpleNamespace(stdout=log))
+    with pytest.raises(tool.NotServing) as refused:
+        tool.check_startup_log("thorfleet-vllm", "now")
+    assert "does not show FLASHINFER_CUTLASS NVFP4 GEMM" in str(refused.value)
+    assert "Using CutlassNvFp4LinearKernel for NVFP4 GEMM" in str(refused.value)
