@@ -667,7 +667,8 @@ TRACE, ANSWER = "The user asks about Paris.", "It is sunny in Paris."
 def split_by_plugin(tokenizer_dir: Path) -> dict:
     """The plugin loaded as `--reasoning-parser-plugin` loads it, looked up by the name the
     config gives, and called as chat_completion/serving.py calls it: is_reasoning_end on the
-    prompt, then extract_reasoning (not streamed) or extract_reasoning_streaming token by token."""
+    prompt, then extract_reasoning (not streamed), or token by token as the base's serving
+    streams (stream_deltas)."""
     from vllm.reasoning import ReasoningParserManager
     from vllm.tokenizers.mistral import MistralTokenizer
 
@@ -686,23 +687,52 @@ def split_by_plugin(tokenizer_dir: Path) -> dict:
     prompt_ended = full.is_reasoning_end(prompt)
     reasoning, content = full.extract_reasoning(text, request=None)
 
-    streamed = parser_class(tokenizer, chat_template_kwargs={})
-    streamed.is_reasoning_end(prompt)
     parts = {"reasoning": "", "content": ""}
-    previous_text, previous_ids = "", []
-    for n in range(len(output)):
-        current_ids = output[:n + 1]
-        current_text = tokenizer.decode(current_ids, skip_special_tokens=False)
-        delta = streamed.extract_reasoning_streaming(
-            previous_text, current_text, current_text[len(previous_text):], previous_ids,
-            current_ids, output[n:n + 1])
+    for delta in stream_deltas(parser_class, tokenizer, prompt, output, messages):
         for key in parts:
             parts[key] += (getattr(delta, key, None) or "") if delta else ""
-        previous_text, previous_ids = current_text, current_ids
     return {"class": parser_class.__name__, "prompt_ends_with_think": prompt[-1:] == [
                 tokenizer.tokenizer.get_special_token("[THINK]")],
             "prompt_is_reasoning_end": prompt_ended, "reasoning": reasoning, "content": content,
             "streamed": parts}
+
+
+def stream_deltas(parser_class, tokenizer, prompt: list[int], output: list[int], messages):
+    """The DeltaMessages of `output` streamed one token at a time, as the base's chat serving
+    streams it. Where serving hands each delta to parser.parse_delta (vLLM 0.26.0
+    chat_completion/serving.py L606-613), through the Parser it builds from the config's parsers
+    (vllm.yaml.j2: tool_call_parser mistral, auto tools; serving.py L153-159): that Parser
+    decides when reasoning ends (is_reasoning_end_streaming, parser/abstract_parser.py L846-851),
+    not the reasoning parser alone. Else (0.19.0, no tools): is_reasoning_end on the prompt
+    (serving.py L687), then extract_reasoning_streaming on every delta (L997)."""
+    if stream_goes_through_parse_delta(source_of(CHAT_SERVING)[1]):
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.parser import ParserManager
+
+        parser = ParserManager.get_parser(tool_parser_name="mistral",
+                                          reasoning_parser_name=PLUGIN_NAME,
+                                          enable_auto_tools=True)(
+            tokenizer, None, chat_template_kwargs={})
+        request = ChatCompletionRequest(model="check", messages=messages, stream=True,
+                                        reasoning_effort="high")
+        previous_text = ""
+        for n in range(len(output)):
+            current_text = tokenizer.decode(output[:n + 1], skip_special_tokens=False)
+            yield parser.parse_delta(current_text[len(previous_text):], output[n:n + 1],
+                                     request, prompt_token_ids=prompt,
+                                     finished=n == len(output) - 1)
+            previous_text = current_text
+        return
+    streamed = parser_class(tokenizer, chat_template_kwargs={})
+    streamed.is_reasoning_end(prompt)
+    previous_text, previous_ids = "", []
+    for n in range(len(output)):
+        current_ids = output[:n + 1]
+        current_text = tokenizer.decode(current_ids, skip_special_tokens=False)
+        yield streamed.extract_reasoning_streaming(
+            previous_text, current_text, current_text[len(previous_text):], previous_ids,
+            current_ids, output[n:n + 1])
+        previous_text, previous_ids = current_text, current_ids
 
 
 def check_reasoning_split(think_prefill: bool) -> None:

@@ -18,7 +18,9 @@ What this parser does, per request (vLLM builds one parser per chat request):
 - Prompt opened [THINK] and the model closes it: the trace goes in `reasoning_content`, the answer
   in `content`, streamed and not streamed (streaming reads as if [THINK] preceded the output, so
   vLLM's own BaseThinkingReasoningParser code does the deltas). Tool calls after [/THINK] reach
-  the tool parser, because `is_reasoning_end` now sees the close.
+  the tool parser, because `is_reasoning_end` now sees the close. On vLLM 0.26.0 every streamed
+  delta goes through parser.parse_delta, which ends reasoning when `is_reasoning_end_streaming`
+  says so: here at [/THINK] (or a tool call), not at the first token with no [THINK].
 - Prompt opened [THINK] and the model never closes it: everything it wrote is `reasoning_content`
   and `content` is empty (null when not streamed); `finish_reason` is vLLM's own, `length` when
   max_tokens cut the trace. Why: the text is an unfinished trace, not an answer, and a client must
@@ -94,6 +96,18 @@ class PrefilledThinkReasoningParser(MistralReasoningParser):
             return (BaseThinkingReasoningParser.is_reasoning_end(self, input_ids)
                     or self._call_in_trace(input_ids) is not None)
         return super().is_reasoning_end(input_ids)
+
+    def is_reasoning_end_streaming(self, input_ids: Sequence[int], delta_ids) -> bool:
+        if self.prompt_opened and not (len(input_ids) and input_ids[0] == self.bos_token_id):
+            # Output of a prompt that opened [THINK]. vLLM 0.26.0 streams chat through
+            # parser.parse_delta, which hands every later delta to content (or the tool parser)
+            # once this is true (vllm/parser/abstract_parser.py L846-851); its
+            # MistralReasoningParser says true for an output with no [THINK]
+            # (reasoning/mistral_reasoning_parser.py L76-83), i.e. from the trace's first token.
+            # The trace ends at [/THINK] or a tool call. (0.19.0's serving never calls this; its
+            # engine does, with prompt + output: the BOS case, vLLM's answer.)
+            return self.end_token_id in delta_ids or self._call_in_trace(input_ids) is not None
+        return super().is_reasoning_end_streaming(input_ids, delta_ids)
 
     def _call_in_trace(self, ids: Sequence[int]) -> int | None:
         """Index of a [TOOL_CALLS] written before any [/THINK] (prompt-opened trace), else None."""
