@@ -15,6 +15,7 @@ from pyinfra.api import deploy
 
 from thorfleet import peers
 from thorfleet.layout import (
+    BOX_ETC,
     BOX_IMAGE_CONTEXT,
     BOX_IMAGE_HOME,
     BOX_IMAGE_KEY,
@@ -78,6 +79,7 @@ def image_access(settings):
                      path=BOX_IMAGE_SUDOERS, mode="440", check=("visudo", "-c", "-q", "-f"),
                      src=StringIO(f"# Managed by thorfleet: the image copy (thorfleet-image)\n"
                                   f"{IMAGE_USER} ALL=(root) NOPASSWD: {BOX_IMAGE_TOOL} save *\n"))
+    files.directory(name=f"Create {BOX_ETC}", path=BOX_ETC, mode="755")
     files.secret_file(name="Install the fleet's image key (root-only)", path=BOX_IMAGE_KEY,
                       content=private)
     files.directory(name=f"Create {BOX_STATE}", path=BOX_STATE, mode="700")
