@@ -87,7 +87,9 @@ def stream(server, body) -> tuple[dict, str | None, list[dict]]:
             line = raw.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            choice = json.loads(line[6:])["choices"][0]
+            event = json.loads(line[6:])
+            assert "choices" in event, event  # vLLM streams an error as an event of its own
+            choice = event["choices"][0]
             delta = choice["delta"]
             joined["reasoning"] += delta.get("reasoning") or delta.get("reasoning_content") or ""
             joined["content"] += delta.get("content") or ""

@@ -208,10 +208,13 @@ KERNELS_LINEAR = "model_executor/kernels/linear/__init__.py"
 MOE_ORACLE = "model_executor/layers/fused_moe/oracle/nvfp4.py"
 
 
+NVFP4_UTILS = "model_executor/layers/quantization/utils/nvfp4_utils.py"
+
+
 def select_nvfp4_gemm(vllm_config=None) -> str:
-    if (VLLM_DIR / KERNELS_LINEAR).exists():
-        return select_nvfp4_gemm_kernel(vllm_config)
-    return select_nvfp4_gemm_backend()
+    if "class NvFp4LinearBackend" in (VLLM_DIR / NVFP4_UTILS).read_text():  # 0.19.0's enum
+        return select_nvfp4_gemm_backend()
+    return select_nvfp4_gemm_kernel(vllm_config)
 
 
 # vLLM 0.26.0 kernels/linear/__init__.py _POSSIBLE_NVFP4_KERNELS[CUDA] (L446-460), in order, and
