@@ -46,18 +46,20 @@ def run(settings):
                   "inputs_hash": settings.image_inputs_hash,
                   "think_prefill": settings.image_think_prefill, "context": context}
     first = host.name == peers.first_of_run(inventory, state)
-    if settings.image_registry and not first:  # a later line: after the first host's push
-        image.shared_image(
-            name=f"Pull {settings.image_tag} from {settings.image_registry} unless it exists",
-            **built_from, registry=settings.image_registry, shared_ref=settings.image_shared_ref)
-    elif copying and not first:  # a later line: after the first host's build
-        source = peers.image_source_of(inventory, state)
-        image.loaded_image(name=f"Load {settings.image_tag} from {source} unless it exists",
-                           **built_from, source=source)
-    else:
+    if first or not (settings.image_registry or copying):
         image.derived_image(name=f"Build {settings.image_tag} unless it exists", **built_from,
                             registry=settings.image_registry,
                             shared_ref=settings.image_shared_ref, shared=copying)
+    # Later lines: pyinfra runs an operation on every host in the order of the lines that call
+    # it, so the first host's build (and push) above is done before any other host asks for it.
+    elif settings.image_registry:
+        image.shared_image(
+            name=f"Pull {settings.image_tag} from {settings.image_registry} unless it exists",
+            **built_from, registry=settings.image_registry, shared_ref=settings.image_shared_ref)
+    else:
+        source = peers.image_source_of(inventory, state)
+        image.loaded_image(name=f"Load {settings.image_tag} from {source} unless it exists",
+                           **built_from, source=source)
 
 
 def image_access(settings):

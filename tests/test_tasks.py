@@ -2,6 +2,7 @@
 two-box fleet with a registry (pyinfra's API, no box contacted), then each operation's body run
 against a box with nothing in place and one already right, its reads answered from a table."""
 
+import pyinfra
 import pytest
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.state import StateStage
@@ -49,3 +50,29 @@ def test_every_task_plans_and_every_operation_body_runs(box, monkeypatch):
                         list(state.ops[h][op_hash].command_generator())
                         ran += 1
     assert ran == len(inventory) * len(state.get_op_order()) - 2  # one image operation each
+
+
+@pytest.mark.parametrize("extra, shipped", [({"image_registry": "reg.lan:5000/t"}, "Pull"),
+                                            ({}, "Load")])
+def test_the_first_host_builds_before_any_other_asks_for_the_image(extra, shipped, monkeypatch):
+    # pyinfra runs each operation on every host in the order of the lines that call it: the other
+    # hosts' pull or load must come after the first host's build, or each builds its own
+    monkeypatch.setenv("THORFLEET_API_KEY", "sk-test")
+    monkeypatch.setenv("THORFLEET_BATCH_READS", "0")
+    # as the CLI orders operations: by the lines that call them (the API counts them per host)
+    monkeypatch.setattr(pyinfra, "is_cli", True)
+    inventory = Inventory((["thor-1", "thor-2", "thor-3"], {**GOOD, **extra}))
+    state = State(check_for_changes=False)
+    state.init(inventory, Config())
+    state.current_op_file_number = 0
+    state.current_stage = StateStage.Prepare
+    with ctx_state.use(state), ctx_inventory.use(inventory):
+        for h in inventory:
+            h.get_fact = lambda fact, **_: BARE[fact] if fact in BARE else fact().default()
+            with ctx_host.use(h):
+                image.run(settings_for(h.data.dict()))
+    order = [(sorted(h.name for h in inventory if op_hash in state.ops[h]),
+              state.get_op_meta(op_hash).names) for op_hash in state.get_op_order()]
+    steps = [(hosts, sorted(n.split(" ")[2] for n in names)) for hosts, names in order
+             if any(n.split(" ")[2] in ("Build", "Pull", "Load") for n in names)]
+    assert steps == [(["thor-1"], ["Build"]), (["thor-2", "thor-3"], [shipped])], steps
