@@ -61,6 +61,9 @@ def moved(sim_fleet, my_boxes, tmp_path_factory):
     loaded = [h for h in my_boxes if any(op.startswith("Image | Load")
                                          for op in changed_on(first, h))]
     assert (built, loaded) in (([my_boxes[0]], my_boxes[1:]), ([], [])), (built, loaded)
+    if built:  # each load took the image, not the build it falls back to
+        assert first.stderr.count("==> built ") == 1, first.stderr[-4000:]
+        assert first.stderr.count("thorfleet-image: loaded ") == 2, first.stderr[-4000:]
     yield run
     back, _ = run("back")  # the other stories' base again
     assert back.returncode == 0, outcome(back, my_boxes[0])
@@ -110,6 +113,8 @@ def test_a_fleet_moves_to_the_newer_base_through_its_canary(sim_fleet, my_boxes,
     # one build, on the canary (the run's first host); the others loaded it from there
     assert [h for h in my_boxes if any(op.startswith("Image | Build")
                                        for op in changed_on(done, h))] == [canary]
+    assert done.stderr.count("==> built ") == 1, done.stderr[-4000:]
+    assert done.stderr.count("thorfleet-image: loaded ") == 2, done.stderr[-4000:]
     label = box(sim_fleet, canary, "docker inspect --format "
                 "'{{index .Config.Labels \"thorfleet.patches\"}}' " + new[canary])
     assert "skipped" in label and "applied" in label, label
