@@ -64,9 +64,8 @@ def moved(sim_fleet, my_boxes, tmp_path_factory):
     if built:  # each load took the image, not the build it falls back to
         assert first.stderr.count("==> built ") == 1, first.stderr[-4000:]
         assert first.stderr.count("thorfleet-image: loaded ") == 2, first.stderr[-4000:]
-    yield run
-    back, _ = run("back")  # the other stories' base again
-    assert back.returncode == 0, outcome(back, my_boxes[0])
+    return run  # (no way back to 0.19.0 after: no other story uses these boxes, and a kept
+    # fleet's next converge is then a rollout back, which the canary proves like any other)
 
 
 def serving_image(sim_fleet, host):
