@@ -32,6 +32,14 @@ def _build(tag, base, inputs_hash, think_prefill, context, base_present):
     return commands
 
 
+def _fallback(tag, base, inputs_hash, think_prefill, context, base_labels):
+    """(the local build as one command, the ID the run's first host holds or None): what a box
+    that receives the image from that host checks it against, and builds when it cannot."""
+    built = " && ".join(_build(tag, base, inputs_hash, think_prefill, context,
+                               base_labels is not None))
+    return built, run_state(host.state).image_ids.get(tag)
+
+
 def _pulled(tag, inputs_hash, shared_ref, image_id=None):
     """Shell that pulls the image from image_registry, checks on arrival that its thorfleet.inputs
     label is this run's hash of every input and, when the run's first host built or holds it,
@@ -154,9 +162,7 @@ def shared_image(tag, base, inputs_hash, think_prefill, context, registry, share
     if labels is not None:
         host.noop(f"{tag} is already here ({labels.get('thorfleet.patches', '?')})")
         return
-    built = " && ".join(_build(tag, base, inputs_hash, think_prefill, context,
-                               base_labels is not None))
-    image_id = run_state(host.state).image_ids.get(tag)
+    built, image_id = _fallback(tag, base, inputs_hash, think_prefill, context, base_labels)
     arrived = f"pulled from {registry}" + (f", ID {image_id[7:19]}" if image_id else "")
     yield ShownCommand(
         f"if {_pulled(tag, inputs_hash, shared_ref, image_id)}; then echo 'thorfleet: {tag} "
@@ -186,9 +192,7 @@ def loaded_image(tag, base, inputs_hash, think_prefill, context, source, *, labe
     if labels is not None:
         host.noop(f"{tag} is already here ({labels.get('thorfleet.patches', '?')})")
         return
-    built = " && ".join(_build(tag, base, inputs_hash, think_prefill, context,
-                               base_labels is not None))
-    image_id = run_state(host.state).image_ids.get(tag)
+    built, image_id = _fallback(tag, base, inputs_hash, think_prefill, context, base_labels)
     load = sh(BOX_IMAGE_TOOL, "load", "--from", source, "--tag", tag, "--inputs", inputs_hash,
               *(("--id", image_id) if image_id else ()), "--key", BOX_IMAGE_KEY,
               "--known-hosts", BOX_PEER_KNOWN_HOSTS, "--user", IMAGE_USER)
