@@ -4,7 +4,9 @@ The run's first host builds, the others pull or load it, check it on arrival (in
 the ID the first host built) and tag it; a box that has it gets nothing; every box ends with the
 same image ID; a transfer cut short leaves the box building its own.
 
-Uses the rollout boxes (3-5) and gives them back as they were. The edits that break it: no
+Uses the rollout boxes (3-5), last in their group, and leaves them on the second image (the think
+prefill off): every story before it converges them itself, and going back would cost CI a rolling
+restart of three boxes. The edits that break it: no
 image_registry handling in tasks/image.py (every box builds); for a box added later, a first host
 that never pushes an image it already has (that box builds its own); no image copy without a
 registry (every box builds); a load whose failure is not followed by a build (the cut box has no
@@ -21,6 +23,8 @@ pytestmark = pytest.mark.fleet
 
 # The sim's registry, where the boxes already pull the base from.
 REGISTRY = "thorfleet-registry:5000/thorfleet"
+# Inputs none of the stories before these gave the boxes: a new image, without it in any registry.
+SECOND_IMAGE = {"image_think_prefill": False}
 
 
 def image_of(sim_fleet, host):
@@ -34,43 +38,38 @@ def test_one_box_builds_the_others_pull_the_same_image_and_a_rerun_changes_nothi
     report = {"rollout_report_path": str(tmp_path / "report.json")}
     # new inputs (the think prefill off): an image none of the three boxes has yet
     shared = sim_fleet.write_inventory(tmp_path / "shared.py", hosts=hosts, extra_data={
-        **report, "image_registry": REGISTRY, "image_think_prefill": False})
-    try:
-        run = deploy(shared)
-        assert run.returncode == 0, run.stderr[-4000:]
-        changed = {h: " ".join(changed_on(run, h)) for h in hosts}
-        assert [h for h in hosts if "Image | Build" in changed[h]] == [hosts[0]], changed
-        assert [h for h in hosts if "Image | Pull" in changed[h]] == hosts[1:], changed
-        tag = image_of(sim_fleet, hosts[0])
-        ids = {h: box(sim_fleet, h, f"docker images -q --no-trunc {tag}") for h in hosts}
-        # one image, by ID: a box that fell back to building its own would have another
-        assert len(set(ids.values())) == 1 and "" not in ids.values(), ids
-        # and each box checked that ID on arrival: the one the first host pushed in this run
-        for h in hosts[1:]:
-            assert f"{tag} pulled from {REGISTRY}, ID {ids[h][7:19]}" in run.stderr, run.stderr[-3000:]
-        assert all(serves(sim_fleet, h, timeout=5) for h in hosts)
-        again = deploy(shared)
-        assert [changed_on(again, h) for h in hosts] == [[], [], []]
+        **report, "image_registry": REGISTRY, **SECOND_IMAGE})
+    run = deploy(shared)
+    assert run.returncode == 0, run.stderr[-4000:]
+    changed = {h: " ".join(changed_on(run, h)) for h in hosts}
+    assert [h for h in hosts if "Image | Build" in changed[h]] == [hosts[0]], changed
+    assert [h for h in hosts if "Image | Pull" in changed[h]] == hosts[1:], changed
+    tag = image_of(sim_fleet, hosts[0])
+    ids = {h: box(sim_fleet, h, f"docker images -q --no-trunc {tag}") for h in hosts}
+    # one image, by ID: a box that fell back to building its own would have another
+    assert len(set(ids.values())) == 1 and "" not in ids.values(), ids
+    # and each box checked that ID on arrival: the one the first host pushed in this run
+    for h in hosts[1:]:
+        assert f"{tag} pulled from {REGISTRY}, ID {ids[h][7:19]}" in run.stderr, run.stderr[-3000:]
+    assert all(serves(sim_fleet, h, timeout=5) for h in hosts)
+    again = deploy(shared)
+    assert [changed_on(again, h) for h in hosts] == [[], [], []]
 
-        # A registry that does not have it (the fleet was converged before image_registry was
-        # set), and a box without the image (a box added later): the first host, which has it,
-        # pushes it for that box, which pulls it; nobody builds.
-        later = sim_fleet.write_inventory(tmp_path / "later.py", hosts=hosts, extra_data={
-            **report, "image_registry": f"{REGISTRY}-later", "image_think_prefill": False})
-        box(sim_fleet, hosts[2], f"docker rmi -f {tag} >/dev/null")  # its server keeps running
-        run = deploy(later)
-        assert run.returncode == 0, run.stderr[-4000:]
-        changed = {h: " ".join(changed_on(run, h)) for h in hosts}
-        assert "Image | Build" in changed[hosts[0]] and changed[hosts[1]] == "", changed
-        assert changed[hosts[2]].startswith("Image | Pull"), changed  # nothing restarted
-        assert f"pushed to {REGISTRY}-later for {hosts[2]}" in run.stderr, run.stderr[-3000:]
-        assert f"{tag} pulled from {REGISTRY}-later, ID {ids[hosts[0]][7:19]}" in run.stderr
-        assert "==> building" not in run.stderr
-        assert box(sim_fleet, hosts[2], f"docker images -q --no-trunc {tag}") == ids[hosts[0]]
-    finally:
-        back = deploy(sim_fleet.write_inventory(tmp_path / "back.py", hosts=hosts,
-                                                extra_data=report))
-        assert back.returncode == 0, back.stderr[-4000:]
+    # A registry that does not have it (the fleet was converged before image_registry was
+    # set), and a box without the image (a box added later): the first host, which has it,
+    # pushes it for that box, which pulls it; nobody builds.
+    later = sim_fleet.write_inventory(tmp_path / "later.py", hosts=hosts, extra_data={
+        **report, "image_registry": f"{REGISTRY}-later", **SECOND_IMAGE})
+    box(sim_fleet, hosts[2], f"docker rmi -f {tag} >/dev/null")  # its server keeps running
+    run = deploy(later)
+    assert run.returncode == 0, run.stderr[-4000:]
+    changed = {h: " ".join(changed_on(run, h)) for h in hosts}
+    assert "Image | Build" in changed[hosts[0]] and changed[hosts[1]] == "", changed
+    assert changed[hosts[2]].startswith("Image | Pull"), changed  # nothing restarted
+    assert f"pushed to {REGISTRY}-later for {hosts[2]}" in run.stderr, run.stderr[-3000:]
+    assert f"{tag} pulled from {REGISTRY}-later, ID {ids[hosts[0]][7:19]}" in run.stderr
+    assert "==> building" not in run.stderr
+    assert box(sim_fleet, hosts[2], f"docker images -q --no-trunc {tag}") == ids[hosts[0]]
 
 
 def test_without_a_registry_a_box_that_lacks_the_image_loads_it_from_the_first_box(sim_fleet,
@@ -79,8 +78,8 @@ def test_without_a_registry_a_box_that_lacks_the_image_loads_it_from_the_first_b
     # (A bare fleet's first install building once and loading twice: tests/test_bases.py.)
     hosts = my_boxes
     inventory = sim_fleet.write_inventory(tmp_path / "fleet.py", hosts=hosts, extra_data={
-        "rollout_report_path": str(tmp_path / "report.json")})
-    converged = deploy(inventory)  # as the other stories left them, with the image copy's access
+        "rollout_report_path": str(tmp_path / "report.json"), **SECOND_IMAGE})
+    converged = deploy(inventory)  # as the story above left them (no restart): no registry now
     assert converged.returncode == 0, converged.stderr[-4000:]
     tag = image_of(sim_fleet, hosts[0])
     built = box(sim_fleet, hosts[0], f"docker images -q --no-trunc {tag}")
@@ -109,7 +108,8 @@ def test_without_a_registry_a_box_that_lacks_the_image_loads_it_from_the_first_b
     try:
         run = deploy(inventory)
     finally:
-        box(sim_fleet, hosts[0], "pkill -f 'seq 1500' || true")
+        # ([s]: the pattern must not match the shell that runs pkill, whose line holds it)
+        box(sim_fleet, hosts[0], "pkill -f '[s]eq 1500' || true")
     assert run.returncode == 0, run.stderr[-4000:]
     assert f"{tag} not loaded: the transfer from" in run.stderr, run.stderr[-4000:]
     assert f"building {tag} here instead" in run.stderr
