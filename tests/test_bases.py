@@ -64,8 +64,9 @@ def moved(sim_fleet, my_boxes, tmp_path_factory):
     if built:  # each load took the image, not the build it falls back to
         assert first.stderr.count("==> built ") == 1, first.stderr[-4000:]
         assert first.stderr.count("thorfleet-image: loaded ") == 2, first.stderr[-4000:]
-    return run  # (no way back to 0.19.0 after: no other story uses these boxes, and a kept
-    # fleet's next converge is then a rollout back, which the canary proves like any other)
+    # No way back to 0.19.0 after: no other story uses these boxes, and a kept fleet's next
+    # converge is then a rollout back, which the canary proves like any other.
+    return run
 
 
 def serving_image(sim_fleet, host):
