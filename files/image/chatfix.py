@@ -17,7 +17,8 @@ The table (TABLE, in this order; the label lists each as applied, skipped or off
     think-prefill                  patches/think-prefill.diff (build option: "high" opens [THINK])
     api-key-every-route            patches/vllm-api-key-every-route.diff (--api-key only on /v1),
                                    or vllm-api-key-every-route-serve.diff where the middleware
-                                   lives in entrypoints/serve/utils/ (prefixes /v1 /v2 /inference)
+                                   lives in entrypoints/serve/utils/ (prefixes /v1 /v2 /inference),
+                                   or -middleware.diff in entrypoints/serve/middleware/ (+/cohere)
     streamed-tool-calls            patches/vllm-streamed-tool-calls.diff (stream waits for [/THINK])
     reasoning-split                thorfleet_reasoning.py, a --reasoning-parser-plugin, no diff:
                                    splits a [THINK] the prompt opened; off with think-prefill off,
@@ -256,7 +257,9 @@ VLLM_TOKENIZER = "vllm/tokenizers/mistral.py"
 TRANSFORMERS_TOKENIZER = "transformers/tokenization_mistral_common.py"
 AUTH_0_19 = "vllm/entrypoints/openai/server_utils.py"
 CHAT_SERVING = "vllm/entrypoints/openai/chat_completion/serving.py"
+STREAM_PROCESSOR = "vllm/entrypoints/openai/chat_completion/stream_processor.py"  # 0.33.0
 MISTRAL_REASONING = "vllm/reasoning/mistral_reasoning_parser.py"
+MISTRAL_ENGINE = "vllm/parser/mistral.py"  # from 0.27.1 the engine behind MISTRAL_REASONING
 
 
 def parse(relpath: str, text: str) -> ast.Module:
@@ -355,8 +358,9 @@ def base_guards_every_route(text: str, relpath: str = AUTH_0_19) -> str | None:
     (vllm #58144). Not needed when no test around the 401 looks at
     a path prefix (upstream's deny-by-default, PR #58028); `check` then proves it by probing.
     vLLM 0.26.0 moved it to entrypoints/serve/utils/server_utils.py (L90:
-    `url_path.startswith(GUARDED_PREFIX)`, GUARDED_PREFIX = ("/v1", "/v2", "/inference")): the
-    same shape, still needed."""
+    `url_path.startswith(GUARDED_PREFIX)`, GUARDED_PREFIX = ("/v1", "/v2", "/inference")), and
+    0.33.0 to entrypoints/serve/middleware/authenticate.py (L59, "/cohere" added to the prefixes
+    at L11): the same shape, still needed."""
     _, function = method(parse(relpath, text), ("AuthenticationMiddleware",), "__call__",
                          relpath)
     denials = guarded_by(function, lambda n: isinstance(n, ast.keyword) and n.arg == "status_code"
@@ -374,11 +378,11 @@ def stream_gate_already_ends_without_think(text: str, relpath: str = CHAT_SERVIN
     `if reasoning_parser.is_reasoning_end(output_token_ids):` (the `if` whose body calls
     extract_content_ids), which a Mistral answer without [THINK] never satisfies (upstream
     discussion in vllm PR #44596). Not needed when that gate tests more than that one call."""
-    _, function = method(parse(relpath, text), ("OpenAIServingChat",),
-                         "chat_completion_stream_generator", relpath)
-    gates = [node for node in ast.walk(function) if isinstance(node, ast.If) and any(
-        isinstance(n, ast.Attribute) and n.attr == "extract_content_ids"
-        for stmt in node.body for n in ast.walk(stmt))]
+    functions = stream_functions(parse(relpath, text), relpath)
+    gates = [node for function in functions for node in ast.walk(function)
+             if isinstance(node, ast.If) and any(
+                 isinstance(n, ast.Attribute) and n.attr == "extract_content_ids"
+                 for stmt in node.body for n in ast.walk(stmt))]
     bare = [g for g in gates if isinstance(g.test, ast.Call)
             and isinstance(g.test.func, ast.Attribute) and g.test.func.attr == "is_reasoning_end"]
     if gates and not bare:
@@ -386,18 +390,49 @@ def stream_gate_already_ends_without_think(text: str, relpath: str = CHAT_SERVIN
     return None  # the 0.19.0 shape, or code this patch does not know: fit() says which
 
 
+def stream_functions(tree: ast.Module, relpath: str = CHAT_SERVING) -> list:
+    """The stream generator, and the one it wraps where it only serializes another's chunks
+    (vLLM 0.33.0 chat_completion/serving.py L472-507 wraps chat_completion_stream_generator_raw,
+    L509)."""
+    _, function = method(tree, ("OpenAIServingChat",), "chat_completion_stream_generator",
+                         relpath)
+    functions = [function]
+    try:
+        functions.append(method(tree, ("OpenAIServingChat",),
+                                "chat_completion_stream_generator_raw", relpath)[1])
+    except PlanError:
+        pass
+    return functions
+
+
+def calls(function: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Call) and (
+        isinstance(n.func, ast.Attribute) and n.func.attr == name
+        or isinstance(n.func, ast.Name) and n.func.id == name) for n in ast.walk(function))
+
+
 def stream_goes_through_parse_delta(text: str, relpath: str = CHAT_SERVING) -> bool:
     """vLLM 0.26.0 chat_completion/serving.py L606-613: no end-of-reasoning gate left in the
     stream generator (no `if` whose body calls extract_content_ids); every delta goes to
     `parser.parse_delta(...)` (vllm/parser/abstract_parser.py), which decides the hand-over to
-    the tool parser with the reasoning parser's is_reasoning_end_streaming."""
-    _, function = method(parse(relpath, text), ("OpenAIServingChat",),
-                         "chat_completion_stream_generator", relpath)
-    gates = [node for node in ast.walk(function) if isinstance(node, ast.If) and any(
-        isinstance(n, ast.Attribute) and n.attr == "extract_content_ids"
-        for stmt in node.body for n in ast.walk(stmt))]
-    return not gates and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                             and n.func.attr == "parse_delta" for n in ast.walk(function))
+    the tool parser with the reasoning parser's is_reasoning_end_streaming. vLLM 0.33.0 makes
+    the call one step further: the raw generator builds a ChatStreamProcessor per choice
+    (serving.py L538-546) whose step calls parser.parse_delta (chat_completion/
+    stream_processor.py L77), read from that file."""
+    functions = stream_functions(parse(relpath, text), relpath)
+    gates = [node for function in functions for node in ast.walk(function)
+             if isinstance(node, ast.If) and any(
+                 isinstance(n, ast.Attribute) and n.attr == "extract_content_ids"
+                 for stmt in node.body for n in ast.walk(stmt))]
+    if gates:
+        return False
+    if any(calls(function, "parse_delta") for function in functions):
+        return True
+    if any(calls(function, "ChatStreamProcessor") for function in functions):
+        _, step = method(parse(STREAM_PROCESSOR, source_of(STREAM_PROCESSOR)[1]),
+                         ("ChatStreamProcessor",), "step", STREAM_PROCESSOR)
+        return calls(step, "parse_delta")
+    return False
 
 
 def mistral_stream_ends_without_think(text: str, relpath: str = MISTRAL_REASONING) -> str | None:
@@ -416,6 +451,31 @@ def mistral_stream_ends_without_think(text: str, relpath: str = MISTRAL_REASONIN
     if ends:
         return ("vLLM streams every delta through parser.parse_delta and its "
                 "MistralReasoningParser ends reasoning when the answer opened no [THINK]")
+    if not found and any(isinstance(node, ast.ImportFrom) and any(
+            alias.name == "MistralParserReasoningAdapter" for alias in node.names)
+            for node in tree.body):
+        return mistral_engine_call_ends_reasoning(source_of(MISTRAL_ENGINE)[1])
+    return None
+
+
+def mistral_engine_call_ends_reasoning(text: str, relpath: str = MISTRAL_ENGINE) -> str | None:
+    """vLLM 0.33.0 parser/mistral.py L243-248: in mistral_config, [TOOL_CALLS] from CONTENT (an
+    answer that opened no [THINK]) is `Transition(ParserState.TOOL_NAME, (EventType.
+    REASONING_END, EventType.TOOL_CALL_START) if reasoning_encoding != "none" ...)`: the engine
+    ends reasoning there, and parse_delta hands over to the tool parser when the engine says so
+    (has_engine_confirmed_reasoning_end, parser/abstract_parser.py L899-902)."""
+    for node in ast.walk(parse(relpath, text)):
+        if not isinstance(node, ast.Dict):
+            continue
+        for key, value in zip(node.keys, node.values):
+            if (isinstance(key, ast.Tuple) and len(key.elts) == 2
+                    and isinstance(key.elts[0], ast.Attribute) and key.elts[0].attr == "CONTENT"
+                    and isinstance(key.elts[1], ast.Constant)
+                    and key.elts[1].value == "TOOL_CALLS"
+                    and any(isinstance(n, ast.Attribute) and n.attr == "REASONING_END"
+                            for n in ast.walk(value))):
+                return ("vLLM streams every delta through parser.parse_delta and its Mistral "
+                        "parser engine ends reasoning at a tool call outside [THINK]")
     return None
 
 
@@ -434,16 +494,45 @@ def mistral_parser_splits_prefill(text: str, relpath: str = MISTRAL_REASONING) -
     """vLLM 0.19.0 reasoning/mistral_reasoning_parser.py L144-153: MistralReasoningParser.
     extract_reasoning returns `None, prev_eot_token + post_eot_token` for an output with [/THINK]
     but no [THINK], i.e. a trace whose [THINK] the prompt opened is folded into content, [/THINK]
-    dropped. Not needed when no `return None, <a + b>` is left there. Also read at server start
-    by thorfleet_reasoning.py, which then registers vLLM's own class under its name."""
-    _, function = method(parse(relpath, text), ("MistralReasoningParser",), "extract_reasoning",
-                         relpath)
+    dropped. Not needed when no `return None, <a + b>` is left there. From 0.27.1 the module is a
+    shim re-exporting MistralParserReasoningAdapter (0.33.0 L4-6): then read parser/mistral.py
+    (mistral_engine_splits_prefill). Also read at server start by thorfleet_reasoning.py, which
+    then registers vLLM's own class under its name."""
+    tree = parse(relpath, text)
+    classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    if "MistralReasoningParser" not in classes and any(
+            isinstance(node, ast.ImportFrom) and any(
+                alias.name == "MistralParserReasoningAdapter" for alias in node.names)
+            for node in tree.body):
+        return mistral_engine_splits_prefill(source_of(MISTRAL_ENGINE)[1])
+    _, function = method(tree, ("MistralReasoningParser",), "extract_reasoning", relpath)
     folds = [n for n in ast.walk(function) if isinstance(n, ast.Return)
              and isinstance(n.value, ast.Tuple) and len(n.value.elts) == 2
              and isinstance(n.value.elts[0], ast.Constant) and n.value.elts[0].value is None
              and isinstance(n.value.elts[1], ast.BinOp) and isinstance(n.value.elts[1].op, ast.Add)]
     if not folds:
         return "vLLM's MistralReasoningParser no longer folds a lone [/THINK] trace into content"
+    return None
+
+
+def mistral_engine_splits_prefill(text: str, relpath: str = MISTRAL_ENGINE) -> str | None:
+    """vLLM 0.33.0 parser/mistral.py: MistralParser (L273) is a ParserEngine whose config starts
+    every output in CONTENT (mistral_config, L227), where [/THINK] is absorbed with no event
+    (L212-215), and it reads nothing from the prompt: the ParserEngine defaults leave the state
+    alone (parser/engine/parser_engine.py L235-249). So a trace the prompt opened is content.
+    Not needed when MistralParser itself reads the prompt on both paths: the streamed hook
+    (adjust_initial_state_from_prompt, parser/abstract_parser.py L875-882) and the non-streamed
+    one (set_prompt_token_ids, chat_completion/serving.py L996-997)."""
+    tree = parse(relpath, text)
+    found = [node for node in tree.body
+             if isinstance(node, ast.ClassDef) and node.name == "MistralParser"]
+    if not found:
+        raise PlanError(f"{relpath}: expected a class MistralParser (the engine behind "
+                        f"MistralParserReasoningAdapter); found none")
+    defined = {item.name for item in found[0].body
+               if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if {"adjust_initial_state_from_prompt", "set_prompt_token_ids"} <= defined:
+        return "vLLM's MistralParser reads the prompt on both paths (streamed and not)"
     return None
 
 
@@ -462,7 +551,8 @@ THINK_PREFILL = Patch("think-prefill", "think-prefill.diff",
                       'reasoning_effort "high" opens the [THINK] block', always_needed)
 API_KEY = Patch("api-key-every-route", "vllm-api-key-every-route.diff",
                 "vLLM's --api-key guards only paths under /v1", base_guards_every_route,
-                more=("vllm-api-key-every-route-serve.diff",))
+                more=("vllm-api-key-every-route-serve.diff",
+                      "vllm-api-key-every-route-middleware.diff"))
 STREAM_TOOLS = Patch("streamed-tool-calls", "vllm-streamed-tool-calls.diff",
                      "vLLM streams a tool call as content while a reasoning parser is on",
                      stream_tools_not_needed)
