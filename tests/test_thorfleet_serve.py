@@ -126,11 +126,16 @@ class VLLM(BaseHTTPRequestHandler):
             return self.answer(401, {"error": "Unauthorized"})
         if not (self.box / "running").exists():
             return self.answer(503, {})
-        if self.path == "/v1/chat/completions/render":
-            return self.answer(200, {"token_ids": [1, 2, 3]})
+        if self.path == "/v1/chat/completions/render":  # 403 from vLLM 0.30.0 on
+            return self.answer(403, {"error": "Scale-out endpoints are disabled."})
         if self.path == "/detokenize":
+            if body.get("tokens") != [1, 2, 3]:  # the reasoning answer's prompt_token_ids
+                return self.answer(400, {"error": f"not that request's prompt: {body}"})
             return self.answer(200, {"prompt": '[MODEL_SETTINGS]{"reasoning_effort": "high"}'
                                                "[INST]Hello[/INST][THINK]"})
+        if body.get("reasoning_effort") == "high" and body.get("return_token_ids"):
+            return self.answer(200, {"choices": [{"message": {"content": "Hello!"}}],
+                                     "prompt_token_ids": [1, 2, 3]})
         if body.get("tools"):
             call = {"function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
             return self.answer(200, {"choices": [{"message": {"tool_calls": [call]}}]})
