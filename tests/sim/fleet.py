@@ -406,9 +406,10 @@ def bases(client=None) -> list[tuple[str, str, str]]:
     from tests.sim.base import BASES, ensure_base_image
 
     client = client or docker.from_env()
-    rootfs = ensure_rootfs(client)
-    ensure_network(client)
-    registry.ensure_registry(client, rootfs)
+    with locked("fleet"):  # a story may call this while other workers bring their boxes up
+        rootfs = ensure_rootfs(client)
+        ensure_network(client)
+        registry.ensure_registry(client, rootfs)
     listed = []
     for name, base in BASES.items():
         digest = registry.push(client, ensure_base_image(client, rootfs, name), base.repo_tag)
