@@ -1,6 +1,6 @@
 """thorfleet's reasoning plugin and chatfix.py's API-key patch on a real, unpatched vLLM install:
-run with that install's python (tests/test_reasoning_engine.py does, given
-THORFLEET_NEWER_VLLM_PYTHON). No server, no engine, no GPU: vLLM's own parser classes, its
+run with that install's python (tests/test_reasoning_engine.py runs it in a container of each
+newer sim base). No server, no engine, no GPU: vLLM's own parser classes, its
 MistralTokenizer on the v15 test tokenizer, its AuthenticationMiddleware.
 
 The prompt for reasoning_effort "high" is rendered by vLLM's MistralTokenizer and ends in [THINK]

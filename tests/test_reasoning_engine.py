@@ -1,33 +1,33 @@
-"""thorfleet's reasoning plugin on a real vLLM install newer than the sim's base (0.26.0's
-MistralReasoningParser, 0.33.0's MistralParserReasoningAdapter shim), outside the sim.
-
-Opt-in: THORFLEET_NEWER_VLLM_PYTHON names the python of a venv holding that vLLM (a --no-deps
-install with torch cpu is enough: no engine, no GPU, no server); the check itself is
-tests/newer_vllm_check.py, run by that python (about 15 s of one core). Skipped without it.
+# ruff: noqa: F811 - pytest fixtures are imported by name and then requested by name
+"""thorfleet's reasoning plugin on the real newer vLLM releases of the sim's bases (0.26.0's
+MistralReasoningParser, 0.33.0's MistralParserReasoningAdapter shim): vLLM's own parser classes,
+MistralTokenizer and API-key middleware, in a throwaway container of each base (no engine, no
+server). The check itself is tests/newer_vllm_check.py, run by the base's own python (about 15 s
+of one core per base).
 """
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.fast
+from tests.sim.base import ensure_base_image
+from tests.sim.base.testing import docker_client  # noqa: F401
+from tests.sim.rootfs import ensure_rootfs
 
-PYTHON = os.environ.get("THORFLEET_NEWER_VLLM_PYTHON", "")
-CHECK = Path(__file__).with_name("newer_vllm_check.py")
+REPO = Path(__file__).resolve().parents[1]
 TRACE, ANSWER = "The user asks about Paris.", "It is sunny in Paris."
 
 
-@pytest.fixture(scope="module")
-def found():
-    if not PYTHON:
-        pytest.skip("THORFLEET_NEWER_VLLM_PYTHON is not set")
-    done = subprocess.run([PYTHON, str(CHECK)], capture_output=True, text=True, timeout=300,
-                          check=False, cwd="/")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
+@pytest.fixture(scope="module", params=["upstream-0.26.0", "upstream-0.33.0"])
+def found(request, docker_client):
+    image = ensure_base_image(docker_client, ensure_rootfs(docker_client), request.param)
+    out = docker_client.containers.run(
+        image, ["python3", "/repo/tests/newer_vllm_check.py"], entrypoint=[], remove=True,
+        runtime="nvidia",  # torch needs libcuda.so.1, as on a Thor (FACTS.md "Thor realities")
+        network_mode="none", working_dir="/",
+        volumes={str(REPO): {"bind": "/repo", "mode": "ro"}})
+    return json.loads(out.decode().splitlines()[-1])
 
 
 def test_vllm_alone_folds_a_prefilled_trace_into_content(found):
