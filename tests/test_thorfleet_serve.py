@@ -11,6 +11,7 @@ saying `busy` is answering a client for the first two /metrics reads after it st
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -414,7 +415,8 @@ def test_hold_keeps_the_live_secrets(box):
 
 
 # The start-up lines each base's vLLM logs for its kernel choice (seen from the stand-in running
-# the real 0.19.0 and 0.26.0 packages): the proof reads either, and the Marlin fallback in either.
+# the real 0.19.0, 0.26.0 and 0.33.0 packages): the proof reads each, and the Marlin fallback in
+# each. From 0.26.0 a Thor's MoE is vLLM's CUTLASS (FlashInfer's excludes sm_110).
 LOGGED = {
     "0.19.0": ["Using AttentionBackendEnum.TRITON_MLA backend.",
                "Using NvFp4LinearBackend.FLASHINFER_CUTLASS for NVFP4 GEMM",
@@ -422,7 +424,14 @@ LOGGED = {
     "0.26.0": ["INFO 12-01 21:54:22 [cuda.py:422] Using AttentionBackendEnum.TRITON_MLA backend.",
                ("INFO 12-01 21:54:22 [__init__.py:978] Using FlashInferCutlassNvFp4LinearKernel "
                 "for NVFP4 GEMM"),
-               ("INFO 12-01 21:54:22 [nvfp4.py:239] Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend "
+               ("INFO 12-01 21:54:22 [nvfp4.py:239] Using 'VLLM_CUTLASS' NvFp4 MoE backend "
+                "out of potential backends: ['FLASHINFER_TRTLLM', 'FLASHINFER_CUTEDSL', "
+                "'FLASHINFER_CUTEDSL_BATCHED', 'FLASHINFER_CUTLASS', 'VLLM_CUTLASS', 'MARLIN', "
+                "'HUMMING', 'EMULATION'].")],
+    "0.33.0": ["INFO 12-02 04:58:10 [cuda.py:448] Using AttentionBackendEnum.TRITON_MLA backend.",
+               ("INFO 12-02 04:58:10 [__init__.py:1303] Using FlashInferCutlassNvFp4LinearKernel "
+                "for NVFP4 GEMM"),
+               ("INFO 12-02 04:58:10 [nvfp4.py:314] Using 'VLLM_CUTLASS' NvFp4 MoE backend "
                 "out of potential backends: ['FLASHINFER_TRTLLM', 'FLASHINFER_CUTEDSL', "
                 "'FLASHINFER_CUTEDSL_BATCHED', 'FLASHINFER_CUTLASS', 'VLLM_CUTLASS', 'MARLIN', "
                 "'HUMMING', 'EMULATION'].")],
@@ -448,14 +457,17 @@ def test_the_proof_reads_each_bases_kernel_lines_and_its_marlin_fallback(version
     marlin = log.replace("FlashInferCutlassNvFp4LinearKernel", "MarlinNvFp4LinearKernel").replace(
         "NvFp4LinearBackend.FLASHINFER_CUTLASS", "NvFp4LinearBackend.MARLIN")
     assert tool.MARLIN.search(marlin)
+    assert tool.MARLIN.search(re.sub(r"'\w+' NvFp4 MoE", "'MARLIN' NvFp4 MoE", log))
+    emulated = re.sub(r"'\w+' NvFp4 MoE", "'EMULATION' NvFp4 MoE", log)  # no CUTLASS MoE
+    assert not all(pattern.search(emulated) for pattern in tool.KERNELS.values())
 
 
 def test_a_base_that_chose_other_kernels_is_refused_naming_what_it_chose(tmp_path, monkeypatch):
-    # vLLM 0.26.0 without FlashInfer: its own CUTLASS kernels, which the proof does not accept
+    # vLLM 0.26.0 without FlashInfer: its own CUTLASS GEMM, which the proof does not accept (its
+    # MoE is vLLM's CUTLASS on a Thor with FlashInfer or without)
     tool = serve_tool()
     log = "\n".join(LOGGED["0.26.0"]).replace(
-        "FlashInferCutlassNvFp4LinearKernel", "CutlassNvFp4LinearKernel").replace(
-        "'FLASHINFER_CUTLASS' NvFp4 MoE", "'VLLM_CUTLASS' NvFp4 MoE")
+        "FlashInferCutlassNvFp4LinearKernel", "CutlassNvFp4LinearKernel")
     monkeypatch.setattr(tool, "run", lambda *a, **k: SimpleNamespace(stdout=log))
     with pytest.raises(tool.NotServing) as refused:
         tool.check_startup_log("thorfleet-vllm", "now")

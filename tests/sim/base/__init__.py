@@ -11,6 +11,10 @@ BASES (`python -m tests.sim bases` lists them, pushed to the sim's registry by d
                      4.57.3, mistral_common 1.11.0 in a venv at /opt/venv, first on PATH
     upstream-0.26.0  vllm/vllm-openai:v0.26.0: vLLM 0.26.0, transformers 5.20.2, mistral_common
                      1.11.7 in the system Python's dist-packages, entrypoint `vllm serve`
+    upstream-0.26.0-no-flashinfer  vllm/vllm-openai:v0.26.0-no-flashinfer: that image without
+                     FlashInfer (vLLM then picks other NVFP4 kernels by itself)
+    upstream-0.33.0  vllm/vllm-openai:v0.33.0: vLLM 0.33.0, transformers 5.20.2, mistral_common
+                     1.11.7, laid out as upstream-0.26.0
 Wheels are downloaded on this machine once per base into the sim state dir and copied into the
 build, so no CUDA torch is ever fetched (torch is the CPU build from the machine's local wheel
 dir). Each image is tagged by a hash of its inputs: a second call with nothing changed builds
@@ -23,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +67,8 @@ BASES = {b.name: b for b in (
     Base("upstream-0.26.0-no-flashinfer", "variants/no-flashinfer/Dockerfile", "", "vllm==0.26.0",
          "vllm/vllm-openai:v0.26.0-no-flashinfer", "system dist-packages",
          parent="upstream-0.26.0"),
+    Base("upstream-0.33.0", "Dockerfile.upstream", "requirements-0.33.0.txt", "vllm==0.33.0",
+         "vllm/vllm-openai:v0.33.0", "system dist-packages"),
 )}
 DEFAULT = "jetson-0.19.0"  # the base every fleet story runs on
 VLLM_WHEEL = BASES[DEFAULT].vllm
@@ -112,10 +119,16 @@ def _wheels(base: Base) -> Path:
     pip = [sys.executable, "-m", "pip", "download", "-qq", "--dest", str(cache),
            "--only-binary=:all:"]
     # Pinned, so resolving the same list again gives the same wheels; vLLM alone, without deps.
+    started = time.monotonic()
     subprocess.run([*pip, "--no-deps", "-r", str(requirements)], check=True)
     subprocess.run([*pip, "--no-deps", base.vllm], check=True)
     shutil.copyfile(requirements, cache / "requirements.txt")
     (cache / ".complete").write_text("")
+    took = f"[sim] base image {base.name}: wheels downloaded in {time.monotonic() - started:.0f}s"
+    log(took.removeprefix("[sim] "))
+    # kept beside the build's log: a build inside a story has no stdout to read it from
+    (state_dir() / "logs").mkdir(exist_ok=True)
+    (state_dir() / "logs" / f"vllm-base-{base.name}-wheels.log").write_text(took + "\n")
     return cache
 
 

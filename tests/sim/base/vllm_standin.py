@@ -33,6 +33,9 @@ IMITATED (cannot run without a CUDA GPU and 66 GB of weights), each rule citing 
   rule below), from the same options and env vars (read through vllm.envs, so invalid values fail
   as in vLLM), and logged with the messages, logger names and line numbers vLLM logs them with.
   The real functions need CUDA kernels and torch.cuda to be importable, so they are not called.
+  Newer releases moved these rules (0.26.0 and 0.33.0: kernels/linear/__init__.py and a MoE oracle
+  without env switches); which rules apply is read from the installed code's shape, never from its
+  version number.
 - Loading: the index, every shard it names and the draft's files must exist (a shard missing fails
   with default_loader's "Following weights were not initialized" error; NOTE vLLM 0.19.0 only
   makes that check for unquantized models (default_loader.py L389-397): a real Thor would load a
@@ -79,13 +82,17 @@ VLLM_DIR: Path
 
 # ------------------------------------------------------------------ logging as vLLM does
 
-def _line_of(relpath: str, needle: str) -> int:
-    """Line of `needle` in the installed vLLM source, so log lines point where vLLM's would."""
+def _line_of(relpath: str, needle: str, after: str | None = None) -> int:
+    """Line of `needle` in the installed vLLM source, so log lines point where vLLM's would; with
+    `after`, the first `needle` below the line holding `after` (a call written twice alike)."""
     try:
         lines = (VLLM_DIR / relpath).read_text().splitlines()
     except OSError:
         return 0
-    for number, line in enumerate(lines, 1):
+    start = 0
+    if after is not None:
+        start = next((n for n, line in enumerate(lines) if after in line), len(lines))
+    for number, line in enumerate(lines[start:], start + 1):
         if needle in line:
             # A call spread over lines logs the line where it starts: `logger.xxx(`.
             for back in range(number, max(0, number - 6), -1):
@@ -95,12 +102,13 @@ def _line_of(relpath: str, needle: str) -> int:
     return 0
 
 
-def vlog(relpath: str, needle: str, level: int, message: str, *args) -> None:
+def vlog(relpath: str, needle: str, level: int, message: str, *args,
+         after: str | None = None) -> None:
     """Log `message` as the vLLM module `relpath` does, at the line holding `needle`."""
     name = "vllm." + relpath.removesuffix(".py").replace("/", ".")
     logger = logging.getLogger(name)
-    record = logger.makeRecord(name, level, str(VLLM_DIR / relpath), _line_of(relpath, needle),
-                               message, args, None)
+    record = logger.makeRecord(name, level, str(VLLM_DIR / relpath),
+                               _line_of(relpath, needle, after), message, args, None)
     logger.handle(record)
 
 
@@ -182,7 +190,9 @@ def attention_reasons(name: str) -> list[str]:
 
 
 def select_attention(vllm_config) -> str:
-    """platforms/cuda.py get_attn_backend_cls L249-338 for an MLA model on (11, 0)."""
+    """platforms/cuda.py get_attn_backend_cls L249-338 for an MLA model on (11, 0); the same rule
+    in 0.33.0 (L419-518: a forced backend validated then logged L448, else the valid ones of
+    _get_backend_priorities, logged L508)."""
     selected = vllm_config.attention_config.backend  # --attention-backend, an AttentionBackendEnum
     if selected is not None:
         reasons = attention_reasons(selected.name)
@@ -192,7 +202,9 @@ def select_attention(vllm_config) -> str:
         vlog("platforms/cuda.py", 'logger.info("Using %s backend.", selected_backend)',
              logging.INFO, "Using %s backend.", selected)
         return selected.name
-    # cuda.py L51-97: major 11 is not 10, so the "else" MLA order.
+    # cuda.py L51-97: major 11 is not 10, so the "else" MLA order. 0.33.0 (L139-155) adds only
+    # sparse backends behind TRITON_MLA (FLASH_ATTN_MLA_SPARSE, FLASHINFER_MLA_SPARSE_SM90: major
+    # 9, sparse), so the valid list is the same.
     order = ["FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA", "FLASHMLA_SPARSE"]
     valid = [name for name in order if not attention_reasons(name)]
     vlog("platforms/cuda.py", '"Using %s attention backend out of potential backends: %s."',
@@ -214,6 +226,8 @@ NVFP4_UTILS = "model_executor/layers/quantization/utils/nvfp4_utils.py"
 def select_nvfp4_gemm(vllm_config=None) -> str:
     if "class NvFp4LinearBackend" in (VLLM_DIR / NVFP4_UTILS).read_text():  # 0.19.0's enum
         return select_nvfp4_gemm_backend()
+    if "def _resolve_backend_kernels(" in (VLLM_DIR / KERNELS_LINEAR).read_text():  # 0.33.0's
+        return select_nvfp4_gemm_resolved(vllm_config)
     return select_nvfp4_gemm_kernel(vllm_config)
 
 
@@ -260,6 +274,126 @@ def select_nvfp4_gemm_kernel(vllm_config) -> str:
     raise ValueError("Failed to find a kernel that can implement the NVFP4 linear layer.")
 
 
+# vLLM 0.33.0 kernels/linear/__init__.py _POSSIBLE_NVFP4_KERNELS[CUDA] (L592-609), in order, with
+# each kernel's is_supported() on (11, 0) and its reason when not (kernels/linear/nvfp4/...):
+# CuteDSL needs family 100 (flashinfer.py L118-125); FlashInfer CUTLASS cutlass_fp4_supported(),
+# >= 100 and FlashInfer (L195-208; cutlass_fp4_supported() taken as true on 11.0, as above);
+# FlashInfer b12x >= 120 (L402-411); vLLM's CUTLASS cutlass_fp4_supported() (cutlass.py L26-31);
+# CuteDSL W4A16 100/103/12x (flashinfer.py L39-56); Marlin >= 7.5 (marlin_utils_fp4.py L34-35);
+# TRT-LLM and cuDNN FlashInfer only (flashinfer.py L272-277, L341-346); FBGEMM fbgemm_gpu, not in
+# the image (fbgemm.py L21-26); B12X family 120 (b12x.py L56-69); Torch family 100 (pytorch.py
+# L27-36); emulation always (emulation.py L18-22); Humming its package, a Requires-Dist of 0.33.0
+# and so in the real image, and >= 7.5 (humming.py L28-40).
+NVFP4_KERNELS_RESOLVED = [
+    ("FlashInferCuteDslNvFp4LinearKernel", False, "FlashInfer cutedsl requires sm_10x"),
+    ("FlashInferCutlassNvFp4LinearKernel", None, "FlashInfer + >=sm_100 required"),
+    ("FlashInferB12xNvFp4LinearKernel", False,
+     "FlashInfer b12x requires SM120+ and FlashInfer with Sm120BlockScaledDenseGemmKernel"),
+    ("CutlassNvFp4LinearKernel", True, None),
+    ("FlashInferCuteDslNvFp4W4A16LinearKernel", False,
+     "FlashInfer CuTe-DSL W4A16 requires sm_100 or sm_12x"),
+    ("MarlinNvFp4LinearKernel", True, None),
+    ("FlashInferTrtllmNvFp4LinearKernel", None, "FlashInfer required"),
+    ("FlashInferCudnnNvFp4LinearKernel", None, "FlashInfer required"),
+    ("FbgemmNvFp4LinearKernel", False, "fbgemm_gpu required"),
+    ("B12xNvFp4LinearKernel", False, "B12X NVFP4 kernels require a Blackwell 12x device"),
+    ("B12xNvFp4W4A16LinearKernel", False, "B12X NVFP4 kernels require a Blackwell 12x device"),
+    ("TorchNvFp4LinearKernel", False, "Torch NVFP4 requires sm_10x (Blackwell)"),
+    ("EmulationNvFp4LinearKernel", True, None),
+    ("HummingNvFp4LinearKernel", True, None),
+]  # None: supported exactly when FlashInfer is there
+# --linear-backend's NVFP4 kernels in 0.33.0 (_LINEAR_BACKEND_KERNEL_MAP L285-391)
+NVFP4_LINEAR_BACKENDS_RESOLVED = {
+    "b12x": {"B12xNvFp4LinearKernel", "B12xNvFp4W4A16LinearKernel"},
+    "cutlass": {"CutlassNvFp4LinearKernel"},
+    "flashinfer_cutlass": {"FlashInferCutlassNvFp4LinearKernel"},
+    "flashinfer_cutedsl": {"FlashInferCuteDslNvFp4LinearKernel",
+                           "FlashInferCuteDslNvFp4W4A16LinearKernel"},
+    "flashinfer_trtllm": {"FlashInferTrtllmNvFp4LinearKernel"},
+    "flashinfer_cudnn": {"FlashInferCudnnNvFp4LinearKernel"},
+    "flashinfer_b12x": {"FlashInferB12xNvFp4LinearKernel"},
+    "humming": {"HummingNvFp4LinearKernel"},
+    "marlin": {"MarlinNvFp4LinearKernel"},
+    "torch": {"TorchNvFp4LinearKernel"},
+    "fbgemm": {"FbgemmNvFp4LinearKernel"},
+    "emulation": {"EmulationNvFp4LinearKernel"},
+}
+
+
+def select_nvfp4_gemm_resolved(vllm_config) -> str:
+    """vLLM 0.33.0 kernels/linear/__init__.py init_nvfp4_linear_kernel L1191-1309 for the model's
+    W4A4 layers (use_a16 False) on (11, 0). New since 0.26.0: a per-quantization override
+    (linear_backend_per_quant, _get_linear_backend L256-268), a --linear-backend with no NVFP4
+    kernel falling back to the automatic order with a warning instead of failing
+    (_filter_kernels_by_backend L393-407), new kernels in the order. Also imitated here (0.26.0
+    has them too; its rule above leaves them out): VLLM_BATCH_INVARIANT forcing vLLM's CUTLASS
+    (L1208-1236), the emulation fallback warning (L1293-1301), Marlin's warning."""
+    from vllm import envs
+    from vllm.utils.flashinfer import has_flashinfer
+
+    flashinfer = has_flashinfer()
+    support = {name: (flashinfer if ok is None else ok, reason)
+               for name, ok, reason in NVFP4_KERNELS_RESOLVED}
+    kernel_config = getattr(vllm_config, "kernel_config", None)
+    backend = getattr(kernel_config, "linear_backend", "auto") or "auto"
+    override = (getattr(kernel_config, "linear_backend_per_quant", None) or {}).get("nvfp4_w4a4")
+    if override:  # L262-267
+        vlog(KERNELS_LINEAR, '"Applied linear backend override for %r: %r"', logging.INFO,
+             "Applied linear backend override for %r: %r", "nvfp4_w4a4", override)
+        backend = override
+
+    def chosen(kernel: str, needle: str) -> str:
+        vlog(KERNELS_LINEAR, needle, logging.INFO, "Using %s for NVFP4 GEMM", kernel)
+        if kernel == "MarlinNvFp4LinearKernel":  # its process_weights_after_loading (L33-38)
+            vlog("model_executor/kernels/linear/nvfp4/marlin.py",
+                 '"Your GPU does not have native support for FP4 computation but "',
+                 logging.WARNING,
+                 "Your GPU does not have native support for FP4 computation but FP4 quantization "
+                 "is being used. Weight-only FP4 compression will be used leveraging the Marlin "
+                 "kernel. This may degrade performance for compute-heavy workloads.")
+        return kernel
+
+    if envs.VLLM_BATCH_INVARIANT:  # CUTLASS is supported here (above), so it is forced
+        if backend not in ("auto", "cutlass"):
+            vlog(KERNELS_LINEAR, '"using the CUTLASS backend for deterministic execution."',
+                 logging.WARNING, "VLLM_BATCH_INVARIANT overrides --linear-backend=%s; using the "
+                 "CUTLASS backend for deterministic execution.", backend)
+        else:
+            vlog(KERNELS_LINEAR, '"VLLM_BATCH_INVARIANT forces NVFP4 linear to use the "',
+                 logging.INFO, "VLLM_BATCH_INVARIANT forces NVFP4 linear to use the CUTLASS "
+                 "backend for deterministic execution.")
+        return chosen("CutlassNvFp4LinearKernel",
+                      'logger.info_once("Using %s for NVFP4 GEMM", force_kernel.__name__)')
+    possible = [name for name, _, _ in NVFP4_KERNELS_RESOLVED]
+    if backend != "auto":  # _resolve_backend_kernels L410-438 (prioritize_humming: 9.0 only)
+        wanted = NVFP4_LINEAR_BACKENDS_RESOLVED.get(backend, set())
+        filtered = [name for name in possible if name in wanted]
+        if filtered:
+            possible = filtered
+        else:
+            vlog(KERNELS_LINEAR, '"--linear-backend=%s has no kernel for this linear layer type; "',
+                 logging.WARNING, "--linear-backend=%s has no kernel for this linear layer type; "
+                 "using automatic selection for that layer type.", backend)
+    failures = []
+    for kernel in possible:  # L1276-1304
+        supported, reason = support[kernel]
+        if kernel in envs.VLLM_DISABLED_KERNELS:
+            failures.append(f" {kernel} disabled by environment variable")
+            continue
+        if not supported:
+            failures.append(f"{kernel}: {reason}")
+            continue
+        if kernel == "EmulationNvFp4LinearKernel" and failures:
+            vlog(KERNELS_LINEAR, '"NVFP4 linear falling back to the slow and unoptimized "',
+                 logging.WARNING, "NVFP4 linear falling back to the slow and unoptimized emulation "
+                 "backend as no optimized backend is available (unavailable reasons:\n - %s\n). "
+                 "In case you expect one of these backends to be used, please verify your "
+                 "environment.", "\n - ".join(failures))
+        return chosen(kernel, 'logger.info_once("Using %s for NVFP4 GEMM", kernel_cls.__name__)')
+    raise ValueError("Failed to find a kernel that can implement the NVFP4 linear layer. "
+                     "Reasons: \n" + "\n".join(failures))
+
+
 def select_nvfp4_gemm_backend() -> str:
     """quantization/utils/nvfp4_utils.py select_nvfp4_linear_backend L39-86 on (11, 0)."""
     from vllm import envs
@@ -290,23 +424,96 @@ def select_nvfp4_gemm_backend() -> str:
 
 
 def select_nvfp4_moe(vllm_config) -> str:
-    if "VLLM_USE_FLASHINFER_MOE_FP4" not in (VLLM_DIR / MOE_ORACLE).read_text():
+    oracle = (VLLM_DIR / MOE_ORACLE).read_text()
+    if '"b12x": NvFp4MoeBackend.B12X' in oracle:  # 0.33.0's map_nvfp4_backend (L166)
+        return select_nvfp4_moe_by_device(vllm_config)
+    if "VLLM_USE_FLASHINFER_MOE_FP4" not in oracle:
         return select_nvfp4_moe_in_order(vllm_config)
     return select_nvfp4_moe_with_env(vllm_config)
+
+
+# vLLM 0.33.0 fused_moe/oracle/nvfp4.py: AVAILABLE_BACKENDS (L203-212; prioritize_humming L213
+# reorders on 9.0 only, quantization/utils/humming/priority.py L10-23), and each backend's
+# experts' _supports_current_device on (11, 0), which is what decides here
+# (modular_kernel.py is_supported_config L580-591; the rest of its checks hold for this W4A4 MoE):
+# TRT-LLM and both CuteDSL need family 100 (experts/trtllm_nvfp4_moe.py L204-211,
+# flashinfer_cutedsl_moe.py L88-94, flashinfer_cutedsl_batched_moe.py L65-71); FlashInfer CUTLASS
+# 9.0 or family 100 or 120, "SM110 excluded: flashinfer-ai/flashinfer#3134"
+# (flashinfer_cutlass_moe.py L128-139), so FlashInfer or not, a Thor does not get it; vLLM's
+# CUTLASS family 100, 110 or 120 (cutlass_moe.py CutlassExpertsFp4 L716-722); Marlin >= 7.5
+# (marlin_moe.py L592-594); Humming its package and >= 7.5 (fused_humming_moe.py L403-409);
+# emulation any CUDA (triton_moe.py L658-659). Only asked for by name: B12X and FlashInfer b12x
+# family 120 (b12x.py L499-508, flashinfer_b12x_moe.py L165-171), FlashInfer MoE-EP CuteDSL 10.0
+# and 10.3 only (fused_moe/flashinfer_moe_ep.py L40-47).
+MOE_BACKENDS_BY_DEVICE = ["FLASHINFER_TRTLLM", "FLASHINFER_CUTEDSL", "FLASHINFER_CUTEDSL_BATCHED",
+                          "FLASHINFER_CUTLASS", "VLLM_CUTLASS", "MARLIN", "HUMMING", "EMULATION"]
+MOE_ON_THOR = {"FLASHINFER_TRTLLM": False, "FLASHINFER_CUTEDSL": False,
+               "FLASHINFER_CUTEDSL_BATCHED": False, "FLASHINFER_CUTLASS": False,
+               "VLLM_CUTLASS": True, "MARLIN": True, "HUMMING": True, "EMULATION": True,
+               "B12X": False, "FLASHINFER_B12X": False, "FLASHINFER_MOE_EP_CUTEDSL": False}
+# map_nvfp4_backend (L163-182): moe_backend -> NvFp4MoeBackend
+MOE_BACKEND_NAMES = {"b12x": "B12X", "cutlass": "VLLM_CUTLASS",
+                     "flashinfer_trtllm": "FLASHINFER_TRTLLM",
+                     "flashinfer_cutlass": "FLASHINFER_CUTLASS",
+                     "flashinfer_cutedsl": "FLASHINFER_CUTEDSL",
+                     "flashinfer_moe_ep_cutedsl": "FLASHINFER_MOE_EP_CUTEDSL",
+                     "flashinfer_b12x": "FLASHINFER_B12X", "marlin": "MARLIN",
+                     "humming": "HUMMING", "emulation": "EMULATION"}
+
+
+def select_nvfp4_moe_by_device(vllm_config) -> str:
+    """vLLM 0.33.0 fused_moe/oracle/nvfp4.py select_nvfp4_moe_backend L191-321 on (11, 0): an
+    explicit moe_backend (L275-301) or the first backend of AVAILABLE_BACKENDS whose experts
+    support the device (L303-321). Unlike 0.19.0 no env var takes part, and unlike what the
+    FlashInfer switch suggests, a Thor gets vLLM's CUTLASS MoE with or without FlashInfer (the
+    table above). Then the layer is converted for it: Marlin warns (convert_to_nvfp4_moe_kernel_format
+    -> marlin_utils_fp4.py prepare_nvfp4_moe_layer_for_marlin L340-345)."""
+
+    def chosen(backend: str, needle_after: str | None) -> str:
+        if not MOE_ON_THOR[backend]:  # _return_or_raise L258-273, _make_log_unsupported L246-256
+            raise ValueError(f"NvFp4 MoE backend '{backend}' does not support the deployment "
+                             "configuration since kernel does not support current device cuda.")
+        # _make_log_backend L239-244: the list as AVAILABLE_BACKENDS' values
+        vlog(MOE_ORACLE, "logger.info_once(_make_log_backend(backend))", logging.INFO,
+             "Using '%s' NvFp4 MoE backend out of potential backends: %s.", backend,
+             MOE_BACKENDS_BY_DEVICE, after=needle_after)
+        if backend == "MARLIN":
+            vlog("model_executor/layers/quantization/utils/marlin_utils_fp4.py",
+                 '"Your GPU does not have native support for FP4 computation but "',
+                 logging.WARNING,
+                 "Your GPU does not have native support for FP4 computation but FP4 quantization "
+                 "is being used. Weight-only FP4 compression will be used leveraging the Marlin "
+                 "kernel. This may degrade performance for compute-heavy workloads.")
+        return backend
+
+    runner = getattr(getattr(vllm_config, "kernel_config", None), "moe_backend", "auto")
+    if runner and runner != "auto":
+        if runner not in MOE_BACKEND_NAMES:  # L177-182
+            raise ValueError(f"moe_backend='{runner}' is not supported for NvFP4 MoE. "
+                             f"Expected one of {list(MOE_BACKEND_NAMES.keys())}.")
+        return chosen(MOE_BACKEND_NAMES[runner], None)  # logged in _return_or_raise (L270)
+    for backend in MOE_BACKENDS_BY_DEVICE:
+        if MOE_ON_THOR[backend]:  # logged by the loop (L314), below L303
+            return chosen(backend, "# Select kernels in order of backend.")
+    raise NotImplementedError("No NvFp4 MoE backend supports the deployment configuration.")
 
 
 def select_nvfp4_moe_in_order(vllm_config) -> str:
     """vLLM 0.26.0 fused_moe/oracle/nvfp4.py select_nvfp4_moe_backend L165-293 on (11, 0): no
     FlashInfer env switch any more; an explicit moe_backend (L243-266, map_nvfp4_backend L145-162)
     or the first supported backend of AVAILABLE_BACKENDS (L178-187). TRTLLM and CuteDSL need
-    capability family 100 (experts/trtllm_nvfp4_moe.py L173-179), and every FlashInfer one
-    FlashInfer itself, so (11, 0) gets FlashInfer CUTLASS, or vLLM's CUTLASS without FlashInfer."""
+    capability family 100 (experts/trtllm_nvfp4_moe.py L173-179), every FlashInfer one FlashInfer
+    itself, and FlashInfer CUTLASS excludes SM110 ("SM110 excluded: flashinfer-ai/flashinfer#3134",
+    experts/flashinfer_cutlass_moe.py L131-142, where 0.19.0 listed family 110), so (11, 0) gets
+    vLLM's CUTLASS, FlashInfer or not."""
     from vllm.utils.flashinfer import has_flashinfer
 
     available = ["FLASHINFER_TRTLLM", "FLASHINFER_CUTEDSL", "FLASHINFER_CUTEDSL_BATCHED",
                  "FLASHINFER_CUTLASS", "VLLM_CUTLASS", "MARLIN", "HUMMING", "EMULATION"]
     family100 = {"FLASHINFER_TRTLLM", "FLASHINFER_CUTEDSL", "FLASHINFER_CUTEDSL_BATCHED"}
     unsupported = {b for b in family100 if not _cc(10)}
+    if _cc(11):  # flashinfer_cutlass_moe.py L131-142
+        unsupported.add("FLASHINFER_CUTLASS")
     if not has_flashinfer():
         unsupported |= {b for b in available if b.startswith("FLASHINFER")}
 
@@ -602,6 +809,12 @@ class StandInCore:
     async def get_supported_tasks_async(self):
         return ("generate",)
 
+    def get_kv_event_sources(self) -> dict:
+        # 0.33.0: AsyncLLM.get_kv_event_sources (v1/engine/async_llm.py L1446-1447) asks its client,
+        # for GET /kv_event_sources (entrypoints/serve/instrumentator/basic.py L63); a client
+        # without KV-event publishers answers {} (v1/engine/core_client.py L93-95)
+        return {}
+
     async def is_scheduler_paused_async(self) -> bool:
         return False
 
@@ -612,7 +825,8 @@ class StandInCore:
         return False
 
     def shutdown(self, timeout=None) -> None:
-        """On SIGTERM vLLM calls this with --shutdown-timeout (entrypoints/launcher.py L95-115):
+        """On SIGTERM vLLM calls this with --shutdown-timeout (entrypoints/launcher.py L95-115;
+        0.33.0 entrypoints/launchers/launcher.py L264-280, through AsyncLLM.shutdown L305-313):
         requests in flight are finished for up to that long while new ones are refused, then the
         rest are aborted (FACTS.md, "Thor realities"). Runs in an executor thread."""
         self.draining = True
@@ -703,10 +917,18 @@ def _bootstrap():
 
 async def serve(args, started: float) -> int:
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.openai import api_server
     from vllm.usage.usage_lib import UsageContext
 
-    # 0.2x: setup_server(args, reuse_port) (0.26.0 entrypoints/openai/api_server.py L616)
+    if (VLLM_DIR / "entrypoints/launchers/api_server/entry.py").is_file():
+        # 0.33.0: `vllm serve` takes setup_server and build_and_serve from here (cli/serve.py L19,
+        # launchers/api_server/entry.py L24, L115); entrypoints/openai/api_server.py is left as a
+        # re-export that warns DeprecationWarning on import (L1-31)
+        from vllm.entrypoints.launchers.api_server import entry as api_server
+    else:
+        from vllm.entrypoints.openai import api_server
+
+    # 0.2x: setup_server(args, *, reuse_port) (0.26.0 entrypoints/openai/api_server.py L616;
+    # 0.33.0 entrypoints/launchers/launcher.py L365); 0.19.0: setup_server(args)
     reuse = "reuse_port" in inspect.signature(api_server.setup_server).parameters
     listen_address, sock = api_server.setup_server(args, **({"reuse_port": False} if reuse else {}))
     engine_args = AsyncEngineArgs.from_cli_args(args)
@@ -737,7 +959,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     _bootstrap()
     import uvloop
-    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+    if (VLLM_DIR / "entrypoints/common/cli_args.py").is_file():
+        # 0.33.0 moved the serve CLI's parser here (entrypoints/common/cli_args.py L431, L531;
+        # cli/serve.py L13): entrypoints/openai/cli_args.py is gone
+        from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+    else:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
