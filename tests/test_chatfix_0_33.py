@@ -11,6 +11,7 @@ label below (NOTES-0.33.md).
 import pytest
 
 from tests.test_chatfix_newer import (
+    AUTH_0_26_0,
     MISTRAL,
     MISTRAL_PY_0_26_0,
     REASONING,
@@ -76,30 +77,11 @@ class MistralParser(ParserEngine):
         vocab = tokenizer.get_vocab()
 '''
 
-# vllm 0.33.0 vllm/entrypoints/serve/middleware/authenticate.py L11, L14, L47-62
+# vllm 0.33.0 vllm/entrypoints/serve/middleware/authenticate.py L11, L14, L47-62: 0.26.0's
+# middleware, moved, with /cohere guarded too
 AUTH = "vllm/entrypoints/serve/middleware/authenticate.py"
-AUTH_0_33_0 = '''\
-GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
-
-
-class AuthenticationMiddleware:
-    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        if (
-            scope["type"] not in ("http", "websocket")
-            or scope.get("method") == "OPTIONS"
-        ):
-            # scope["type"] can be "lifespan" or "startup" for example,
-            # in which case we don't need to do anything
-            return self.app(scope, receive, send)
-        root_path = scope.get("root_path", "")
-        url_path = scope["path"].removeprefix(root_path)
-        headers = Headers(scope=scope)
-        # Type narrow to satisfy mypy.
-        if url_path.startswith(GUARDED_PREFIX) and not self.verify_token(headers):
-            response = JSONResponse(content={"error": "Unauthorized"}, status_code=401)
-            return response(scope, receive, send)
-        return self.app(scope, receive, send)
-'''
+AUTH_0_33_0 = AUTH_0_26_0.split("\n\n\n", 1)[1].replace('"/inference")', '"/inference", "/cohere")')
+assert '"/cohere")' in AUTH_0_33_0
 
 # vllm 0.33.0 vllm/entrypoints/openai/chat_completion/serving.py L472, L484-487, L509, L536-546
 SERVING_0_33_0 = '''\
