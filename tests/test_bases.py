@@ -1,5 +1,6 @@
 """The base moves on (issue 22): a fleet on the Jetson 0.19.0 base moved to the upstream
-vllm/vllm-openai:v0.26.0 base, as an operator does it, through the canary.
+vllm/vllm-openai:v0.26.0 base, as an operator does it, through the canary; then the newest
+release, v0.33.0, checked on one box first.
 
 The operator converges three boxes on the 0.19.0 base, then points image_base at a newer base with
 the first box as the canary, one box at a time:
@@ -10,15 +11,20 @@ the first box as the canary, one box at a time:
   derived image whose label says what each patch was on that base (applied, or skipped because
   vLLM 0.26.0 or transformers 5 has the fix), the report says it too; streamed tool calls arrive
   as tool_calls, the reasoning split holds, every route but the liveness ones answers 401 without
-  the key; a re-run changes nothing.
+  the key;
+- then 0.33.0 on the canary alone (image_base in its host data, as the README says to check a new
+  base): it builds, proves and serves with 0.33.0's verdicts in its label, the others are left
+  alone; a re-run changes nothing.
 
 The edits that break it: the proof's GEMM rule reading only 0.19.0's log line (the 0.26.0 canary
 fails); a patch applied without its shape guard (the build refuses 0.26.0's code); a rollout that
-does not stop at the canary (the others restart into the FlashInfer-less base).
+does not stop at the canary (the others restart into the FlashInfer-less base); the proof reading
+the rendered prompt through /v1/chat/completions/render (403 on 0.33.0).
 
 Uses boxes 13, 14 and 15 (a group of their own).
 """
 
+import concurrent.futures
 import json
 
 import pytest
@@ -32,19 +38,27 @@ KEY_FILE = "/etc/thorfleet/secrets.env"
 
 
 @pytest.fixture(scope="module")
-def bases(sim_fleet):
-    """{name: the in-sim reference by digest} of every stand-in base, pushed to the registry."""
-    return {name: ref for name, ref, _ in sim.bases(sim_fleet.client)}
+def building(sim_fleet):
+    """The stand-in bases, built (or found cached) while the first install runs: on a fresh
+    machine each is minutes of wheels and build that need no box."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        yield pool.submit(sim.bases)  # its own Docker client: the SDK's is not shared by threads
 
 
 @pytest.fixture(scope="module")
-def moved(sim_fleet, my_boxes, tmp_path_factory):
+def bases(building):
+    """{name: the in-sim reference by digest} of every stand-in base, pushed to the registry."""
+    return {name: ref for name, ref, _ in building.result()}
+
+
+@pytest.fixture(scope="module")
+def moved(sim_fleet, my_boxes, tmp_path_factory, building):
     workdir = tmp_path_factory.mktemp("bases")
 
-    def run(name, **group_data):
+    def run(name, hosts=None, **group_data):
         report = workdir / f"{name}-report.json"
         inventory = sim_fleet.write_inventory(
-            workdir / f"{name}.py", hosts=my_boxes,
+            workdir / f"{name}.py", hosts=hosts or my_boxes,
             extra_data={"rollout_report_path": str(report), "rollout_canary_group": "canary",
                         "rollout_batch": 1, **group_data})
         with inventory.open("a") as f:
@@ -120,8 +134,42 @@ def test_a_fleet_moves_to_the_newer_base_through_its_canary(sim_fleet, my_boxes,
     assert "skipped" in label and "applied" in label, label
     assert all(report[h]["patches"] == label and not report[h]["error"] for h in my_boxes), report
 
-    host = others[-1]
-    # streamed tool calls arrive as tool_calls (vLLM 0.26.0's own parser)
+    serves_as_a_newer_base_should(sim_fleet, others[-1])
+
+    # The newest base, checked on one box first as the README says (image_base for that host
+    # alone): the canary builds it, proves it and serves it; the others stay on 0.26.0.
+    done, report = moved("upstream-0.33.0", image_base=bases["upstream-0.26.0"],
+                         hosts=[(canary, {"image_base": bases["upstream-0.33.0"]}), *others])
+    assert done.returncode == 0, outcome(done, canary)
+    assert [changed_on(done, h) for h in others] == [[], []]
+    newest = serving_image(sim_fleet, canary)
+    assert newest not in (new[canary], old[canary]), newest
+    assert {h: serving_image(sim_fleet, h) for h in others} == {h: new[h] for h in others}
+    label = box(sim_fleet, canary, "docker inspect --format "
+                "'{{index .Config.Labels \"thorfleet.patches\"}}' " + newest)
+    assert label == NEWEST_PATCHES, label
+    assert report[canary]["patches"] == label and not report[canary]["error"], report[canary]
+    serves_as_a_newer_base_should(sim_fleet, canary)
+
+    # a re-run changes nothing, on either base
+    again, _ = moved("again", image_base=bases["upstream-0.26.0"],
+                     hosts=[(canary, {"image_base": bases["upstream-0.33.0"]}), *others])
+    assert [changed_on(again, h) for h in my_boxes] == [[], [], []]
+
+
+# What each patch is on vLLM 0.33.0 (files/image/chatfix.py): transformers 5 takes
+# reasoning_effort, and 0.33.0 streams every delta through its parser engine, which ends reasoning
+# at [TOOL_CALLS]; the think prefill, the key on every route (the middleware moved again) and the
+# split of a trace the prompt opened are still thorfleet's.
+NEWEST_PATCHES = ("vllm-reasoning-effort=skipped,transformers-reasoning-effort=skipped,"
+                  "think-prefill=applied,api-key-every-route=applied,"
+                  "streamed-tool-calls=skipped,reasoning-split=applied")
+
+
+def serves_as_a_newer_base_should(sim_fleet, host):
+    """What the proof reads, asked again from outside it: streamed tool calls, the reasoning
+    split, the key on every route but the liveness ones."""
+    # streamed tool calls arrive as tool_calls (the newer vLLM's own parser)
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
     # (temperature 0: the stand-in sometimes answers in words at a higher one, as a model may)
@@ -145,5 +193,3 @@ def test_a_fleet_moves_to_the_newer_base_through_its_canary(sim_fleet, my_boxes,
     for path in ("/health", "/version", "/metrics"):
         assert on_box(sim_fleet, host, path, key=False)[0] == 200, path
 
-    again, _ = moved("again", image_base=bases["upstream-0.26.0"])
-    assert [changed_on(again, h) for h in my_boxes] == [[], [], []]
