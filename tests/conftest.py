@@ -36,8 +36,8 @@ BOXES = {
 # Longest first (seconds each took in a 4-worker run), so the longest start at once and the short
 # ones fill in: xdist hands groups out in this order (--no-loadscope-reorder), one at a time.
 GROUP_ORDER = [
+    "thor-13+14+15",  # 1800: the newer bases (0.26.0 through a canary, 0.33.0 on one box)
     "thor-10+11+12",  # the gateway, the watchdog and Prometheus
-    "thor-13+14+15",  # 1575: the newer base, through a canary
     "thor-3+4+5",  # 1780: rollout, benchmark, shared image
     "thor-8",  # 1200: says no
     "thor-1+7",  # 1090: deploy, drift, disk hygiene, security (+ the weights copy)

@@ -410,12 +410,16 @@ def bases(client=None) -> list[tuple[str, str, str]]:
         rootfs = ensure_rootfs(client)
         ensure_network(client)
         registry.ensure_registry(client, rootfs)
-    listed = []
-    for name, base in BASES.items():
-        digest = registry.push(client, ensure_base_image(client, rootfs, name), base.repo_tag)
-        listed.append((name, registry.in_sim_ref(base.repo_tag.partition(":")[0], digest),
-                       base.vllm_version))
-    return listed
+
+    def one(name):
+        base, own = BASES[name], docker.from_env()  # a client per thread: the SDK's is not shared
+        digest = registry.push(own, ensure_base_image(own, rootfs, name), base.repo_tag)
+        return name, registry.in_sim_ref(base.repo_tag.partition(":")[0], digest), base.vllm_version
+
+    # Side by side: a build is mostly one core (pip unpacking wheels, Docker committing a layer),
+    # and a base whose parent is building waits for it on the parent's lock (ensure_base_image).
+    with concurrent.futures.ThreadPoolExecutor(len(BASES)) as pool:
+        return list(pool.map(one, BASES))
 
 
 def _test_tokenizer(client, base_local: str | None) -> Path | None:
