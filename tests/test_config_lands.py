@@ -10,32 +10,21 @@ seed's setting, left prefix caching at vLLM's default. The edit that breaks it: 
 back into files/vllm.yaml.j2.
 """
 
-import json
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.sim.base import ensure_base_image
-from tests.sim.base.testing import SERVE_ARGS, docker_client  # noqa: F401
-from tests.sim.rootfs import ensure_rootfs
+from tests.sim.base.testing import SERVE_ARGS, docker_client, run_check  # noqa: F401
 from tests.test_reasoning_split import rendered_config
-
-REPO_TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module", params=["jetson-0.19.0", "upstream-0.26.0", "upstream-0.33.0"])
 def parsed(request, docker_client, tmp_path_factory):
-    image = ensure_base_image(docker_client, ensure_rootfs(docker_client), request.param)
     folder = tmp_path_factory.mktemp("config")
     (folder / "vllm.yaml").write_text(rendered_config())
-    out = docker_client.containers.run(
-        image, ["python3", "/tests/config_check.py", "/model", *SERVE_ARGS], entrypoint=[],
-        remove=True, network_mode="none",
-        runtime="nvidia",  # torch needs libcuda.so.1, as on a Thor (FACTS.md "Thor realities")
-        volumes={str(REPO_TESTS): {"bind": "/tests", "mode": "ro"},
-                 str(folder): {"bind": "/config", "mode": "ro"}})
-    return json.loads(out.decode().splitlines()[-1])
+    return run_check(docker_client, request.param,
+                     ["/repo/tests/config_check.py", "/model", *SERVE_ARGS],
+                     volumes={str(folder): {"bind": "/config", "mode": "ro"}})
 
 
 def test_every_setting_of_the_file_lands_as_written(parsed):

@@ -6,28 +6,17 @@ server). The check itself is tests/newer_vllm_check.py, run by the base's own py
 of one core per base).
 """
 
-import json
-from pathlib import Path
 
 import pytest
 
-from tests.sim.base import ensure_base_image
-from tests.sim.base.testing import docker_client  # noqa: F401
-from tests.sim.rootfs import ensure_rootfs
+from tests.sim.base.testing import docker_client, run_check  # noqa: F401
 
-REPO = Path(__file__).resolve().parents[1]
 TRACE, ANSWER = "The user asks about Paris.", "It is sunny in Paris."
 
 
 @pytest.fixture(scope="module", params=["upstream-0.26.0", "upstream-0.33.0"])
 def found(request, docker_client):
-    image = ensure_base_image(docker_client, ensure_rootfs(docker_client), request.param)
-    out = docker_client.containers.run(
-        image, ["python3", "/repo/tests/newer_vllm_check.py"], entrypoint=[], remove=True,
-        runtime="nvidia",  # torch needs libcuda.so.1, as on a Thor (FACTS.md "Thor realities")
-        network_mode="none", working_dir="/",
-        volumes={str(REPO): {"bind": "/repo", "mode": "ro"}})
-    return json.loads(out.decode().splitlines()[-1])
+    return run_check(docker_client, request.param, ["/repo/tests/newer_vllm_check.py"])
 
 
 def test_vllm_alone_folds_a_prefilled_trace_into_content(found):

@@ -74,9 +74,9 @@ def build_image(client, what: str, log_path: Path, **build) -> None:
                 log(f"{what}: {_shorten(text.strip())}")
             if "error" in event:
                 raise RuntimeError(f"{what}: build failed: {event['error']} (see {log_path})")
-        # last line of the log too: a build inside a story has no stdout to read it from
-        out.write(f"[sim] {what}: built in {time.monotonic() - started:.0f}s\n")
-    log(f"{what}: built in {time.monotonic() - started:.0f}s")
+        done = f"{what}: built in {time.monotonic() - started:.0f}s"
+        out.write(f"[sim] {done}\n")  # the log's last line too: .ci/run prints it from there
+    log(done)
 
 
 def run_logged(what: str, argv: list, log_path: Path, shown=lambda line: False) -> None:

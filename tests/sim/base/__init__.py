@@ -124,11 +124,11 @@ def _wheels(base: Base) -> Path:
     subprocess.run([*pip, "--no-deps", base.vllm], check=True)
     shutil.copyfile(requirements, cache / "requirements.txt")
     (cache / ".complete").write_text("")
-    took = f"[sim] base image {base.name}: wheels downloaded in {time.monotonic() - started:.0f}s"
-    log(took.removeprefix("[sim] "))
-    # kept beside the build's log: a build inside a story has no stdout to read it from
+    took = f"base image {base.name}: wheels downloaded in {time.monotonic() - started:.0f}s"
+    log(took)
+    # kept beside the build's log, where .ci/run reads each base's times
     (state_dir() / "logs").mkdir(exist_ok=True)
-    (state_dir() / "logs" / f"vllm-base-{base.name}-wheels.log").write_text(took + "\n")
+    (state_dir() / "logs" / f"vllm-base-{base.name}-wheels.log").write_text(f"[sim] {took}\n")
     return cache
 
 

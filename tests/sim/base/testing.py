@@ -25,6 +25,7 @@ from tests.sim import state_dir
 from tests.sim.base import (
     HERE,
     IMAGE_CONTEXT,
+    REPO,
     build_derived,
     ensure_base_image,
     export_v15_tokenizer,
@@ -153,6 +154,21 @@ def run_python(client, image: str, code: str, runtime: str = "nvidia") -> str:
     torch (and so vLLM) needs libcuda.so.1 on a Jetson."""
     return client.containers.run(image, ["python3", "-c", code], remove=True, runtime=runtime,
                                  network_mode="none").decode()
+
+
+def run_check(client, base: str, argv: list[str], volumes=None) -> dict:
+    """The JSON a check script prints (its last line), run by the python of the sim base `base`
+    in a throwaway container: the repo at /repo read-only, no network, the base's entrypoint
+    cleared (the upstream image's is `vllm serve`), the nvidia runtime (torch needs libcuda.so.1,
+    as on a Thor: FACTS.md "Thor realities")."""
+    from tests.sim.rootfs import ensure_rootfs
+
+    image = ensure_base_image(client, ensure_rootfs(client), base)
+    out = client.containers.run(
+        image, ["python3", *argv], entrypoint=[], remove=True, runtime="nvidia",
+        network_mode="none", working_dir="/",
+        volumes={str(REPO): {"bind": "/repo", "mode": "ro"}, **(volumes or {})})
+    return json.loads(out.decode().splitlines()[-1])
 
 
 class StandIn:
