@@ -16,6 +16,7 @@ another, while the stories on other boxes run beside them. Knobs for a developer
 import os
 import uuid
 
+import docker
 import pytest
 
 from tests.sim import fleet
@@ -101,6 +102,26 @@ def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") == "loadgroup":
         return OneGroupAhead(config, log)
     return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A box group's last test retires its boxes (fleet.retire): nothing else uses them, and a
+    finished group's images would hold disk the running groups need. xdist hands a worker a
+    group whole, so a next item from another group (or none) means this one is done."""
+    yield  # after the module's own fixtures have finished with the boxes
+    group = _xdist_group(item)
+    if (not group.startswith("thor-") or "sim_fleet" not in item.fixturenames
+            or (nextitem is not None and _xdist_group(nextitem) == group)
+            or os.environ.get("THORFLEET_SIM_KEEP") == "1"):
+        return
+    fleet.retire(docker.from_env(),
+                 [fleet.host_name(int(i)) for i in group[len("thor-"):].split("+")])
+
+
+def _xdist_group(item) -> str:
+    marker = item.get_closest_marker("xdist_group")
+    return marker.args[0] if marker else ""
 
 
 def pytest_configure(config):

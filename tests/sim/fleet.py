@@ -261,6 +261,19 @@ def remove_box(container, index: int) -> None:
     subprocess.run(["rm", "-rf", str(box_data_dir(index).parent)], check=False)
 
 
+def retire(client, hosts) -> None:
+    """Remove boxes whose stories are done, with their disks. A converged box holds its base
+    image (1.8 GB; the newer-base boxes hold three bases), and fifteen of them at once outgrow a
+    CI machine's free disk. `up` starts a bare box again in its place if asked for it."""
+    with locked("fleet"):
+        found = boxes(client)
+        for host in hosts:
+            index = index_of(host)
+            if index in found:
+                log(f"retiring {host_name(index)}: its stories are done")
+                remove_box(found[index], index)
+
+
 def renew(client, host) -> None:
     """Replace a box with a bare one (a new container and disk, same name and port), booted and in
     known_hosts: for a story that must start from a first install, whatever ran there before."""

@@ -145,7 +145,16 @@ def _build(client, tag: str, rootfs_ref: str, wheels: Path, base: Base) -> None:
             if wheel.name != ".complete":
                 os.link(wheel, context / "wheels" / wheel.name)  # same filesystem: no copy
         build_image(client, f"base image {base.name}", log_path, path=str(context), tag=tag,
-                    buildargs={"ROOTFS": rootfs_ref})
+                    buildargs={"ROOTFS": rootfs_ref, "STAGE_OF": tag})
+    _drop_install_stage(client, tag)
+
+
+def _drop_install_stage(client, tag: str) -> None:
+    """Remove the install stage's images of the build of `tag`: the classic builder keeps them
+    (untagged), ~2.5 GB a base, and nothing reads them again, as the base's tag is its cache."""
+    for image in client.images.list(filters={"dangling": True,
+                                             "label": f"thorfleet.sim.stage-of={tag}"}):
+        client.images.remove(image.id)  # and its untagged parents, the stage's other steps
 
 
 def export_v15_tokenizer(client, image_ref: str, dest_path) -> Path:
