@@ -14,6 +14,7 @@ another, while the stories on other boxes run beside them. Knobs for a developer
 """
 
 import os
+import time
 import uuid
 
 import docker
@@ -111,12 +112,27 @@ def pytest_runtest_teardown(item, nextitem):
     group whole, so a next item from another group (or none) means this one is done."""
     yield  # after the module's own fixtures have finished with the boxes
     group = _xdist_group(item)
+    if nextitem is not None and _xdist_group(nextitem) == group:
+        return
+    # when each group ended and how long it took: what GROUP_ORDER is balanced by (.ci/run prints it)
+    took = time.monotonic() - _group_started.pop(group, time.monotonic())
+    if item.get_closest_marker("fast") is None:
+        logs = fleet.state_dir() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with (logs / "groups.log").open("a") as out:
+            out.write(f"{time.strftime('%H:%M:%S')} {group} ended, {took:.0f}s\n")
     if (not group.startswith("thor-") or "sim_fleet" not in item.fixturenames
-            or (nextitem is not None and _xdist_group(nextitem) == group)
             or os.environ.get("THORFLEET_SIM_KEEP") == "1"):
         return
     fleet.retire(docker.from_env(),
                  [fleet.host_name(int(i)) for i in group[len("thor-"):].split("+")])
+
+
+_group_started: dict[str, float] = {}  # this process's groups, by when their first test began
+
+
+def pytest_runtest_setup(item):
+    _group_started.setdefault(_xdist_group(item), time.monotonic())
 
 
 def _xdist_group(item) -> str:
