@@ -35,18 +35,18 @@ BOXES = {
     "test_watch": (10, 11, 12),  # and gw-1's Prometheus
     "test_bases": (13, 14, 15),  # the newer base
 }
-# Longest first (seconds each took in a 4-worker run), so the longest start at once and the short
-# ones fill in: xdist hands groups out in this order (--no-loadscope-reorder), one at a time.
+# Longest first (seconds each took in a 4-worker clean-clone .ci/run, 12ed7de: logs/groups.log),
+# so the longest start at once and the short ones fill in: xdist hands groups out in this order (--no-loadscope-reorder), one at a time.
 GROUP_ORDER = [
-    "thor-13+14+15",  # 1800: the newer bases (0.26.0 through a canary, 0.33.0 on one box)
-    "thor-10+11+12",  # the gateway, the watchdog and Prometheus
-    "thor-3+4+5",  # 1780: rollout, benchmark, shared image
-    "thor-8",  # 1200: says no
-    "thor-1+7",  # 1090: deploy, drift, disk hygiene, security (+ the weights copy)
-    "thor-2+9",  # 1010: faults
-    "test_base_standin",  # 540
-    "thor-6",  # 400: air-gapped, drain, the bare box
-    "test_patches",  # 260
+    "thor-13+14+15",  # 2006: the newer bases (0.26.0 through a canary, 0.33.0 on one box)
+    "thor-10+11+12",  # 1659: the gateway, the watchdog and Prometheus
+    "thor-3+4+5",  # 2135: rollout, benchmark, shared image
+    "thor-8",  # 1494: says no
+    "thor-1+7",  # 1058: deploy, drift, disk hygiene, security (+ the weights copy)
+    "thor-2+9",  # 1040: faults
+    "test_base_standin",  # 855
+    "thor-6",  # 718: air-gapped, drain, the bare box
+    "test_patches",  # 490 (the rest, 37 to 103 s each, after these)
 ]
 
 
