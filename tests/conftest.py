@@ -36,7 +36,8 @@ BOXES = {
     "test_bases": (13, 14, 15),  # the newer base
 }
 # Longest first (seconds each took in a 4-worker clean-clone .ci/run, 12ed7de: logs/groups.log),
-# so the longest start at once and the short ones fill in: xdist hands groups out in this order (--no-loadscope-reorder), one at a time.
+# so the longest start at once and the short ones fill in: xdist hands groups out in this order
+# (--no-loadscope-reorder), one at a time.
 GROUP_ORDER = [
     "thor-13+14+15",  # 2006: the newer bases (0.26.0 through a canary, 0.33.0 on one box)
     "thor-10+11+12",  # 1659: the gateway, the watchdog and Prometheus
@@ -76,8 +77,7 @@ def pytest_collection_modifyitems(config, items):
                                     "tests/conftest.py BOXES")
         item.add_marker(pytest.mark.xdist_group(_group_of(module)))
     rank = {group: i for i, group in enumerate(GROUP_ORDER)}
-    items.sort(key=lambda item: rank.get(item.get_closest_marker("xdist_group").args[0],
-                                         len(rank)))  # stable: file order within a group
+    items.sort(key=lambda item: rank.get(_xdist_group(item), len(rank)))  # stable: file order within a group
 
 
 @pytest.hookimpl(optionalhook=True)
