@@ -236,11 +236,13 @@ def test_shutdown_finishes_answers_in_flight_for_shutdown_timeout(docker_client,
             server.container.stop(timeout=60)  # docker stop: SIGTERM, then the shutdown
             reader.join(timeout=60)
             _, events = got["answer"]
-            finishes = [c["choices"][0]["finish_reason"] for c in
-                        (json.loads(line[6:]) for line in str(events).splitlines()
-                         if line.startswith("data: {")) if c["choices"]]
-            tokens = sum(1 for line in str(events).splitlines() if '"text": " token"' in line
-                         or '"text":" token"' in line)
+            chunks = [c["choices"][0] for c in (json.loads(line[6:]) for line in
+                      str(events).splitlines() if line.startswith("data: {")) if c["choices"]]
+            finishes = [c["finish_reason"] for c in chunks]
+            # A client that falls behind gets several tokens in one chunk (vLLM's own
+            # OutputProcessor runs here: v1/engine/output_processor.py L45, RequestOutputCollector
+            # merges deltas): count the text, not the lines (loaded CI saw 100 tokens in 92).
+            tokens = "".join(c["text"] for c in chunks).count(" token")
             if finish == "length":
                 assert finishes[-1] == "length" and tokens == 100, events[-500:]
             else:

@@ -503,11 +503,15 @@ def test_the_hub_container_serves_the_sim_network_and_is_kept_when_current(tmp_p
     assert result.returncode == 0, result.stderr
 
     # A box on the network reaches it by name, and the LFS redirect stays on that name.
+    # curl retries as huggingface_hub does: under CI's load one lookup of the name came back
+    # empty once (Docker's embedded DNS), and -sS says why if every try fails.
     head = client.containers.run(
         rootfs,
-        ["curl", "-sI", f"{hub['endpoint_in_sim']}/{MODEL_REPO}/resolve/main/tekken.json"],
+        ["curl", "-sSI", "--retry", "5", "--retry-all-errors", "--retry-delay", "1",
+         f"{hub['endpoint_in_sim']}/{MODEL_REPO}/resolve/main/tekken.json"],
         network="thorfleet-sim",
         remove=True,
+        stderr=True,
     ).decode()
-    assert head.startswith("HTTP/1.1 302")
+    assert head.startswith("HTTP/1.1 302"), head
     assert f"Location: {hub['endpoint_in_sim']}/_sim/lfs/" in head
