@@ -40,7 +40,9 @@ systemctl)
     case "$1" in
     restart)
         if grep -q crash "$FAKE_CONFIG"; then
-            echo failed > "$box/active"; rm -f "$box/running"
+            # Restart=on-failure: systemd waits RestartSec before its own next start, and this
+            # fake never gets there (NRestarts stays 0): a crash is seen in the wait or not at all
+            echo activating > "$box/active"; echo auto-restart > "$box/substate"; rm -f "$box/running"
             # as vLLM 0.19.0 logs a start-up that fails in the engine core: transformers' harmless
             # probe of /eagle, the engine core's traceback (core.py L1108), the API server's
             # pointer back at it (utils.py L1059)
@@ -53,7 +55,7 @@ systemctl)
                 "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}" \
                 > "$box/journal"
         else
-            echo active > "$box/active"; cp "$FAKE_CONFIG" "$box/running"
+            echo active > "$box/active"; echo running > "$box/substate"; cp "$FAKE_CONFIG" "$box/running"
             # the container reads the key when it starts (EnvironmentFile=, `-e VLLM_API_KEY`)
             cp "$FAKE_SECRETS" "$box/running-secrets"
             if grep -q busy "$FAKE_CONFIG"; then echo 2 > "$box/busy"; fi
@@ -66,10 +68,14 @@ systemctl)
                 echo "[marlin_utils_fp4.py:298] Your GPU does not have native support for FP4" >> "$box/journal"
             fi
         fi ;;
-    stop) echo inactive > "$box/active"; rm -f "$box/running" ;;
+    stop) echo inactive > "$box/active"; echo dead > "$box/substate"; rm -f "$box/running" ;;
     is-active) s=$(cat "$box/active" 2>/dev/null || echo inactive); echo "$s"; [ "$s" = active ] ;;
     is-enabled) echo enabled ;;
-    show) case "$*" in *NRestarts*) echo 0 ;; *) echo "Mon 2026-01-05 10:00:00 UTC" ;; esac ;;
+    show) case "$*" in
+        *NRestarts*) echo 0 ;;
+        *SubState*) cat "$box/substate" 2>/dev/null || echo dead ;;
+        *) echo "Mon 2026-01-05 10:00:00 UTC" ;;
+        esac ;;
     esac ;;
 journalctl) cat "$box/journal" 2>/dev/null || true ;;
 docker) echo 1 ;;  # the image's thorfleet.think-prefill label
@@ -251,6 +257,20 @@ def test_a_first_version_that_fails_is_stopped_with_nothing_to_roll_back_to(box)
     assert "No earlier good version on this host: thorfleet-vllm stopped." in done.stdout
     assert "systemctl stop thorfleet-vllm" in box.calls()
     assert not box.proven.exists() and not box.last_good.exists()
+
+
+def test_a_version_that_crashes_is_rolled_back_before_systemd_starts_it_again(box):
+    # A roll-back that waited for systemd's own next start would restart the unit while that
+    # start's `docker run` creates the container: the container it leaves behind takes the name,
+    # and the last good version's `docker run` fails on it (seen under CI's load: status 125).
+    assert box.activate("version: 1\n", "1" * 64).returncode == 0
+    done = box.activate("version: 2 crash\n", "2" * 64)
+    assert done.returncode == 1
+    assert "FAILED: thorfleet-vllm exited while loading; ValueError: Selected backend" in done.stdout
+    assert f"Rolled back: the last good version ({'1' * 12}) serves again" in done.stdout
+    assert "systemctl show -p SubState --value thorfleet-vllm" in box.calls()
+    assert (box.fake / "running").read_text() == "version: 1\n"
+    assert box.proven.read_text() == "1" * 64
 
 
 def test_a_restart_waits_until_vllm_runs_no_request(box):
