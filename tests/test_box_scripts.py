@@ -321,6 +321,21 @@ def test_copy_refuses_a_damaged_file_and_takes_it_from_the_next_peer(fleet):
     assert (folder / shard).read_bytes() == FILES[shard]
 
 
+def test_copy_says_plainly_that_a_peer_has_no_copy_yet(fleet):
+    # any other rsync error is shown whole: a peer that cannot be reached
+    done, _ = copy(fleet, "thor-unreachable")
+    assert "No route to host" in done.stderr
+    assert "rsync from thor-unreachable stopped (exit 255)" in done.stderr
+    # a first install: the other boxes are fetching too, so their weights_dir has no revision yet
+    (fleet / "peers" / "thor-2").mkdir(parents=True)
+    peer(fleet, "thor-1")
+    done, folder = copy(fleet, "thor-2", "thor-1")
+    assert done.returncode == 0, done.stderr
+    assert f"thor-2 has no copy of {REVISION[:12]} yet; trying the next source" in done.stderr
+    assert "No such file or directory" not in done.stderr and "rsync error" not in done.stderr
+    assert verify(folder) == {"complete": True, "problems": []}
+
+
 def test_copy_leaves_to_the_hub_what_no_peer_has_and_stages_the_rest(fleet):
     shard = "consolidated-00001-of-00002.safetensors"
     (peer(fleet, "thor-1") / shard).unlink()
