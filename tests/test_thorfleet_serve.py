@@ -467,11 +467,12 @@ def test_a_streamed_tool_call_that_went_astray_is_refused_saying_where_it_went()
     # tokens went (reasoning?) and into how many chunks vLLM merged them is what tells why
     tool = serve_tool()
     chunks = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]},
-              {"choices": [{"delta": {"reasoning": '[TOOL_CALLS]get_weather{"city": "Paris"}'}}]}]
+              {"choices": [{"delta": {"reasoning": '[TOOL_CALLS]get_weather{"city": "Paris"}'},
+                            "finish_reason": "stop"}]}]
     with pytest.raises(tool.NotServing) as refused:
         tool.check_streamed_tool_call(chunks)
     assert ("(tool calls named [], content: '', reasoning: '[TOOL_CALLS]get_weather{\"city\": "
-            "\"Paris\"}', in 2 chunks)") in str(refused.value)
+            "\"Paris\"}', in 2 chunks, finish_reason ['stop'])") in str(refused.value)
     called = {"function": {"name": "get_weather", "arguments": ""}}
     tool.check_streamed_tool_call([{"choices": [{"delta": {"tool_calls": [called]}}]}])
 
