@@ -473,6 +473,11 @@ def test_a_streamed_tool_call_that_went_astray_is_refused_saying_where_it_went()
         tool.check_streamed_tool_call(chunks)
     assert ("(tool calls named [], content: '', reasoning: '[TOOL_CALLS]get_weather{\"city\": "
             "\"Paris\"}', in 2 chunks, finish_reason ['stop'])") in str(refused.value)
+    # an exception in vLLM's stream generator: one more event, no choices
+    cut = [chunks[0], {"error": {"message": "boom", "type": "BadRequestError", "code": 400}}]
+    with pytest.raises(tool.NotServing) as refused:
+        tool.check_streamed_tool_call(cut)
+    assert "in 2 chunks, finish_reason [], errors ['boom'])" in str(refused.value)
     called = {"function": {"name": "get_weather", "arguments": ""}}
     tool.check_streamed_tool_call([{"choices": [{"delta": {"tool_calls": [called]}}]}])
 
