@@ -258,15 +258,21 @@ def serving(client, image: str, model: Path, config: str = SEED_CONFIG, args=SER
             available_gib: float = 117, draft: bool = True, thorsim: Path | None = None,
             runtime: str = "nvidia"):
     """Run `vllm serve /model --config /config/vllm.yaml ...` in a container of `image` as the
-    product's unit does (--runtime nvidia, /model and /eagle read-only); remove it afterwards.
-    /proc/meminfo shows a Thor with `available_gib` free (on a box the runtime mounts the box's);
-    `thorsim` is mounted as /run/thorsim (holds, cache) when given."""
+    product's unit does (--runtime nvidia, /model and /eagle read-only, a vLLM cache kept across
+    starts); remove it afterwards. /proc/meminfo shows a Thor with `available_gib` free (on a box
+    the runtime mounts the box's); `thorsim` is mounted as /run/thorsim (holds, cache) when given."""
+    # The unit's cache volume (layout.BOX_VLLM_CACHE): there vLLM keeps what it learnt of the
+    # model's class (registry.py _save_modelinfo_to_cache, keyed by the model file's hash), which
+    # otherwise costs each start two subprocesses that import vLLM (12 of a start's 22 CPU-s here).
+    cache = state_dir() / "vllm-cache"
+    cache.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=state_dir(), prefix="standin-") as tmp:
         (Path(tmp) / "vllm.yaml").write_text(config)
         (Path(tmp) / "meminfo").write_text(meminfo(available_gib))
         volumes = {str(model): {"bind": "/model", "mode": "ro"},
                    tmp: {"bind": "/config", "mode": "ro"},
-                   str(Path(tmp) / "meminfo"): {"bind": "/proc/meminfo", "mode": "ro"}}
+                   str(Path(tmp) / "meminfo"): {"bind": "/proc/meminfo", "mode": "ro"},
+                   str(cache): {"bind": "/root/.cache/vllm", "mode": "rw"}}
         if draft:
             volumes[str(model.with_name(model.name + ".eagle"))] = {"bind": "/eagle", "mode": "ro"}
         if thorsim is not None:
