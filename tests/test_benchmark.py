@@ -64,8 +64,10 @@ def test_a_benchmarked_fleet_reports_the_seeds_eagle_rate_and_passes(bench, host
         assert len(row["benchmark"]["runs"]) == 3
         assert all(r["tokens"] == 512 for r in row["benchmark"]["runs"])
         assert row["benchmark"]["passed"] is True and row["error"] is None
-        # the stand-in registers vLLM's spec-decode counters but never counts a draft
+        # the stand-in counts EAGLE's drafts in vLLM's own spec-decode stats: 13 steps in 14
+        # accept one of 3 drafted tokens (tests/sim/base/standin_core.py accepted_per_step)
         assert row["benchmark"]["spec_decode_metrics"] is True
+        assert row["eagle_acceptance"] == pytest.approx(13 / 14 / 3, abs=0.02), row["benchmark"]
     # a dry run leaves this report alone and writes its plan beside it
     before = report_path.read_text()
     dry, _, _ = bench("eagle-dry", "--dry", rollout_benchmark="never")
