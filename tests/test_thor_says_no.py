@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.helpers import SERVICE, box, changed_on, deploy, edited_checkout, serves
+from tests.sim.fleet import sim_group_data
 
 pytestmark = pytest.mark.fleet
 
@@ -146,8 +147,9 @@ def test_memory_really_held_times_the_gate_out_naming_both_numbers(sim_fleet, sa
         box(sim_fleet, host, "echo 3 > /proc/sys/vm/drop_caches")
         box(sim_fleet, host, second_server(sim_fleet, host, 0.5).replace("docker run", "docker run -d"))
         # a fresh container's first vLLM start, beside three other groups: 120 s was not always
-        # enough in CI (4b7898d); the sim's own health limit for a start is 600 s
-        wait_for(sim_fleet, host, "curl -sf http://127.0.0.1:8100/health", timeout=600)
+        # enough in CI (4b7898d); it gets what the sim gives any start
+        wait_for(sim_fleet, host, "curl -sf http://127.0.0.1:8100/health",
+                 timeout=sim_group_data()["service_health_timeout_s"])
         run = deploy(inventory)
         assert run.returncode != 0
         for reason in ("memory-gate: only", "need more than 94.8 GiB", "held by processes"):

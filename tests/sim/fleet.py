@@ -800,7 +800,7 @@ def sim_group_data() -> dict:
         "preflight_min_free_disk_gib": 10,
         # Half the product's 20 minutes, so a version that never answers fails a story sooner; not
         # less: a first start on this machine, with four groups pulling and loading images into
-        # twelve boxes at once, once went past 5 minutes (disk-bound, the cores half idle).
+        # twelve boxes at once, once went past 5 minutes (disk-bound, the cores 30-65 % idle).
         "service_health_timeout_s": 600,
         # The decode benchmark costs a minute per first install; tests/test_benchmark.py turns it
         # on where it is the story (thorfleet's own default benchmarks every first install).
