@@ -18,7 +18,9 @@ def main(argv=None) -> int:
     up.add_argument("--gateway", action="store_true",
                     help="also the gateway box gw-1 (SSH 127.0.0.1:22100, HTTPS "
                          "127.0.0.1:28443), in the inventory's group `gateway`")
-    commands.add_parser("down", help="remove boxes, gateway, hub, registry and network")
+    down = commands.add_parser("down", help="remove boxes, gateway, hub, registry and network")
+    down.add_argument("--keep-registry", action="store_true",
+                      help="leave the registry and the network up (images still being pushed)")
     commands.add_parser("status", help="each box's SSH port and systemd state; hub and registry")
     commands.add_parser("bases", help="the stand-in vLLM bases, one line each: NAME "
                                       "IMAGE@DIGEST VLLM_VERSION (built and pushed when missing)")
@@ -36,7 +38,7 @@ def main(argv=None) -> int:
     if args.command == "up":
         fleet.up(args.hosts, args.inventory, client=client, gateway=args.gateway)
     elif args.command == "down":
-        fleet.down(client)
+        fleet.down(client, keep_registry=args.keep_registry)
     elif args.command == "status":
         print("\n".join(fleet.status(client)))
     elif args.command == "bases":

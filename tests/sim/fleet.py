@@ -685,9 +685,10 @@ def end_run(run: str) -> bool:
     return False
 
 
-def down(client=None) -> None:
+def down(client=None, keep_registry: bool = False) -> None:
     """Remove the boxes (and their disks), the hub, the registry and the network. Keys, the API
-    key, registry storage and caches stay in the state dir."""
+    key, registry storage and caches stay in the state dir. keep_registry=True leaves the registry
+    and the network up: CI's bases may still be pushing when the first command's boxes go."""
     client = client or docker.from_env()
     with locked("fleet"):
         removals = []
@@ -704,13 +705,13 @@ def down(client=None) -> None:
         hub = importlib.util.find_spec("tests.sim.hub") and importlib.import_module("tests.sim.hub")
         if hub and hasattr(hub, "stop"):
             hub.stop(client)
-        for name in ("thorfleet-hub", registry.NAME):
+        for name in ("thorfleet-hub",) if keep_registry else ("thorfleet-hub", registry.NAME):
             try:
                 client.containers.get(name).remove(force=True)
                 log(f"removed {name}")
             except docker.errors.NotFound:
                 pass
-        for network in client.networks.list(names=[NETWORK]):
+        for network in [] if keep_registry else client.networks.list(names=[NETWORK]):
             network.remove()
 
 
