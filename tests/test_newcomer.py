@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 
+import docker.errors
 import pytest
 
 from tests.readme_commands import ROOT, try_it_commands
@@ -147,3 +148,53 @@ def test_up_replaces_a_box_another_sim_state_made(tmp_path, monkeypatch, index, 
     if labels.pop("ours", False):
         labels["thorfleet.state"] = str(tmp_path / "fresh")
     assert fleet.stale(_Found(labels, image), index, 2, "sha256:current") == why
+
+
+class _Engine:
+    """The Docker engine as `down` sees it: the sim's containers by name, its network."""
+
+    def __init__(self, names):
+        engine = self
+        self.removed, self.networks_removed = [], []
+
+        class Container:
+            def __init__(self, name, labels=None):
+                self.name, self.labels = name, labels or {}
+
+            def remove(self, force=False):
+                engine.removed.append(self.name)
+
+        class Containers:
+            def list(self, all=False, filters=None):
+                return [Container(n, {"thorfleet.index": n.rpartition("-")[2]})
+                        for n in names if n.startswith("thorfleet-thor-")]
+
+            def get(self, name):
+                if name not in names or name in engine.removed:
+                    raise docker.errors.NotFound(name)
+                return Container(name)
+
+        class Network:
+            def remove(self):
+                engine.networks_removed.append(fleet.NETWORK)
+
+        self.containers = Containers()
+        self.networks = type("Networks", (), {"list": lambda _, names=None: [Network()]})()
+
+
+@pytest.mark.parametrize(("keep_registry", "removed", "network_removed"), [
+    (False, ["thorfleet-hub", "thorfleet-registry"], True),
+    (True, ["thorfleet-hub"], False),
+])
+def test_down_between_ci_steps_keeps_the_registry_the_bases_are_pushing_to(
+        tmp_path, monkeypatch, keep_registry, removed, network_removed):
+    """.ci/run takes the first command's boxes down while the newer bases may still be pushing:
+    with the registry gone, a push breaks mid-layer and the stories that need that base fail."""
+    monkeypatch.setenv("THORFLEET_SIM_STATE", str(tmp_path))
+    monkeypatch.setattr(fleet, "remove_box", lambda container, index: container.remove())
+    engine = _Engine(["thorfleet-thor-1", "thorfleet-thor-2", "thorfleet-gw-1", "thorfleet-hub",
+                      "thorfleet-registry"])
+    fleet.down(engine, keep_registry=keep_registry)
+    assert sorted(engine.removed) == sorted(
+        ["thorfleet-thor-1", "thorfleet-thor-2", "thorfleet-gw-1", *removed])
+    assert bool(engine.networks_removed) == network_removed
