@@ -446,6 +446,24 @@ def test_a_stopped_service_is_left_stopped(box):
     assert status == 503 and text.startswith(f"stopped: {SERVICE} is inactive (stopped by the ")
 
 
+def test_a_box_given_up_on_is_out_of_the_gateway_before_the_journal_says_so(box):
+    # the hour's restarts already at the cap, and a box whose nvpmodel is slow to answer (the
+    # readings gathered after each check): the gateway's check and status say 503 / over_cap by
+    # the time the line is in the journal (a story once read 200 "ok (failing)" just after it)
+    now = time.time()
+    (box.state_dir / "watchdog-restarts.json").write_text(
+        json.dumps({"total": 3, "times": [now - 300, now - 200, now - 100]}))
+    (box.stubs / "nvpmodel").write_text(
+        "#!/bin/sh\nsleep 2\nprintf 'NV Power Mode: 120W\\n1\\n'\n")
+    box.hang = True
+    box.start("--failures", "1")
+    box.wait_for(lambda: "not restarting" in box.stdout(), 30)
+    status, text = box.get("/healthy")
+    assert status == 503 and text.startswith("over_cap: 3 restarts in the last hour (cap 3)"), text
+    assert box.state()["state"] == "over_cap"
+    assert box.restarts() == []
+
+
 def test_a_server_stopped_while_its_last_check_hangs_stays_stopped(box):
     # the third failed check's completion hangs; the operator stops the server meanwhile: the
     # restart that check decided must not start it again (a restart of a stopped unit would)
