@@ -84,7 +84,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_xdist_make_scheduler(config, log):
     """xdist's loadgroup, but a worker takes its next group only on the last test of the one it
     has (xdist's own gives one more while two are left: a long group then holds a short one back
-    while other workers sit idle)."""
+    while other workers sit idle), and a one-test group's worker, which needs a next group before
+    it starts, takes the shortest waiting (tests/test_scheduling.py)."""
     from xdist.scheduler import LoadGroupScheduling
 
     class OneGroupAhead(LoadGroupScheduling):
@@ -96,8 +97,14 @@ def pytest_xdist_make_scheduler(config, log):
                 return
             # a worker runs a test once it knows the next one, so it needs the next group while
             # it has one test left, not before
-            if self._pending_of(self.assigned_work[node]) > 1:
+            work = self.assigned_work[node]
+            if self._pending_of(work) > 1:
                 return
+            if not any(done for unit in work.values() for done in unit.values()):
+                # a one-test group just handed out (thor-13+14+15, the longest) needs its next
+                # group before it can start: the queue's last, a short one, not the next long
+                # one (thor-1+7 once waited 31 min behind it and ended 3 min after the rest)
+                self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
             self._assign_work_unit(node)
 
     if config.getvalue("dist") == "loadgroup":
