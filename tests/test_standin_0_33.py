@@ -205,3 +205,17 @@ def test_the_0_26_0_shape_keeps_its_own_rules(standin):
     kernels.write_text(kernels.read_text().replace("def _resolve_backend_kernels(", ""))
     with pytest.raises(ValueError, match="no 'triton' kernel exists for NVFP4 layers"):
         standin.select_nvfp4_gemm(config(linear="triton"))
+
+
+def test_vllms_cutlass_kernel_is_chosen_by_cutlass_fp4_supported_as_upstream_reads_it(standin,
+                                                                                    monkeypatch):
+    """The FlashInfer-less base's refusal (tests/test_bases.py) rests on vLLM's CUTLASS kernel
+    being supported on 11.0: cutlass_fp4_supported() as each base's source has it (its docstring
+    cites them), and the choice follows it; a build without sm_110 FP4 kernels would get Marlin."""
+    assert standin.cutlass_fp4_supported() is True
+    standin.state.flashinfer = False
+    monkeypatch.setattr(standin, "cutlass_fp4_supported", lambda: False)
+    assert standin.select_nvfp4_gemm(config()) == "MarlinNvFp4LinearKernel"
+    kernels = standin.VLLM_DIR / KERNELS  # the 0.26.0 shape (no _resolve_backend_kernels)
+    kernels.write_text(kernels.read_text().replace("def _resolve_backend_kernels(", ""))
+    assert standin.select_nvfp4_gemm(config()) == "MarlinNvFp4LinearKernel"

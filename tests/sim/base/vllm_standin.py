@@ -223,6 +223,24 @@ MOE_ORACLE = "model_executor/layers/fused_moe/oracle/nvfp4.py"
 NVFP4_UTILS = "model_executor/layers/quantization/utils/nvfp4_utils.py"
 
 
+def cutlass_fp4_supported() -> bool:
+    """vLLM's cutlass_fp4_supported() on (11, 0): true on each base, for reasons that differ.
+
+    Its Python is the same in all three (0.19.0 quantization/utils/nvfp4_utils.py L315-320, 0.26.0
+    L56-61, 0.33.0 L53-58): the CUDA op cutlass_scaled_mm_supports_fp4(capability), 110 here.
+    - 0.19.0 csrc/quantization/fp4/nvfp4_scaled_mm_entry.cu L63-67: `capability >= 100 &&
+      runtimeVersion >= 12080`, a run-time check only (the image's CUDA is 13).
+    - 0.26.0 csrc/libtorch_stable/quantization/fp4/nvfp4_scaled_mm_entry.cu L71-87 and 0.33.0
+      csrc/quantization/fp4/nvfp4_scaled_mm_entry.cu L71-87: 100 <= capability < 120 when built
+      with ENABLE_NVFP4_SM100, which CMakeLists.txt sets when its FP4 archs (10.0f;11.0f on CUDA
+      >= 13: 0.26.0 L984-1006, 0.33.0 L1061-1084) meet the build's list; the aarch64 release
+      wheel is built with CUDA 13.0.2 for a list with 11.0 (.buildkite/release-pipeline.yaml
+      L11-12: "Thor (11.0, CUDA 13+)").
+    Read from the release source tarballs on PyPI (csrc, CMakeLists.txt and .buildkite ship in
+    them); the compiled wheel itself was not inspected."""
+    return THOR_CAPABILITY >= (10, 0)
+
+
 def select_nvfp4_gemm(vllm_config=None) -> str:
     if "class NvFp4LinearBackend" in (VLLM_DIR / NVFP4_UTILS).read_text():  # 0.19.0's enum
         return select_nvfp4_gemm_backend()
@@ -235,9 +253,8 @@ def select_nvfp4_gemm(vllm_config=None) -> str:
 # whether each kernel's is_supported() holds on (11, 0): CuteDSL needs capability family 100
 # (nvfp4/flashinfer.py L36-39); FlashInfer CUTLASS cutlass_fp4_supported(), >= 100 and FlashInfer
 # (L82-95), whose presence vLLM's own has_flashinfer() reads; vLLM's CUTLASS kernel
-# cutlass_fp4_supported() alone (nvfp4/cutlass.py). cutlass_fp4_supported() is a CUDA op
-# (cutlass_scaled_mm_supports_fp4, not in the wheel's Python): taken as true on 11.0, as the
-# recipe's FLASHINFER_CUTLASS on a Thor implies. The rest are not reached.
+# cutlass_fp4_supported() alone (nvfp4/cutlass.py L23-29; the function below). The rest are not
+# reached.
 NVFP4_KERNELS = ["FlashInferCuteDslNvFp4LinearKernel", "FlashInferCutlassNvFp4LinearKernel",
                  "CutlassNvFp4LinearKernel", "MarlinNvFp4LinearKernel",
                  "FlashInferTrtllmNvFp4LinearKernel", "FlashInferCudnnNvFp4LinearKernel",
@@ -257,7 +274,8 @@ def select_nvfp4_gemm_kernel(vllm_config) -> str:
     from vllm.utils.flashinfer import has_flashinfer
 
     supported = {"FlashInferCuteDslNvFp4LinearKernel": _cc(10) and has_flashinfer(),
-                 "FlashInferCutlassNvFp4LinearKernel": has_flashinfer()}
+                 "FlashInferCutlassNvFp4LinearKernel": cutlass_fp4_supported() and has_flashinfer(),
+                 "CutlassNvFp4LinearKernel": cutlass_fp4_supported()}
     backend = getattr(getattr(vllm_config, "kernel_config", None), "linear_backend", "auto")
     possible = NVFP4_KERNELS
     if backend and backend != "auto":  # L941-948
@@ -277,8 +295,8 @@ def select_nvfp4_gemm_kernel(vllm_config) -> str:
 # vLLM 0.33.0 kernels/linear/__init__.py _POSSIBLE_NVFP4_KERNELS[CUDA] (L592-609), in order, with
 # each kernel's is_supported() on (11, 0) and its reason when not (kernels/linear/nvfp4/...):
 # CuteDSL needs family 100 (flashinfer.py L118-125); FlashInfer CUTLASS cutlass_fp4_supported(),
-# >= 100 and FlashInfer (L195-208; cutlass_fp4_supported() taken as true on 11.0, as above);
-# FlashInfer b12x >= 120 (L402-411); vLLM's CUTLASS cutlass_fp4_supported() (cutlass.py L26-31);
+# >= 100 and FlashInfer (L195-208); FlashInfer b12x >= 120 (L402-411); vLLM's CUTLASS
+# cutlass_fp4_supported() (cutlass.py L25-31; the function below);
 # CuteDSL W4A16 100/103/12x (flashinfer.py L39-56); Marlin >= 7.5 (marlin_utils_fp4.py L34-35);
 # TRT-LLM and cuDNN FlashInfer only (flashinfer.py L272-277, L341-346); FBGEMM fbgemm_gpu, not in
 # the image (fbgemm.py L21-26); B12X family 120 (b12x.py L56-69); Torch family 100 (pytorch.py
@@ -334,6 +352,10 @@ def select_nvfp4_gemm_resolved(vllm_config) -> str:
     flashinfer = has_flashinfer()
     support = {name: (flashinfer if ok is None else ok, reason)
                for name, ok, reason in NVFP4_KERNELS_RESOLVED}
+    support["FlashInferCutlassNvFp4LinearKernel"] = (
+        flashinfer and cutlass_fp4_supported(), "FlashInfer + >=sm_100 required")
+    support["CutlassNvFp4LinearKernel"] = (cutlass_fp4_supported(),
+                                           "CUTLASS FP4 kernels not available")
     kernel_config = getattr(vllm_config, "kernel_config", None)
     backend = getattr(kernel_config, "linear_backend", "auto") or "auto"
     override = (getattr(kernel_config, "linear_backend_per_quant", None) or {}).get("nvfp4_w4a4")
@@ -405,12 +427,13 @@ def select_nvfp4_gemm_backend() -> str:
     if envs.VLLM_USE_NVFP4_CT_EMULATIONS:
         backend = NvFp4LinearBackend.EMULATION
     elif envs.VLLM_NVFP4_GEMM_BACKEND is None:
-        # L59: has_device_capability(100) (11.0 >= 10.0) and has_flashinfer()
+        # L59: has_device_capability(100) (11.0 >= 10.0) and has_flashinfer(): the Jetson image
+        # ships FlashInfer (the seed's flashinfer-cutlass runs there), which this stand-in base,
+        # unlike the upstream ones, does not carry as packages
         backend = NvFp4LinearBackend.FLASHINFER_CUTLASS
     else:
         backend = NvFp4LinearBackend(envs.VLLM_NVFP4_GEMM_BACKEND)
-    if backend == NvFp4LinearBackend.VLLM_CUTLASS:
-        # L76 / cutlass_fp4_supported: vLLM's CUTLASS FP4 GEMM kernels are built for 10.0/12.x
+    if backend == NvFp4LinearBackend.VLLM_CUTLASS and not cutlass_fp4_supported():  # L75-76
         raise AssertionError(f"Cutlass is required for {backend}")
     vlog("model_executor/layers/quantization/utils/nvfp4_utils.py", "for NVFP4 GEMM",
          logging.INFO, f"Using {backend} for NVFP4 GEMM")
