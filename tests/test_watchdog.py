@@ -89,7 +89,7 @@ def replay(observations, memory=None, start=10_000.0, step=15.0, settings=SETTIN
 def test_an_idle_server_that_answers_is_ok():
     seen, memory = replay([idle(), idle()])
     assert seen == [("none", "ok")] * 2
-    assert memory["last_check_ok"] is True and memory["failures"] == 0
+    assert memory["last_check_ok"] is True and memory["failures"] == 0 and memory["checks"] == 2
 
 
 def test_an_idle_server_that_does_not_answer_is_restarted_after_the_failures():
@@ -105,6 +105,7 @@ def test_a_long_answer_with_growing_tokens_is_never_a_wedge():
     assert {action for action, _ in seen} == {"none"}
     assert seen[0] == ("none", "unknown")  # the first sample of a busy server is its baseline
     assert {state for _, state in seen[1:]} == {"ok"}
+    assert memory["checks"] == 39  # every look after the baseline was a check, and counted
     assert memory["decode_tok_s"] == pytest.approx(2.0)
 
 
@@ -192,6 +193,7 @@ def test_a_restart_of_the_server_resets_the_token_baseline():
     assert seen == [("none", "unknown"), ("none", "failing"), ("none", "failing"),
                     ("none", "unknown"), ("none", "ok")]
     assert memory["failures"] == 0
+    assert memory["checks"] == 3  # the count goes on across servers: baselines are no checks
 
 
 # --- the tool on temporary folders -----------------------------------------------------------------
@@ -529,7 +531,7 @@ def test_the_exporter_answers_as_prometheus_reads_it(box):
     expected = {"thorfleet_power_mode", "thorfleet_clocks_locked", "thorfleet_mem_available_bytes",
                 "thorfleet_temperature_celsius", "thorfleet_watchdog_check_ok",
                 "thorfleet_watchdog_failures", "thorfleet_watchdog_over_cap",
-                "thorfleet_watchdog_restarts_total",
+                "thorfleet_watchdog_checks_total", "thorfleet_watchdog_restarts_total",
                 "thorfleet_watchdog_last_check_timestamp_seconds",
                 "thorfleet_decode_tokens_per_second", "thorfleet_decode_gate_tokens_per_second",
                 "thorfleet_serving_info"}
@@ -538,6 +540,7 @@ def test_the_exporter_answers_as_prometheus_reads_it(box):
     assert one["thorfleet_power_mode"] == 1 and one["thorfleet_clocks_locked"] == 1
     assert one["thorfleet_mem_available_bytes"] == 99000000 * 1024
     assert one["thorfleet_watchdog_check_ok"] == 1 and one["thorfleet_watchdog_over_cap"] == 0
+    assert one["thorfleet_watchdog_checks_total"] >= 1
     assert one["thorfleet_decode_gate_tokens_per_second"] == 27
     assert one["thorfleet_decode_tokens_per_second"] > 0
     assert 'thorfleet_temperature_celsius{zone="cpu-thermal"} 47.25\n' in text
@@ -552,8 +555,8 @@ def test_status_prints_the_contracts_json(box):
     assert set(found) == {"service", "active", "health", "fingerprint", "watchdog", "requests",
                           "decode_tok_s", "eagle_acceptance", "mem_available_bytes",
                           "power_mode", "clocks_locked", "temperatures_c"}
-    assert set(found["watchdog"]) == {"running", "state", "last_check_ok", "last_check_at", "why",
-                                      "failures", "restarts_1h", "restarts_24h"}
+    assert set(found["watchdog"]) == {"running", "state", "last_check_ok", "last_check_at",
+                                      "checks", "why", "failures", "restarts_1h", "restarts_24h"}
     assert found["service"] == SERVICE and found["active"] == "active" and found["health"] is True
     assert found["fingerprint"] == "f" * 64
     assert found["watchdog"]["running"] is True and found["watchdog"]["state"] == "ok"
