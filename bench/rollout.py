@@ -141,7 +141,8 @@ def reruns(sim, workdir, group, extra, count, mode):
     return {f"{key}_s": round(statistics.median(r.seconds for r in again), 1),
             f"{key}_samples_s": [round(r.seconds, 2) for r in again],
             f"{key}_laptop_cpu_s": round(statistics.median(r.cpu_s for r in again), 2),
-            f"{key}_changed": max(r.changed for r in again)}
+            f"{key}_changed": max(r.changed for r in again),
+            f"{key}_changed_samples": [r.changed for r in again]}
 
 
 @contextlib.contextmanager
