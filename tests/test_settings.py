@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import Inventory
 
-from thorfleet import render, rollout
+from thorfleet import layout, render, rollout
 from thorfleet.layout import BOX_MODELS
 from thorfleet.schema import FIELDS, PREFIXES, REQUIRED
 from thorfleet.settings import SettingsError, settings_for, settings_for_inventory, settings_for_run
@@ -226,6 +226,10 @@ BAD_INPUTS = [
     ({"service_name": "ssh"}, ("service_name='ssh' is not a name both systemd and Docker accept "
                               "that is thorfleet's own")),
     ({"service_name": "thorfleet-clocks"}, "is a name thorfleet uses for something else"),
+    ({"service_name": "thorfleet-watchdog"}, "is a name thorfleet uses for something else"),
+    ({"service_name": "thorfleet-firewall"}, "is a name thorfleet uses for something else"),
+    ({"service_name": "thorfleet-image"}, "is a name thorfleet uses for something else"),
+    ({"service_name": "thorfleet-fetch-0123"}, "is a name thorfleet uses for something else"),
     ({"service_host": "fe80::1%x y"}, "must be an IP address or host name"),
     ({"service_host": "thor..lan"}, "must be an IP address or host name"),
     ({"service_docker_ulimits": {"nofile": 1.5}}, "service_docker_ulimits['nofile']=1.5 must be"),
@@ -517,3 +521,16 @@ def test_the_fingerprint_holds_nothing_derived_from_the_key(tmp_path):
         assert key in s.secrets_env_text
         prints.add(s.fingerprint)
     assert len(prints) == 1
+
+
+def test_every_unit_container_and_user_thorfleet_installs_is_refused_as_service_name(
+        api_key_file):
+    """The class, not its examples: each unit file thorfleet ships (but the server's own template)
+    and each user and container it makes is in layout.BOX_OWN_NAMES, which service_name may not
+    take (a new unit file without it fails here)."""
+    units = {path.name.split(".service")[0] for path in (ROOT / "files" / "systemd").iterdir()}
+    assert units - {"thorfleet-vllm"} <= set(layout.BOX_OWN_NAMES), units
+    assert {layout.PEER_USER, layout.IMAGE_USER, layout.FETCH_CONTAINER} <= set(layout.BOX_OWN_NAMES)
+    for name in layout.BOX_OWN_NAMES:
+        problems = refused({"service_name": name}, api_key_file)
+        assert any("is a name thorfleet uses for something else" in p for p in problems), name

@@ -38,6 +38,7 @@ from thorfleet.layout import (
     BOX_HOME,
     BOX_IMAGE_CONTEXT,
     BOX_MODELS,
+    BOX_OWN_NAMES,
     BOX_PEER_HOME,
     BOX_STATE,
     BOX_VLLM_CACHE,
@@ -112,9 +113,9 @@ _IMAGE_BY_DIGEST = rf"{_REPOSITORY}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?@sha
 # or killed. No list of the names a box has can be complete; a prefix no package uses can.
 # (Bare `vllm` is the name other guides give their own vLLM container: not thorfleet's.)
 _SERVICE_NAME = r"(?=.{1,63}\Z)(?:thorfleet-|vllm[_.-])[A-Za-z0-9_.-]+"
-# thorfleet's own other names on the box: the clocks unit, the weights fetch containers, the copy
-# user.
-_RESERVED_SERVICE = r"thorfleet-(?:clocks|fetch|peer)(?:[_.-].*)?"
+# thorfleet's own other names on the box (layout.BOX_OWN_NAMES: its other units, the weights fetch
+# containers, the copy users), and any name one of them begins.
+_RESERVED_SERVICE = rf"(?:{'|'.join(map(re.escape, BOX_OWN_NAMES))})(?:[_.-].*)?"
 # Hugging Face's repo id rule (huggingface_hub validate_repo_id): no "--" or "..", 96 at most.
 _HF_NAME = r"(?!.*(?:--|\.\.))[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
 _HF_REPO = rf"{_HF_NAME}/{_HF_NAME}"
@@ -305,8 +306,8 @@ def _ulimits(limits):
 def _service_name(name):
     if re.fullmatch(_RESERVED_SERVICE, name):
         _refuse(f"service_name={name!r} is a name thorfleet uses for something else on the box "
-                "(its clocks unit, its weights fetch, its copy user): use another, like "
-                "thorfleet-vllm")
+                f"(its own units, containers and users: {', '.join(BOX_OWN_NAMES)}): use "
+                "another, like thorfleet-vllm")
     return name
 
 

@@ -12,6 +12,7 @@ from thorfleet.layout import (
     BOX_PEER_KEY,
     BOX_PEER_KNOWN_HOSTS,
     BOX_WEIGHTS,
+    FETCH_CONTAINER,
     PEER_USER,
 )
 from thorfleet.operations.commands import ShownCommand, q, sh
@@ -57,7 +58,7 @@ def checkpoint(folder, repo, revision, image, endpoint=None, token_file=None, pe
         return
     parent = folder.rsplit("/", 1)[0]  # thorfleet-weights stages beside the folder
     # One fetch per revision at a time: a run whose SSH session died may have left one going.
-    name = f"thorfleet-fetch-{revision[:12]}"
+    name = f"{FETCH_CONTAINER}-{revision[:12]}"
     docker_run = ["docker", "run", "--rm", "--name", name, "--network", "host",
                   "-e", "HF_HUB_DISABLE_XET=1",  # plain HTTPS downloads, no Xet storage client
                   # carriage returns: thorfleet-weights' progress lines instead
