@@ -121,7 +121,8 @@ def test_gateway_pair_signed_by_the_ca_and_byte_identical_on_a_rerun(tmp_path):
     assert cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value == \
         x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH])
     cert.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier)
-    assert (cert.not_valid_after_utc - cert.not_valid_before_utc).days <= 825
+    # 825 days from its backdated start, not 825 days and the 5 minutes (Apple's limit is the whole)
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc == datetime.timedelta(days=825)
 
 
 def test_a_changed_name_set_reissues_and_a_reordered_one_does_not(tmp_path):
@@ -148,6 +149,38 @@ def test_a_ca_key_left_without_its_certificate_is_replaced(tmp_path):
     (tmp_path / "fleet-ca.key").write_bytes(b"half a key")
     ensure_fleet_ca(tmp_path)
     serialization.load_pem_private_key((tmp_path / "fleet-ca.key").read_bytes(), None)
+
+
+def test_a_lost_ca_certificate_is_made_again_from_its_key_and_clients_keep_trusting(tmp_path):
+    """Clients hold the lost fleet-ca.pem: the one made again has the same key and name, so what
+    it signs from now on verifies against their copy (a new key would cut them all off)."""
+    cert_file = ensure_fleet_ca(tmp_path)
+    held_by_clients = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    key = (tmp_path / "fleet-ca.key").read_bytes()
+    cert_file.unlink()
+    ensure_fleet_ca(tmp_path)
+    assert (tmp_path / "fleet-ca.key").read_bytes() == key
+    leaf = x509.load_pem_x509_certificate(gateway_pair(tmp_path, "gw-1", NAMES)[0])
+    leaf.verify_directly_issued_by(held_by_clients)
+
+
+def test_a_name_too_long_for_a_common_name_lives_in_the_sans(tmp_path):
+    """X.509 caps a common name at 64 characters; DNS names run to 253."""
+    long_name = ".".join(["a" * 40, "b" * 40, "lan"])
+    cert = x509.load_pem_x509_certificate(gateway_pair(tmp_path, "gw-1", [long_name, "10.0.0.5"])[0])
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "10.0.0.5"
+    assert x509.DNSName(long_name) in sans(cert.public_bytes(serialization.Encoding.PEM))
+    alone = x509.load_pem_x509_certificate(gateway_pair(tmp_path, "gw-2", [long_name])[0])
+    assert alone.subject == x509.Name([])
+    assert alone.extensions.get_extension_for_class(x509.SubjectAlternativeName).critical
+
+
+def test_the_gateway_certificate_never_outlives_the_ca(tmp_path, monkeypatch):
+    ca = x509.load_pem_x509_certificate(ensure_fleet_ca(tmp_path).read_bytes())
+    late = ca.not_valid_after_utc - datetime.timedelta(days=100)
+    monkeypatch.setattr(gateway_tls, "_now", lambda: late)
+    leaf = x509.load_pem_x509_certificate(gateway_pair(tmp_path, "gw-1", NAMES)[0])
+    assert leaf.not_valid_after_utc == ca.not_valid_after_utc
 
 
 def test_a_new_ca_reissues(tmp_path):

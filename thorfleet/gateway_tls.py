@@ -33,6 +33,9 @@ CA_YEARS = 10
 # (Apple support HT210176, "Requirements for trusted certificates in iOS 13 and macOS 10.15").
 GATEWAY_DAYS = 825
 RENEW_BEFORE = datetime.timedelta(days=30)
+# X.509's upper bound on a common name (RFC 5280 appendix A, ub-common-name): a longer DNS name
+# lives in the SANs alone, which is where clients look (RFC 6125 section 6.4.4).
+CN_MAX = 64
 # Backdated so a client whose clock runs a little behind the laptop's still accepts a fresh one.
 SKEW = datetime.timedelta(minutes=5)
 
@@ -78,8 +81,13 @@ def ensure_fleet_ca(ca_dir: Path) -> Path:
                 raise ValueError(f"{key_file}: missing, so the fleet CA {cert_file} cannot sign; "
                                  f"restore the key (or remove both files to start a new CA)")
             return cert_file
-        # No cert yet means no client trusts this CA: a key left by a cut run is replaced.
-        key = ec.generate_private_key(ec.SECP256R1())
+        # The certificate gone and its key still here: made again from the same key and name, so
+        # the clients holding the lost file still trust what it signs (a new key would cut them
+        # all off). A key a cut run left half-written never signed anything: it is replaced.
+        key = _readable_key(key_file)
+        if key is None:
+            key = ec.generate_private_key(ec.SECP256R1())
+            _write_whole(key_file, _key_pem(key))  # key first: the cert's presence means both
         cert = _certificate("thorfleet fleet CA", key.public_key(), None, key, 365 * CA_YEARS, [
             # path_length=0: it signs gateways' certificates, never another CA
             (x509.BasicConstraints(ca=True, path_length=0), True),
@@ -87,9 +95,17 @@ def ensure_fleet_ca(ca_dir: Path) -> Path:
                            key_encipherment=False, data_encipherment=False, key_agreement=False,
                            key_cert_sign=True, crl_sign=True, encipher_only=False,
                            decipher_only=False), True)])
-        _write_whole(key_file, _key_pem(key))  # key first: the cert's presence means both are whole
         _write_whole(cert_file, cert.public_bytes(serialization.Encoding.PEM))
         return cert_file
+
+
+def _readable_key(key_file: Path):
+    try:
+        return serialization.load_pem_private_key(key_file.read_bytes(), None)
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        return None  # half-written by a cut run
 
 
 def gateway_pair(ca_dir: Path, gateway: str, names: list[str]) -> tuple[bytes, bytes]:
@@ -112,11 +128,15 @@ def gateway_pair(ca_dir: Path, gateway: str, names: list[str]) -> tuple[bytes, b
                 return cert_pem, key_pem
         key = ec.generate_private_key(ec.SECP256R1())
         ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-        cert = _certificate(names[0], key.public_key(), ca_cert.subject, ca_key, GATEWAY_DAYS, [
-            (x509.SubjectAlternativeName([_general_name(n) for n in names]), False),
+        # The common name is the first name that fits one; none fits: no subject, and the SANs
+        # critical (RFC 5280 4.2.1.6). The leaf never outlives the CA (capped at its end).
+        common = next((n for n in names if len(n) <= CN_MAX), None)
+        cert = _certificate(common, key.public_key(), ca_cert.subject, ca_key, GATEWAY_DAYS, [
+            (x509.SubjectAlternativeName([_general_name(n) for n in names]), common is None),
             (x509.BasicConstraints(ca=False, path_length=None), True),
             (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False),
-            (x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), False)])
+            (x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), False)],
+            until=ca_cert.not_valid_after_utc)
         cert_pem, key_pem = cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
         # Key first: a cut between the two leaves an old cert that fails _still_good's key match.
         _write_whole(key_file, key_pem)
@@ -175,14 +195,18 @@ def _still_good(cert_pem: bytes, key_pem: bytes, ca_cert: x509.Certificate, name
             and cert.not_valid_after_utc - _now() > RENEW_BEFORE)
 
 
-def _certificate(common_name: str, public_key, issuer, signer, days: int, extensions):
-    """A certificate for `public_key` signed by `signer` (self-signed when `issuer` is None)."""
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = _now()
+def _certificate(common_name, public_key, issuer, signer, days: int, extensions, until=None):
+    """A certificate for `public_key` signed by `signer` (self-signed when `issuer` is None), valid
+    `days` from its backdated start (so its whole life is `days`, never more), and not past
+    `until` when given (the issuer's own end)."""
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)] if common_name
+                     else [])
+    start = _now() - SKEW
+    end = start + datetime.timedelta(days=days)
     builder = (
         x509.CertificateBuilder().subject_name(name).issuer_name(issuer or name)
         .public_key(public_key).serial_number(x509.random_serial_number())
-        .not_valid_before(now - SKEW).not_valid_after(now + datetime.timedelta(days=days))
+        .not_valid_before(start).not_valid_after(min(end, until) if until else end)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False))
     for extension, critical in extensions:
         builder = builder.add_extension(extension, critical=critical)
