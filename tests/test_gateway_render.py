@@ -178,6 +178,11 @@ def test_a_gateway_of_its_own_needs_none_of_the_thors_pins(tmp_path):
     _, problems = check_gateway({"gateway_tls_cert_file": "/x.pem"})
     assert problems == [("gateway_tls_cert_file and gateway_tls_key_file go together: set both "
                         "(your certificate and its key), or neither (the fleet CA signs one)")]
+    # HAProxy on the gateway's own SSH port would take the operator's way in
+    _, problems = check_gateway({"gateway_port": 2200, "ssh_port": 2200})
+    assert problems == [("gateway_port=2200 is this host's SSH port (ssh_port 2200): thorfleet "
+                         "would listen there, and on a Thor its firewall lets only the gateway "
+                         "reach service_port, closing your way in; use another port, like 8443")]
 
 
 def test_a_gateway_that_serves_the_model_is_a_thor_too(tmp_path):

@@ -173,6 +173,11 @@ def _own_folder(path):
     folders, nor a folder above one of them (BOX_MODELS, the default, is below BOX_HOME, which
     holds BOX_BIN: inside BOX_HOME, only BOX_HOME itself and its other folders are refused)."""
     parts = path.strip("/").split("/")
+    hidden = next((part for part in parts if part.startswith(".")), None)
+    if hidden:  # ~/.cache, ~/.ssh, /data/.snapshots: a person's or a program's own
+        _refuse(f"weights_dir={path!r} is inside a hidden folder ({hidden}), which belongs to a "
+                "person's or a program's settings: the deploy would make it root's, 755; use a "
+                f"folder for the weights alone, like {BOX_MODELS} or /data/models")
     system = next((t for t in SYSTEM_TREES if _inside(path, t)), None)
     ours = next((t for t in (BOX_HOME, *THORFLEET_TREES) if _inside(t, path)
                  or (t != BOX_HOME and _inside(path, t))), None)
@@ -682,6 +687,18 @@ def _secret_problems(api_key, hf_token, data):
     return problems
 
 
+def _ssh_port_problems(values, data, keys):
+    """A port thorfleet listens on (and its firewall guards) that is the host's own SSH port: the
+    operator's way in would be taken or closed (the Thors' table lets only the gateway reach
+    service_port), and the next deploy could not reach the host."""
+    ssh_port = data.get("ssh_port") or 22
+    return [f"{key}={getattr(values, key)!r} is this host's SSH port (ssh_port {ssh_port}): "
+            f"thorfleet would listen there, and on a Thor its firewall lets only the gateway "
+            f"reach service_port, closing your way in; use another port, like "
+            f"{FIELDS[key].default}"
+            for key in keys if values is not None and getattr(values, key) == ssh_port]
+
+
 def _repository(image):
     """REPO of REPO[:TAG]@sha256:..."""
     name = image.split("@", 1)[0]
@@ -719,6 +736,7 @@ def check(data, *, api_key=None, hf_token=None, groups=None):
                         "thorfleet would tag its derived image there and remove that "
                         "repository's other tags as its old versions (thorfleet-clean); use a "
                         "name of its own, like thorfleet/mistral-small4")
+    problems += _ssh_port_problems(values, data, ("service_port", "watchdog_port"))
     if values is not None and values.watchdog_port == values.service_port:
         problems.append(f"watchdog_port={values.watchdog_port!r} is service_port too: the "
                         "watchdog's exporter and vLLM cannot listen on one port; use another, "
@@ -776,6 +794,7 @@ GatewaySchema = _role_schema("GatewaySchema", GATEWAY_KEYS)
 def check_gateway(data):
     """(GatewaySchema, []) for the data of a gateway that is no Thor, or (None, problems)."""
     values, problems = _check_role(GatewaySchema, GATEWAY_KEYS, data)
+    problems += _ssh_port_problems(values, data, ("gateway_port",))
     cert, key = data.get("gateway_tls_cert_file"), data.get("gateway_tls_key_file")
     if (cert is None) != (key is None):
         problems.append("gateway_tls_cert_file and gateway_tls_key_file go together: set both "
