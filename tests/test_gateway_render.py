@@ -118,6 +118,7 @@ def test_the_firewall_unit_loads_the_file_the_deploy_writes():
 def inventory(tmp_path, gateway_data=None, gateway_hosts=None, thor_hosts=None):
     key = tmp_path / "api_key"
     key.write_text("sk-test\n")
+    key.chmod(0o600)
     thor_hosts = thor_hosts or [("thor-1", {"ssh_hostname": "10.0.0.1"}),
                                 ("thor-2", {"ssh_hostname": "10.0.0.2"})]
     gateway_hosts = gateway_hosts or [("gw-1", {"ssh_hostname": "10.0.0.9"})]
@@ -142,6 +143,7 @@ def test_the_gateway_is_checked_with_its_own_settings_and_each_thor_told_its_add
 def test_without_a_gateway_the_thors_have_none(tmp_path):
     key = tmp_path / "api_key"
     key.write_text("sk-test\n")
+    key.chmod(0o600)
     inv = Inventory(([("thor-1", {"ssh_hostname": "10.0.0.1"})],
                      {**PINS, "service_api_key_file": str(key)}))
     assert settings_for_inventory(inv)["thor-1"].gateway is None
@@ -235,3 +237,21 @@ def test_any_inventory_value_is_refused_or_lands_as_itself(tmp_path):
         assert f"ip saddr {v['fleet']} tcp dport {{ 8002 }} accept" in script, (key, value)
         assert g.names == ["10.0.0.9", v["names"].lower()], (key, value, g.names)
     assert landed >= len(VALID)  # the valid values, at least, land
+
+
+def test_the_gateways_tls_key_readable_by_others_is_refused(tmp_path):
+    """The operator's own certificate key is a laptop secret like the API key (the class's test
+    in tests/test_settings.py): another user who reads it can be the gateway."""
+    from thorfleet.gateway_tls import gateway_pair  # a real pair, so only the mode is wrong
+    cert, key = gateway_pair(tmp_path / "other-ca", "gw-1", ["10.0.0.9"])
+    (tmp_path / "gw.pem").write_bytes(cert)
+    key_file = tmp_path / "gw.key"
+    key_file.write_bytes(key)
+    key_file.chmod(0o644)
+    own = {"gateway_tls_cert_file": str(tmp_path / "gw.pem"), "gateway_tls_key_file": str(key_file)}
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inventory(tmp_path, gateway_data=own))
+    assert error.value.problems == [(f"gw-1: gateway_tls_key_file={str(key_file)!r} can be read "
+                                     f"by other users (mode 644): chmod 600 {key_file}")]
+    key_file.chmod(0o600)
+    settings_for_inventory(inventory(tmp_path, gateway_data=own))

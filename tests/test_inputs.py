@@ -166,6 +166,7 @@ EVIL_PEER = "thor-2:22 -oProxyCommand=touch${IFS}/tmp/owned"
 def test_an_ssh_hostname_the_other_boxes_cannot_dial_is_refused_when_they_copy(tmp_path):
     key = tmp_path / "api_key"
     key.write_text(KEY)
+    key.chmod(0o600)
     hosts = [("thor-1", {"ssh_hostname": "10.0.0.1"}),
              ("thor-2", {"ssh_hostname": "thor-2 -oProxyCommand=x"})]
     with pytest.raises(SettingsError) as error:

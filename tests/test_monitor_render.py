@@ -51,6 +51,7 @@ def inventory(tmp_path, thor_hosts=THORS, monitor_hosts=None, gateway_data=None,
     """Thors, and a gateway (the monitor by default) or, with `monitor_hosts`, a monitor group."""
     key = tmp_path / "api_key"
     key.write_text("sk-test\n")
+    key.chmod(0o600)
     groups = {"thors": ([n for n, _ in thor_hosts], {**PINS, "service_api_key_file": str(key)})}
     hosts = list(thor_hosts)
     if monitor_hosts is None:
@@ -152,6 +153,7 @@ def test_the_monitor_group_overrides_the_gateway_and_serves_no_model(tmp_path):
 def test_no_gateway_and_no_monitor_group_is_no_monitor(tmp_path):
     key = tmp_path / "api_key"
     key.write_text("sk-test\n")
+    key.chmod(0o600)
     inv = Inventory((THORS, {**PINS, "service_api_key_file": str(key)}))
     assert monitor_of(inv) is None
     assert all(s.monitor_role is None for s in settings_for_inventory(inv).values())

@@ -106,6 +106,7 @@ def new_inventory(tmp_path, hub, image_base=None, token_file=None) -> Path:
     api_key = tmp_path / "api_key"
     api_key.write_text("k" * 32 + "\n")
     api_key.chmod(0o600)
+    api_key.chmod(0o600)
     for host in ("thor-01", "thor-02"):
         text = _sub(text, rf'# (\("{host}",)', r"\1")
     text = _sub(text, r'"~/\.config/thorfleet/api_key"', f'"{api_key}"')

@@ -42,6 +42,7 @@ GOOD = {
 def api_key_file(tmp_path):
     path = tmp_path / "api_key"
     path.write_text("sk-test-key\n")
+    path.chmod(0o600)
     return str(path)
 
 
@@ -375,6 +376,7 @@ def test_no_api_key_needs_an_explicit_setting(monkeypatch):
 def test_a_token_is_not_sent_to_a_plain_http_hub_unless_allowed(tmp_path, api_key_file):
     token = tmp_path / "hf_token"
     token.write_text("hf_" + "x" * 30 + "\n")
+    token.chmod(0o600)
     data = {**GOOD, "service_api_key_file": api_key_file, "weights_hf_token_file": str(token),
             "weights_hf_endpoint": "http://hub.internal:8080"}
     with pytest.raises(SettingsError) as error:
@@ -394,14 +396,17 @@ def test_secrets_that_their_files_cannot_hold_as_they_are_are_refused(tmp_path):
     for bad in ("sk key", "sk'key", 'sk"key', "sk\\key", "sk$key", "sk`key", "sk\x01key",
                 "sk\nFOO=bar"):
         key.write_text(bad + "\n")
+        key.chmod(0o600)
         with pytest.raises(SettingsError) as error:
             settings_for({**GOOD, "service_api_key_file": str(key)})
         assert len(error.value.problems) == 1 and "the API key" in error.value.problems[0]
         assert bad not in error.value.problems[0]  # never the key itself
     key.write_text("sk-" + "Az09-._~+/=" * 3 + "\n")
+    key.chmod(0o600)
     assert settings_for({**GOOD, "service_api_key_file": str(key)}).secrets_env_text.count("\n") == 1
     token = tmp_path / "hf_token"
     token.write_text("hf_abc\nhf_def\n")
+    token.chmod(0o600)
     with pytest.raises(SettingsError, match="the Hugging Face token"):
         settings_for({**GOOD, "service_api_key_file": str(key), "weights_hf_token_file": str(token)})
 
@@ -522,6 +527,7 @@ def test_the_fingerprint_holds_nothing_derived_from_the_key(tmp_path):
     for key in ("sk-first-key", "sk-rotated-key"):
         path = tmp_path / key
         path.write_text(key + "\n")
+        path.chmod(0o600)
         s = settings_for({**GOOD, "service_api_key_file": str(path)})
         assert key in s.secrets_env_text
         prints.add(s.fingerprint)
@@ -539,3 +545,25 @@ def test_every_unit_container_and_user_thorfleet_installs_is_refused_as_service_
     for name in layout.BOX_OWN_NAMES:
         problems = refused({"service_name": name}, api_key_file)
         assert any("is a name thorfleet uses for something else" in p for p in problems), name
+
+
+def test_a_laptop_secret_others_can_read_or_replace_is_refused(tmp_path, api_key_file):
+    """The class: every secret file thorfleet reads on the laptop (the API key, the hub token;
+    the gateway's TLS key is held to the same in tests/test_gateway_render.py)."""
+    token = tmp_path / "hf_token"
+    token.write_text("hf_" + "x" * 30 + "\n")
+    token.chmod(0o640)
+    assert refused({"weights_hf_token_file": str(token)}, api_key_file) == [
+        (f"weights_hf_token_file={str(token)!r} can be read by other users (mode 640): "
+         f"chmod 600 {token}")]
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # anyone may swap the file for their own key
+    key = shared / "api_key"
+    key.write_text("sk-test-key\n")
+    key.chmod(0o600)
+    assert refused({"service_api_key_file": str(key)}, api_key_file) == [
+        (f"service_api_key_file={str(key)!r} is in {shared}, which other users can write (mode "
+         f"777): they could replace it; chmod go-w {shared}")]
+    shared.chmod(0o1777)  # sticky, as /tmp: only the owner may replace it
+    settings_for({**GOOD, "service_api_key_file": str(key)})

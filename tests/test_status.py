@@ -182,6 +182,7 @@ def inventory(tmp_path, monkeypatch):
     fleet._record(["thor-1", "thor-2", "thor-3"], "registry:5000/vllm@sha256:" + "c" * 64, hub,
                   own_inventory=False)
     (tmp_path / "state" / "api_key").write_text(KEY + "\n")
+    (tmp_path / "state" / "api_key").chmod(0o600)
 
     def write(ports=None, **data):
         hosts = [("thor-1", {}), ("thor-2", {"service_port": 8001}), ("thor-3", {})]

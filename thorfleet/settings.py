@@ -67,6 +67,27 @@ def _read_secret(path, env_name):
     return os.environ.get(env_name) or None
 
 
+def private_file_problems(key, path) -> list[str]:
+    """A laptop secret (the API key, the hub token, the gateway's TLS key) that another user could
+    read, or replace (its folder writable by others, no sticky bit): refused, with the fix."""
+    if not path:
+        return []
+    file = Path(path).expanduser()
+    try:
+        mode, folder = file.stat().st_mode, file.resolve().parent
+        folder_mode = folder.stat().st_mode
+    except OSError:
+        return []  # a missing file is reported where it is read
+    problems = []
+    if mode & 0o077:
+        problems.append(f"{key}={str(path)!r} can be read by other users (mode {mode & 0o777:o}): "
+                        f"chmod 600 {file}")
+    if folder_mode & 0o022 and not folder_mode & 0o1000:
+        problems.append(f"{key}={str(path)!r} is in {folder}, which other users can write (mode "
+                        f"{folder_mode & 0o777:o}): they could replace it; chmod go-w {folder}")
+    return problems
+
+
 def settings_for(data, *, groups=None, image_files=None):
     """Settings for one host's data, or SettingsError naming every problem.
 
@@ -80,6 +101,8 @@ def settings_for(data, *, groups=None, image_files=None):
     except (OSError, TypeError) as error:
         raise SettingsError([f"cannot read a secrets file: {error}"]) from error
     values, problems = check(data, api_key=api_key, hf_token=hf_token, groups=groups)
+    for key in ("service_api_key_file", "weights_hf_token_file"):
+        problems += private_file_problems(key, data.get(key))
     if problems:
         raise SettingsError(problems)
     return Settings(values, api_key=api_key, hf_token=hf_token, image_files=image_files)
@@ -193,6 +216,7 @@ def _the_gateway(inventory, settings):
     h = hosts[0]
     data = h.data.dict()
     values, problems = check_gateway(data)
+    problems += private_file_problems("gateway_tls_key_file", data.get("gateway_tls_key_file"))
     problems = [f"{h.name}: {p}" for p in problems]
     backs = [t for t in thors(inventory) if t is not h]
     if not backs and not is_thor(h):
