@@ -37,9 +37,11 @@ EDITS = [
     ("drop the memory gate from the unit",
      {UNIT: [("ExecStartPre={{ layout.BOX_MEMORY_GATE }}", "# no gate:")]},
      ["Free memory on device", "less than desired GPU memory utilization", "Rolled back"]),
+    # vLLM's own refusal of the missing draft folder (transformers_utils/config.py, through
+    # SpeculativeConfig): '/eagle' alone is in the output whatever failed
     ("drop the /eagle mount",
      {UNIT: [("    -v {{ s.draft_dir }}:/eagle:ro \\\n", "")]},
-     ["/eagle", "Rolled back"]),
+     ["Invalid repository ID or local directory specified: '/eagle'", "Rolled back"]),
     ("drop the tool-call parser options",
      {CONFIG: [("enable_auto_tool_choice: true\n", ""), ("tool_call_parser: mistral\n", "")]},
      ["tool call request answered", "Rolled back"]),
