@@ -253,6 +253,27 @@ def test_a_gpu_container_on_host_network_serves_on_box_localhost(sim_fleet, box,
         sim_fleet.ssh(box, "sudo docker rm -f probe")
 
 
+# FACTS.md "Thor realities": `--runtime nvidia` is what mounts the GPU; `--gpus all` alone has been
+# reported failing on Thor. What a Thor's runtime and hook accept, and their words when they
+# refuse, are cited in their stand-ins (tests/sim/box/files) and checked on bundles in
+# tests/test_sim_gpus.py; here dockerd runs them as a box's would, for the unit's --gpus.
+GPUS_ACCEPTED = ["--runtime nvidia --gpus all", "--runtime nvidia --gpus 1",
+                 "--runtime nvidia --gpus device=0"]
+GPUS_REFUSED = [("--runtime nvidia --gpus 2", "unsupported device id: 1"),
+                ("--runtime nvidia --gpus device=1", "unsupported device id: 1"),
+                ("--gpus all", "Please use the NVIDIA Container Runtime")]
+
+
+def test_gpus_on_a_thor_takes_its_one_gpu_through_the_nvidia_runtime(sim_fleet, box, probe_image):
+    ok(sim_fleet.ssh(box, f"sudo docker pull -q {probe_image}", timeout=300))
+    for flags in GPUS_ACCEPTED:
+        code, out = sim_fleet.exec(box, f"docker run --rm {flags} {probe_image} true")
+        assert code == 0, (flags, out)
+    for flags, says in GPUS_REFUSED:
+        code, out = sim_fleet.exec(box, f"docker run --rm {flags} {probe_image} true")
+        assert code != 0 and says in out, (flags, out)
+
+
 # ---------------------------------------------------------------- unified memory
 
 GIB = 1 << 30
