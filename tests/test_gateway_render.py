@@ -5,8 +5,16 @@ checked before anything connects.
 Fast: no Docker, no SSH; haproxy and nft from Debian's packages (.ci/setup installs them).
 """
 
+import json
 import shutil
+import socket
+import ssl
 import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from pyinfra.api import Inventory
@@ -255,3 +263,107 @@ def test_the_gateways_tls_key_readable_by_others_is_refused(tmp_path):
                                      f"by other users (mode 644): chmod 600 {key_file}")]
     key_file.chmod(0o600)
     settings_for_inventory(inventory(tmp_path, gateway_data=own))
+
+
+# --- IPv6: rendered as HAProxy reads it, and dialled for real ------------------------------------
+
+class _Box(BaseHTTPRequestHandler):
+    """A Thor as the gateway sees one: the watchdog's /healthy and vLLM's routes, answering 200."""
+
+    def do_GET(self):
+        body = json.dumps({"box": self.server.server_address[0], "path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_):
+        pass
+
+
+class _Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET6) as s:
+        s.bind(("::1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_ipv6_thor_and_gateway_render_as_haproxy_reads_them(tmp_path):
+    own = {"weights_source": "hub", "image_source": "build"}  # the fleet copy dials IPv4 only
+    inv = inventory(tmp_path, thor_hosts=[("thor-1", {"ssh_hostname": "2001:db8::5", **own}),
+                                          ("thor-2", {"ssh_hostname": "thor-2.lan", **own})],
+                    gateway_hosts=[("gw-1", {"ssh_hostname": "2001:db8::9"})])
+    g = settings_for_inventory(inv)["gw-1"]
+    checked = haproxy_check(tmp_path, g)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    lines = [line.strip() for line in g.config_text.splitlines()]
+    # the whole address, bracketed: `2001:8002` (its first group read as an IPv4 number) once
+    assert "server thor-1 [2001:db8::5]:8002 port 9105 maxconn 1" in lines
+    assert "server thor-2 thor-2.lan:8002 port 9105 maxconn 1" in lines
+    # a client name is IPv6: the door listens on both families (it was IPv4 only)
+    assert "bind :::8443 v4v6 ssl crt /etc/haproxy/thorfleet/gateway.pem alpn http/1.1" in lines
+    assert g.url == "https://[2001:db8::9]:8443"
+
+
+def test_a_gateway_that_dials_a_family_its_firewall_source_is_not_is_refused(tmp_path):
+    inv = inventory(tmp_path, thor_hosts=[("thor-1", {"ssh_hostname": "10.0.0.1"})],
+                    gateway_hosts=[("gw-1", {"ssh_hostname": "fd00::9"})])
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inv)
+    assert error.value.problems == [
+        ("thor-1: the gateway dials it at 10.0.0.1 (IPv4) while its firewall would let in fd00::9 "
+         "(IPv6): set gateway_fleet_address to the gateway's address in the family it dials the "
+         "boxes with")]
+    fixed = inventory(tmp_path, thor_hosts=[("thor-1", {"ssh_hostname": "10.0.0.1"})],
+                      gateway_hosts=[("gw-1", {"ssh_hostname": "fd00::9",
+                                               "gateway_fleet_address": "10.0.0.9"})])
+    assert settings_for_inventory(fixed)["thor-1"].gateway == "10.0.0.9"
+
+
+def test_a_client_reaches_an_ipv6_thor_through_a_gateway_on_both_families(tmp_path):
+    """HAProxy itself, on the rendered config: a client at the gateway's IPv6 name, verified by
+    the fleet CA, is answered by the box listening on ::1 alone; IPv4 reaches the door too."""
+    vllm, watchdog = _Server6(("::1", 0), _Box), _Server6(("::1", 0), _Box)
+    for server in (vllm, watchdog):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    door = _free_port()
+    inv = inventory(tmp_path, thor_hosts=[("thor-1", {
+        "ssh_hostname": "::1", "service_port": vllm.server_address[1],
+        "watchdog_port": watchdog.server_address[1]})],
+        gateway_hosts=[("gw-1", {"ssh_hostname": "::1"})],
+        gateway_data={"gateway_port": door})
+    g = settings_for_inventory(inv)["gw-1"]
+    (tmp_path / "gateway.pem").write_text(g.pem)
+    config = g.config_text.replace(layout.GATEWAY_PEM, str(tmp_path / "gateway.pem"))
+    config = config.replace(layout.GATEWAY_ADMIN_SOCKET, str(tmp_path / "admin.sock"))
+    config = config.replace(layout.GATEWAY_SERVER_STATE, str(tmp_path / "server-state"))
+    config = config.replace("    log /dev/log local0\n", "").replace("    chroot /var/lib/haproxy\n", "")
+    (tmp_path / "haproxy.cfg").write_text(config)
+    haproxy = subprocess.Popen([shutil.which("haproxy") or "haproxy", "-db", "-f",
+                                str(tmp_path / "haproxy.cfg")], stderr=subprocess.PIPE, text=True)
+    try:
+        context = ssl.create_default_context(cafile=g.ca_file)
+        for _ in range(50):
+            try:
+                answer = urllib.request.urlopen(f"https://[::1]:{door}/v1/models", timeout=5,
+                                                context=context)
+                break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.1)
+        else:
+            haproxy.terminate()
+            raise AssertionError(haproxy.communicate(timeout=10)[1])
+        assert json.loads(answer.read()) == {"box": "::1", "path": "/v1/models"}
+        loose = ssl.create_default_context(cafile=g.ca_file)
+        loose.check_hostname = False  # the certificate names ::1; this asks only that v4 answers
+        answer = urllib.request.urlopen(f"https://127.0.0.1:{door}/v1/models", timeout=5,
+                                        context=loose)
+        assert json.loads(answer.read())["box"] == "::1"
+    finally:
+        haproxy.terminate()
+        haproxy.wait(10)
+        vllm.shutdown()
+        watchdog.shutdown()

@@ -23,12 +23,13 @@ from pathlib import Path
 import jinja2
 
 from thorfleet import gateway_tls, layout
+from thorfleet.monitor import target
 from thorfleet.schema import Checked
 
 # HAProxy's config words (configuration.txt, 2.2 "Quoting and escaping"): outside quotes a space
 # or '#' ends a word, '\', '"', "'" and '$' start an escape, a quote or a variable. A plain word
 # holds none of them; anything else is single-quoted (no escapes inside), or refused.
-_HAPROXY_PLAIN = re.compile(r"[A-Za-z0-9_.:/@+,=-]+")
+_HAPROXY_PLAIN = re.compile(r"[A-Za-z0-9_.:/@+,=\[\]-]+")
 _HAPROXY_QUOTABLE = re.compile(r"[ -&(-~]+")  # printable ASCII but the single quote
 # A server name in HAProxy: letters, digits, '-', '_', '.' and ':' (configuration.txt, "server").
 SERVER_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
@@ -120,6 +121,12 @@ class Backend:
     maxconn: int
     check_port: int
 
+    @property
+    def dial(self) -> str:
+        """address:port as HAProxy reads a server's: an IPv6 address in brackets (unbracketed,
+        its first ':' was once taken for the port's)."""
+        return target(self.address, self.port)
+
 
 class GatewaySettings(Checked):
     """The gateway host's checked settings (`g.gateway_port`, ...) and what is rendered from them."""
@@ -141,6 +148,11 @@ class GatewaySettings(Checked):
         """Every name clients use for the gateway: its inventory address first, then
         gateway_names; the certificate names each."""
         return gateway_tls.check_names([self.address, *self.gateway_names])
+
+    @property
+    def ipv6_clients(self) -> bool:
+        """A client name is an IPv6 address: the front door listens on both families."""
+        return any(":" in name for name in self.names)
 
     @property
     def url(self) -> str:

@@ -9,6 +9,7 @@ render.py, the box's paths in layout.py; this module reads the secrets and check
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 from pathlib import Path
@@ -22,7 +23,6 @@ from thorfleet.peers import (
     dial_host,
     fleet_copy,
     image_copy,
-    peer_address,
     peer_address_problems,
 )
 from thorfleet.render import Settings, image_files_hash
@@ -245,7 +245,7 @@ def _the_gateway(inventory, settings):
         checked = settings.get(t.name)
         if checked is None:
             continue  # its own problems are listed already
-        target = peer_address(t).partition(":")[0]
+        target = dial_host(t)  # an IPv6 address whole (its first ':' is no port)
         if not SERVER_NAME.fullmatch(t.name):
             problems.append(f"{t.name!r}: the gateway names each box by its inventory name, and "
                             "HAProxy takes letters, digits, '-', '_', '.' and ':' only (64 at "
@@ -254,6 +254,14 @@ def _the_gateway(inventory, settings):
             problems.append(f"{t.name}: the gateway dials it at {target!r}, not a host name or "
                             "address: set weights_peer_address (the address the other boxes "
                             "and the gateway reach it at)")
+        if is_ip_address(source) and is_ip_address(target) and \
+                ipaddress.ip_address(source).version != ipaddress.ip_address(target).version:
+            # the box's firewall lets `source` in, but the gateway dials it from its other family
+            problems.append(f"{t.name}: the gateway dials it at {target} (IPv"
+                            f"{ipaddress.ip_address(target).version}) while its firewall would "
+                            f"let in {source} (IPv{ipaddress.ip_address(source).version}): set "
+                            "gateway_fleet_address to the gateway's address in the family it "
+                            "dials the boxes with")
         checked.gateway = source if is_ip_address(source) else None
         backends.append(Backend(t.name, target, checked.service_port, _max_num_seqs(checked),
                                 checked.watchdog_port))
