@@ -5,6 +5,7 @@ checked before anything connects.
 Fast: no Docker, no SSH; haproxy and nft from Debian's packages (.ci/setup installs them).
 """
 
+import contextlib
 import json
 import shutil
 import socket
@@ -323,9 +324,10 @@ def test_a_gateway_that_dials_a_family_its_firewall_source_is_not_is_refused(tmp
     assert settings_for_inventory(fixed)["thor-1"].gateway == "10.0.0.9"
 
 
-def test_a_client_reaches_an_ipv6_thor_through_a_gateway_on_both_families(tmp_path):
-    """HAProxy itself, on the rendered config: a client at the gateway's IPv6 name, verified by
-    the fleet CA, is answered by the box listening on ::1 alone; IPv4 reaches the door too."""
+@contextlib.contextmanager
+def running_door(tmp_path):
+    """HAProxy itself on the rendered config of a gateway at ::1 in front of one Thor at ::1 (a
+    stand-in answering on its vLLM and watchdog ports): yields (the door's port, its settings)."""
     vllm, watchdog = _Server6(("::1", 0), _Box), _Server6(("::1", 0), _Box)
     for server in (vllm, watchdog):
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -348,22 +350,50 @@ def test_a_client_reaches_an_ipv6_thor_through_a_gateway_on_both_families(tmp_pa
         context = ssl.create_default_context(cafile=g.ca_file)
         for _ in range(50):
             try:
-                answer = urllib.request.urlopen(f"https://[::1]:{door}/v1/models", timeout=5,
-                                                context=context)
+                urllib.request.urlopen(f"https://[::1]:{door}/health", timeout=5, context=context)
                 break
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.1)
         else:
             haproxy.terminate()
             raise AssertionError(haproxy.communicate(timeout=10)[1])
+        yield door, g
+    finally:
+        haproxy.terminate()
+        haproxy.wait(10)
+        vllm.shutdown()
+        watchdog.shutdown()
+
+
+def test_a_client_reaches_an_ipv6_thor_through_a_gateway_on_both_families(tmp_path):
+    """A client at the gateway's IPv6 name, verified by the fleet CA, is answered by the box
+    listening on ::1 alone; IPv4 reaches the door too."""
+    with running_door(tmp_path) as (door, g):
+        context = ssl.create_default_context(cafile=g.ca_file)
+        answer = urllib.request.urlopen(f"https://[::1]:{door}/v1/models", timeout=5,
+                                        context=context)
         assert json.loads(answer.read()) == {"box": "::1", "path": "/v1/models"}
         loose = ssl.create_default_context(cafile=g.ca_file)
         loose.check_hostname = False  # the certificate names ::1; this asks only that v4 answers
         answer = urllib.request.urlopen(f"https://127.0.0.1:{door}/v1/models", timeout=5,
                                         context=loose)
         assert json.loads(answer.read())["box"] == "::1"
-    finally:
-        haproxy.terminate()
-        haproxy.wait(10)
-        vllm.shutdown()
-        watchdog.shutdown()
+
+
+@pytest.mark.parametrize("path, status", [
+    ("/v1/models", 200), ("/v1/chat/completions", 200), ("/invocations", 200), ("/health", 200),
+    ("/metrics", 404), ("/load", 404), ("/version", 404), ("/ping", 404), ("/tokenize", 404),
+    ("/v1", 404), ("/metrics?/v1/", 404), ("//v1/models", 404),
+])
+def test_only_the_routes_clients_need_go_through_the_door(tmp_path, path, status):
+    """vLLM answers /metrics, /load and /version without a key (tests/test_api_auth.py): they are
+    the boxes' own (Prometheus reads the boxes directly), not the clients'."""
+    with running_door(tmp_path) as (door, g):
+        context = ssl.create_default_context(cafile=g.ca_file)
+        try:
+            answer = urllib.request.urlopen(f"https://[::1]:{door}{path}", timeout=5,
+                                            context=context)
+            got = answer.status
+        except urllib.error.HTTPError as error:
+            got = error.code
+        assert got == status
