@@ -47,18 +47,19 @@ def promtool(*args):
     return subprocess.run([found, *map(str, args)], check=False, capture_output=True, text=True)
 
 
-def inventory(tmp_path, thor_hosts=THORS, monitor_hosts=None, gateway_data=None, monitor_data=None):
+def inventory(tmp_path, thor_hosts=THORS, monitor_hosts=None, gateway_data=None, monitor_data=None,
+              with_gateway=False):
     """Thors, and a gateway (the monitor by default) or, with `monitor_hosts`, a monitor group."""
     key = tmp_path / "api_key"
     key.write_text("sk-test\n")
     key.chmod(0o600)
     groups = {"thors": ([n for n, _ in thor_hosts], {**PINS, "service_api_key_file": str(key)})}
     hosts = list(thor_hosts)
-    if monitor_hosts is None:
+    if monitor_hosts is None or with_gateway:
         hosts.append(("gw-1", {"ssh_hostname": "10.0.0.9"}))
         groups["gateway"] = (["gw-1"], {"gateway_ca_dir": str(tmp_path / "ca"),
                                         **(gateway_data or {})})
-    else:
+    if monitor_hosts is not None:
         hosts += monitor_hosts
         groups["monitor"] = ([n for n, _ in monitor_hosts], monitor_data or {})
     return Inventory((hosts, {}), **groups)
@@ -121,14 +122,15 @@ def test_a_config_promtool_refuses_is_seen_as_refused(tmp_path):
 
 
 def test_each_box_s_own_ports_and_an_ipv6_address_in_brackets(tmp_path):
+    # a monitor of its own and no gateway: no firewall, so both families may be dialled
     settings = settings_for_inventory(inventory(tmp_path, thor_hosts=[
         ("thor-1", {"ssh_hostname": "fd00::1", "service_port": 8010, "watchdog_port": 9200,
                     # the fleet copies dial IPv4 and names only
                     "weights_source": "hub", "image_source": "build"}),
         ("thor-2", {"ssh_hostname": "10.0.0.2", "weights_peer_address": "thor-2.fleet:2222",
                     "weights_source": "hub", "image_source": "build"})],
-        gateway_data={"gateway_fleet_address": "10.0.0.9"}))
-    m = settings["gw-1"].monitor_role
+        monitor_hosts=[("mon-1", {"ssh_hostname": "10.0.0.7"})]))
+    m = settings["mon-1"].monitor_role
     assert scraped(m)["vllm"] == [("[fd00::1]:8010", {"host": "thor-1"}),
                                   ("thor-2.fleet:8002", {"host": "thor-2"})]
     assert scraped(m)["thorfleet"][0] == ("[fd00::1]:9200", {"host": "thor-1"})
@@ -318,3 +320,17 @@ def test_the_task_installs_checks_and_reloads_only_what_changed(tmp_path, monkey
     changing = {name: cs for name, cs in commands.items() if cs and "Reload" not in name
                 and "Restart" not in name}
     assert changing == {}, changing  # a converged monitor host: nothing to do but the gated
+
+
+def test_behind_a_gateway_a_monitor_of_the_other_family_than_a_box_is_refused(tmp_path):
+    """The boxes' firewall (there with a gateway) lets the monitor's address in: Prometheus
+    dialling an IPv6 box from its IPv4 address would be dropped."""
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inventory(tmp_path, thor_hosts=[
+            ("thor-1", {"ssh_hostname": "fd00::1", "weights_source": "hub",
+                        "image_source": "build"})],
+            monitor_hosts=[("mon-1", {"ssh_hostname": "10.0.0.7"})], with_gateway=True,
+            gateway_data={"gateway_fleet_address": "fd00::9"}))
+    assert ("thor-1: the monitor dials it at fd00::1 (IPv6) while its firewall would let in "
+            "10.0.0.7 (IPv4): set monitor_fleet_address to the monitor's address in the family "
+            "it dials the boxes with") in error.value.problems

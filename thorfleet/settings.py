@@ -186,6 +186,9 @@ def _the_monitor(inventory, settings, gateways):
             continue  # its own problems are listed already
         checked.monitor_source = source if source and is_ip_address(source) else None
         address = dial_host(t)
+        if gateways and source:  # the firewall (there with a gateway) must let the monitor in
+            problems += _family_problems(t.name, "the monitor", address, source,
+                                         "monitor_fleet_address")
         try:
             label_value(t.name)
         except ValueError:
@@ -254,20 +257,26 @@ def _the_gateway(inventory, settings):
             problems.append(f"{t.name}: the gateway dials it at {target!r}, not a host name or "
                             "address: set weights_peer_address (the address the other boxes "
                             "and the gateway reach it at)")
-        if is_ip_address(source) and is_ip_address(target) and \
-                ipaddress.ip_address(source).version != ipaddress.ip_address(target).version:
-            # the box's firewall lets `source` in, but the gateway dials it from its other family
-            problems.append(f"{t.name}: the gateway dials it at {target} (IPv"
-                            f"{ipaddress.ip_address(target).version}) while its firewall would "
-                            f"let in {source} (IPv{ipaddress.ip_address(source).version}): set "
-                            "gateway_fleet_address to the gateway's address in the family it "
-                            "dials the boxes with")
+        problems += _family_problems(t.name, "the gateway", target, source, "gateway_fleet_address")
         checked.gateway = source if is_ip_address(source) else None
         backends.append(Backend(t.name, target, checked.service_port, _max_num_seqs(checked),
                                 checked.watchdog_port))
     if problems:
         return {}, problems
     return {h.name: GatewaySettings(values, h.name, address, backends)}, []
+
+
+def _family_problems(name, who, target, source, key) -> list[str]:
+    """A box's firewall lets `source` in, but `who` dials the box at `target`, of the other IP
+    family: its connections would come from its other address, and be dropped."""
+    if not (is_ip_address(source) and is_ip_address(target)):
+        return []
+    dials, allowed = ipaddress.ip_address(target).version, ipaddress.ip_address(source).version
+    if dials == allowed:
+        return []
+    return [(f"{name}: {who} dials it at {target} (IPv{dials}) while its firewall would let in "
+             f"{source} (IPv{allowed}): set {key} to {who}'s address in the family it dials the "
+             "boxes with")]
 
 
 def _max_num_seqs(checked) -> int:
