@@ -25,6 +25,7 @@ from thorfleet.layout import (
     GATEWAY_CONFIG,
     GATEWAY_PEM,
     GATEWAY_ROTATION,
+    GATEWAY_STATE_DROPIN,
 )
 from thorfleet.operations import files, gateway, preflight
 from thorfleet.runstate import run_state
@@ -53,6 +54,12 @@ def run(g, lock=True):
              f"{g.gateway_queue_timeout_s}s (haproxy -c checks it before it goes live)",
         src=StringIO(g.config_text), path=GATEWAY_CONFIG, mode="644",
         check=("haproxy", "-c", "-q", "-f"))
+    files.directory(name="Create HAProxy's drop-in folder",
+                    path=GATEWAY_STATE_DROPIN.rsplit("/", 1)[0], mode="755")
+    dropin = files.whole_file(
+        name="Keep the boxes' states across HAProxy's restarts (a drop-in saves them at its stop)",
+        src=str(FILES / "gateway" / "haproxy-state.conf"), path=GATEWAY_STATE_DROPIN, mode="644")
+    systemd.daemon_reload(name="systemd reads the drop-in", _if=dropin.did_change)
     files.unit_enabled(name="Enable HAProxy at boot", unit=HAPROXY_UNIT)
     gateway.reloaded(name="Reload HAProxy for its new config (no connection dropped)",
                      unit=HAPROXY_UNIT, _if=lambda: config.did_change() or pem.did_change())

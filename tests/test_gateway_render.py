@@ -6,6 +6,7 @@ Fast: no Docker, no SSH; haproxy and nft from Debian's packages (.ci/setup insta
 """
 
 import contextlib
+import fcntl
 import json
 import shutil
 import socket
@@ -344,31 +345,47 @@ def running_door(tmp_path):
     config = config.replace(layout.GATEWAY_SERVER_STATE, str(tmp_path / "server-state"))
     config = config.replace("    log /dev/log local0\n", "").replace("    chroot /var/lib/haproxy\n", "")
     (tmp_path / "haproxy.cfg").write_text(config)
-    haproxy = subprocess.Popen([shutil.which("haproxy") or "haproxy", "-db", "-f",
-                                str(tmp_path / "haproxy.cfg")], stderr=subprocess.PIPE, text=True)
+    running = _Haproxy(tmp_path / "haproxy.cfg", door, ssl.create_default_context(cafile=g.ca_file))
     try:
-        context = ssl.create_default_context(cafile=g.ca_file)
-        for _ in range(50):
-            try:
-                urllib.request.urlopen(f"https://[::1]:{door}/health", timeout=5, context=context)
-                break
-            except (urllib.error.URLError, ConnectionError):
-                time.sleep(0.1)
-        else:
-            haproxy.terminate()
-            raise AssertionError(haproxy.communicate(timeout=10)[1])
-        yield door, g
+        running.start()
+        yield door, g, running
     finally:
-        haproxy.terminate()
-        haproxy.wait(10)
+        running.stop()
         vllm.shutdown()
         watchdog.shutdown()
+
+
+class _Haproxy:
+    """HAProxy in the foreground on a config, restartable (a new process reads the state file)."""
+
+    def __init__(self, config, door, context):
+        self.config, self.door, self.context, self.process = config, door, context, None
+
+    def start(self):
+        self.process = subprocess.Popen([shutil.which("haproxy") or "haproxy", "-db", "-f",
+                                         str(self.config)], stderr=subprocess.PIPE, text=True)
+        for _ in range(50):
+            try:
+                urllib.request.urlopen(f"https://[::1]:{self.door}/health", timeout=5,
+                                       context=self.context)
+                return
+            except urllib.error.HTTPError:
+                return  # the door answers (a 503 with every box drained is an answer)
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.1)
+        self.process.terminate()
+        raise AssertionError(self.process.communicate(timeout=10)[1])
+
+    def stop(self):
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
 
 
 def test_a_client_reaches_an_ipv6_thor_through_a_gateway_on_both_families(tmp_path):
     """A client at the gateway's IPv6 name, verified by the fleet CA, is answered by the box
     listening on ::1 alone; IPv4 reaches the door too."""
-    with running_door(tmp_path) as (door, g):
+    with running_door(tmp_path) as (door, g, _):
         context = ssl.create_default_context(cafile=g.ca_file)
         answer = urllib.request.urlopen(f"https://[::1]:{door}/v1/models", timeout=5,
                                         context=context)
@@ -391,7 +408,7 @@ def test_only_the_routes_clients_need_go_through_the_door(tmp_path):
     """vLLM answers /metrics, /load and /version without a key (tests/test_api_auth.py): they are
     the boxes' own (Prometheus reads the boxes directly), not the clients'. One door, each route."""
     got = {}
-    with running_door(tmp_path) as (door, g):
+    with running_door(tmp_path) as (door, g, _):
         context = ssl.create_default_context(cafile=g.ca_file)
         for path, _ in ROUTES:
             try:
@@ -400,3 +417,72 @@ def test_only_the_routes_clients_need_go_through_the_door(tmp_path):
             except urllib.error.HTTPError as error:
                 got[path] = error.code
     assert got == dict(ROUTES)
+
+
+# --- the boxes' rotation states: thorfleet-rotation on a real HAProxy --------------------------------
+
+ROTATION = layout.FILES / "bin" / "thorfleet-rotation"
+DROPIN = layout.FILES / "gateway" / "haproxy-state.conf"
+
+
+def test_the_rotation_state_last_set_survives_a_restart_and_maintenance_is_the_operators(
+        tmp_path):
+    """A state set through thorfleet-rotation is saved at once, and the drop-in's save at
+    HAProxy's stop keeps one set by hand: a restarted HAProxy comes back with the last one set.
+    A box the operator put in maintenance is left there by a run's drain and ready."""
+    socket_path, state = tmp_path / "admin.sock", tmp_path / "server-state"
+
+    def rotation(*words, timeout=30):
+        return subprocess.run(["sh", str(ROTATION), str(socket_path), str(state), *words],
+                              capture_output=True, text=True, timeout=timeout, check=False)
+
+    def api(command):
+        return subprocess.run(["socat", "-t", "5", "stdio", f"UNIX-CONNECT:{socket_path}"],
+                              input=command + "\n", capture_output=True, text=True, timeout=30,
+                              check=True).stdout
+
+    def admin():
+        rows = [line.split() for line in api(f"show servers state {layout.GATEWAY_BACKEND}")
+                .splitlines() if line[:1].isdigit()]  # the first, "1", is the format's version
+        return {f[3]: int(f[6]) for f in rows if len(f) > 6}["thor-1"]
+
+    def stop_as_the_dropin_does(running):
+        # the drop-in's ExecStop line, on this test's paths
+        line = next(x for x in DROPIN.read_text().splitlines() if x.startswith("ExecStop="))
+        words = line.removeprefix("ExecStop=").lstrip("-").split()
+        assert words[:2] == ["/usr/bin/flock", layout.GATEWAY_STATE_LOCK], words
+        assert words[2:] == [layout.GATEWAY_ROTATION, layout.GATEWAY_ADMIN_SOCKET,
+                             layout.GATEWAY_SERVER_STATE, "save"], words
+        subprocess.run(["flock", f"{state}.lock", "sh", str(ROTATION), str(socket_path),
+                        str(state), "save"], check=True, timeout=30)
+        running.stop()
+
+    with running_door(tmp_path) as (_, _, running):
+        assert admin() == 0
+        done = rotation("pull", layout.GATEWAY_BACKEND, "thor-1")
+        assert done.returncode == 0 and "out of rotation" in done.stdout, done.stderr
+        running.stop()  # a crash, even: the state was saved when it was set
+        running.start()
+        assert admin() & 0x08, "the drain was lost by the restart"
+        assert rotation("ready", layout.GATEWAY_BACKEND, "thor-1").returncode == 0
+        running.stop()
+        running.start()
+        assert admin() == 0, "the box came back drained"
+        # the operator's maintenance, set by hand: kept by the stop's save, left by a run
+        api(f"set server {layout.GATEWAY_BACKEND}/thor-1 state maint")
+        stop_as_the_dropin_does(running)
+        running.start()
+        assert admin() & 0x01
+        for action in ("drain", "ready"):
+            done = rotation(action, layout.GATEWAY_BACKEND, "thor-1", "5")
+            assert done.returncode == 0 and "in maintenance (the operator's)" in done.stdout
+            assert admin() & 0x01, action
+        # a state is set under the lock a reload holds: it waits for it
+        with open(f"{state}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            waiting = subprocess.Popen(["sh", str(ROTATION), str(socket_path), str(state), "pull",
+                                        layout.GATEWAY_BACKEND, "thor-2"],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            time.sleep(1)
+            assert waiting.poll() is None, waiting.communicate()
+        assert waiting.wait(30) != 0  # thor-2 is no server of this door's: said, after the lock

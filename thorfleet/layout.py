@@ -83,7 +83,9 @@ BOX_OWN_NAMES = (CLOCKS_UNIT.removesuffix(".service"), FIREWALL_UNIT.removesuffi
 GATEWAY_CONFIG = "/etc/haproxy/haproxy.cfg"  # the package's unit reads this one
 GATEWAY_PEM = "/etc/haproxy/thorfleet/gateway.pem"  # certificate chain and key, root-only
 GATEWAY_ADMIN_SOCKET = "/run/haproxy/admin.sock"  # the runtime API: drain, ready, sessions
-GATEWAY_SERVER_STATE = "/var/lib/haproxy/server-state"  # drain states kept across a reload
+GATEWAY_SERVER_STATE = "/var/lib/haproxy/server-state"  # the boxes' states HAProxy starts with
+GATEWAY_STATE_LOCK = f"{GATEWAY_SERVER_STATE}.lock"  # held while a state is set and saved
+GATEWAY_STATE_DROPIN = "/etc/systemd/system/haproxy.service.d/thorfleet-state.conf"
 GATEWAY_ROTATION = "/usr/local/sbin/thorfleet-rotation"  # drain/ready a box through that API
 GATEWAY_BACKEND = "thors"  # HAProxy's backend of the Thors' vLLM ports
 

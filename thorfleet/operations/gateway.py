@@ -11,7 +11,9 @@ from thorfleet.layout import (
     BOX_FIREWALL,
     FIREWALL_TABLE,
     GATEWAY_ADMIN_SOCKET,
+    GATEWAY_ROTATION,
     GATEWAY_SERVER_STATE,
+    GATEWAY_STATE_LOCK,
 )
 from thorfleet.operations.commands import fail_host, sh
 from thorfleet.snapshot import reads
@@ -54,13 +56,14 @@ def running(unit, *, active):
 @operation(is_idempotent=False)
 def reloaded(unit="haproxy.service"):
     """HAProxy reloaded without dropping a connection (its master process hands the listening
-    socket to the new one), its boxes' drain states saved first so the reload keeps them. Called
-    only when its config or certificate changed (`_if`)."""
-    save = (f"echo 'show servers state' | socat -t 5 stdio UNIX-CONNECT:{GATEWAY_ADMIN_SOCKET} "
-            f"> {GATEWAY_SERVER_STATE}.new 2>/dev/null && mv -f {GATEWAY_SERVER_STATE}.new "
-            f"{GATEWAY_SERVER_STATE}")
-    yield (f"if systemctl is-active --quiet {unit}; then {{ {save} || true; }}; "
-           f"{sh('systemctl', 'reload', unit)}; else {sh('systemctl', 'start', unit)}; fi")
+    socket to the new one), its boxes' states saved first so the reload keeps them: both under the
+    state lock thorfleet-rotation sets a state under, so no drain falls between. Called only when
+    its config or certificate changed (`_if`)."""
+    save = sh(GATEWAY_ROTATION, GATEWAY_ADMIN_SOCKET, GATEWAY_SERVER_STATE, "save")
+    locked = sh("flock", GATEWAY_STATE_LOCK, "sh", "-c",
+                f"{{ {save} || true; }}; {sh('systemctl', 'reload', unit)}")
+    yield (f"if systemctl is-active --quiet {unit}; then {locked}; "
+           f"else {sh('systemctl', 'start', unit)}; fi")
 
 
 @reads(live=lambda **_: (facts.FirewallMark, {}))

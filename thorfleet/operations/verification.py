@@ -18,6 +18,7 @@ from thorfleet.layout import (
     GATEWAY_ADMIN_SOCKET,
     GATEWAY_BACKEND,
     GATEWAY_ROTATION,
+    GATEWAY_SERVER_STATE,
 )
 from thorfleet.operations.commands import sh
 from thorfleet.runstate import run_state
@@ -161,7 +162,10 @@ def _rotate(state, host, rotation, action, timeout=None):
     ok, said = on_gateway(state, rotation.gateway, rotation_command(action, host.name, timeout))
     if ok:
         host.log_styled(f"thorfleet: {' '.join(said[-1:])}")
-        if action == "ready":
+        if action == "ready" and any("in maintenance (the operator's)" in line for line in said):
+            # the operator's: left out, and the report says so
+            run_state(state).out_of_rotation[host.name] = "in maintenance (the operator's)"
+        elif action == "ready":
             run_state(state).out_of_rotation.pop(host.name, None)
         return True
     return run_state(state).fail(host, f"the gateway {rotation.gateway} could not set it "
@@ -172,7 +176,8 @@ def _rotate(state, host, rotation, action, timeout=None):
 
 def rotation_command(action, server, timeout=None):
     """thorfleet-rotation's command line for the gateway box."""
-    words = [GATEWAY_ROTATION, GATEWAY_ADMIN_SOCKET, action, GATEWAY_BACKEND, server]
+    words = [GATEWAY_ROTATION, GATEWAY_ADMIN_SOCKET, GATEWAY_SERVER_STATE, action,
+             GATEWAY_BACKEND, server]
     return sh(*words, *([timeout] if timeout is not None else []))
 
 
