@@ -14,7 +14,8 @@ deploy running:
 The edits that break them: the watchdog checking /health only (the frozen engine is never
 restarted); every check taken as idle (the long stream is restarted); no cap (restarts go on);
 a stopped unit taken for a wedge (it is started again); the `host` label left out of the scrape
-config (the alert names an address).
+config (the alert names an address); a watchdog that never checks (the stories where nothing may
+happen see no checks counted, or no "stopped" seen).
 
 Uses boxes 10, 11 and 12 and the gateway box gw-1 (with test_gateway: one group).
 """
@@ -62,8 +63,15 @@ class Watched:
         self.sim, self.inventory, self.key = sim_fleet, inventory, key
 
     def journal(self, host, unit, since):
+        """The unit's journal since `since`; a read that fails fails the story (box())."""
         return box(self.sim, host, f"journalctl -q -o cat -u {unit} --since '@{int(since)}' "
-                                   "--no-pager || true")
+                                   "--no-pager")
+
+    def watchdog(self, host):
+        """The watchdog's own account (`thorfleet-watchdog status`): its state and how many
+        checks it has made, so a story that expects nothing to happen can see it looked."""
+        return json.loads(box(self.sim, host, "/opt/thorfleet/bin/thorfleet-watchdog status")
+                          )["watchdog"]
 
     def engine_cores(self, host):
         """Host pids of the server's engine core process, as `docker top` lists them."""
@@ -152,6 +160,7 @@ def test_a_frozen_engine_is_restarted_through_the_memory_gate(fleet, my_boxes):
 def test_a_long_stream_runs_past_many_checks_and_is_not_restarted(fleet, my_boxes):
     host = my_boxes[0]
     began = time.time()
+    checked = fleet.watchdog(host)["checks"]
     # 1500 tokens at the box's 33.7 tok/s: ~45 s, nine watchdog intervals
     code, out = fleet.completion(host, max_tokens=1500, timeout=240, stream=True)
     assert code == 0, out[-2000:]
@@ -162,6 +171,10 @@ def test_a_long_stream_runs_past_many_checks_and_is_not_restarted(fleet, my_boxe
     assert '"finish_reason":"length"' in out.replace(" ", "")
     assert time.time() - began > 8 * 5  # eight watchdog intervals and more
     assert "restarting" not in fleet.journal(host, WATCHDOG_UNIT, began)
+    # ...and not for want of looking: it checked the growing counters all through, and passed
+    watchdog = fleet.watchdog(host)
+    assert watchdog["checks"] - checked >= 6, watchdog
+    assert watchdog["state"] == "ok" and watchdog["last_check_ok"] is True, watchdog
 
 
 def test_an_engine_that_wedges_at_every_start_is_restarted_up_to_the_cap(fleet, my_boxes):
@@ -188,9 +201,13 @@ def test_an_engine_that_wedges_at_every_start_is_restarted_up_to_the_cap(fleet, 
         assert fleet.gateway_check(host).endswith(" 503")
         rows = {row["host"]: row for row in json.loads(fleet.status("--json").stdout)}
         assert rows[host]["watchdog"] == "over_cap" and not rows[host]["serving"], rows[host]
-        time.sleep(3 * 5)
+        # a whole verdict's checks more (each failing on the frozen engine), and still no restart
+        checked = fleet.watchdog(host)["checks"]
+        assert fleet.wait(lambda: fleet.watchdog(host)["checks"] >= checked + 3 + 1, 3 * (5 + 5) + 30,
+                          every=5), fleet.watchdog(host)
         assert not [line for line in fleet.journal(host, WATCHDOG_UNIT, began).splitlines()
                     if line.startswith(f"restarting {SERVICE}")][expected:], "restarted past the cap"
+        assert fleet.watchdog(host)["state"] == "over_cap"
     finally:
         # the operator's fix: the loop gone, the engine thawed, the server restarted
         box(fleet.sim, host, "kill $(cat /run/wedge.pid) 2>/dev/null; rm -f /run/wedge.pid; "
@@ -225,6 +242,9 @@ def test_a_stopped_server_stays_stopped_and_status_and_an_alert_name_it(fleet, m
         time.sleep(4 * 5)  # four watchdog intervals
         assert box(fleet.sim, host, f"systemctl is-active {SERVICE} || true") == "inactive"
         assert "restarting" not in fleet.journal(host, WATCHDOG_UNIT, began)
+        # it looked, and saw the stop for what it is (it said "ok" before)
+        watchdog = fleet.watchdog(host)
+        assert watchdog["running"] and watchdog["state"] == "stopped", watchdog
         run = fleet.status()
         assert run.returncode != 0 and host in run.stderr, run.stdout + run.stderr
         assert not any(h in run.stderr for h in my_boxes if h != host), run.stderr
