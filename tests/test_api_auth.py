@@ -118,13 +118,14 @@ def probe(client, image: str) -> dict:
 
 @pytest.fixture(scope="module")
 def serves_the_api(docker_client, base_image):
-    """The base image must carry vLLM's API server's packages (fastapi and friends)."""
+    """The base image must carry vLLM's API server's packages (fastapi and friends): a base that
+    lost them is a broken base, and fails here rather than skipping the key's tests."""
     try:
         docker_client.containers.run(base_image, ["python3", "-c", "import fastapi, uvicorn"],
                                      remove=True, network_mode="none", entrypoint=[])
-    except docker.errors.ContainerError:
-        pytest.skip("the base stand-in lacks vLLM's API server packages (fastapi, uvicorn, ...): "
-                    "needs the tests/sim/base change that runs vLLM's own server")
+    except docker.errors.ContainerError as error:
+        pytest.fail(f"{base_image} lacks vLLM's API server packages (fastapi, uvicorn): "
+                    f"{error.stderr.decode(errors='replace').strip()[-500:]}", pytrace=False)
     return base_image
 
 
