@@ -15,13 +15,15 @@ CHAT = json.dumps({"model": "/model", "max_tokens": 16,
 
 def ask(sim_fleet, host, path="/v1/chat/completions", body=CHAT, key=True):
     """HTTP status of a request made on the box itself (a GET without a body), with the API key
-    from the secrets file (read by the shell, so it never lands in a process's arguments)."""
+    from the secrets file (read by the shell, so it never lands in a process's arguments) in a
+    root-only header file that goes with the request (tests/test_security.py found it left
+    readable by anyone when it was /run/thorfleet-test-header)."""
     header = ('. /etc/thorfleet/secrets.env; printf "Authorization: Bearer %s" "$VLLM_API_KEY" '
-              '> /run/thorfleet-test-header; ' if key else ": > /run/thorfleet-test-header; ")
+              '> "$h"; ' if key else "")
     _code, out = sim_fleet.exec(host, (
-        f"sh -c '{header}curl -s -o /dev/null -w %{{http_code}} -H @/run/thorfleet-test-header "
+        f"sh -c 'umask 077; h=$(mktemp); {header}curl -s -o /dev/null -w %{{http_code}} -H @\"$h\" "
         f"-H \"Content-Type: application/json\" {'-d @-' if body else ''} "
-        f"http://127.0.0.1:8002{path}' <<'EOF'\n{body}\nEOF"))
+        f"http://127.0.0.1:8002{path}; c=$?; rm -f \"$h\"; exit $c' <<'EOF'\n{body}\nEOF"))
     return out.strip()[-3:]
 
 

@@ -36,10 +36,25 @@ def leaks(sim_fleet, host, needles):
             f"{patterns} {READABLE}"),
     }
     for where, command in checks.items():
-        code, out = sim_fleet.exec(host, command)
-        if code == 0 and out.strip():
+        # What each check printed is the finding, not its exit code: grep exits 2 whenever a file
+        # was unreadable (as nobody, /root and /etc/shadow always are), even when it printed a
+        # match. Anything else printed (an error) is reported too: a check that cannot look fails.
+        _, out = sim_fleet.exec(host, command)
+        if out.strip():
             found[where] = out.strip()[:500]
     return found
+
+
+def planted_leaks(sim_fleet, host, secret):
+    """What leaks() reports with the secret planted where a careless hand would leave it: a file
+    anyone can read and a process's command line. Removed again before this returns."""
+    planted = "/var/tmp/thorfleet-planted-leak"
+    box(sim_fleet, host, f"umask 022; echo {secret} > {planted}; "
+                         f"setsid sh -c 'sleep 120' {secret} >/dev/null 2>&1 & echo $! > /run/planted.pid")
+    try:
+        return leaks(sim_fleet, host, [secret])
+    finally:
+        box(sim_fleet, host, f"kill $(cat /run/planted.pid); rm -f /run/planted.pid {planted}")
 
 
 @pytest.fixture
@@ -74,6 +89,10 @@ def test_secrets_never_leave_their_root_only_files(sim_fleet, my_boxes, hub_toke
         assert secret not in run.stdout + run.stderr, "pyinfra -vv output"
         assert secret not in report.read_text(), "the report"
     assert leaks(sim_fleet, host, [api_key, hub_token]) == {}
+    # ...and it would have said so: the key planted in a world-readable file and a command line
+    found = planted_leaks(sim_fleet, host, api_key)
+    assert found.keys() == {"files another user can read", "process list"}, found
+    assert found["files another user can read"] == "/var/tmp/thorfleet-planted-leak", found
     for path in ("/etc/thorfleet/secrets.env", "/etc/thorfleet/hf_token"):
         assert box(sim_fleet, host, f"stat -c '%a %U %G' {path}") == "600 root root", path
     # The key guards the API (the server has it), the unit names it only by variable.
