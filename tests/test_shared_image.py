@@ -25,6 +25,21 @@ pytestmark = pytest.mark.fleet
 REGISTRY = "thorfleet-registry:5000/thorfleet"
 # Inputs none of the stories before these gave the boxes: a new image, without it in any registry.
 SECOND_IMAGE = {"image_think_prefill": False}
+# The cut link: the builder's `docker save` killed once it has written CUT_BYTES (its wchar in
+# /proc), so the transfer stops mid-way and not before its first byte; the count at the kill is
+# left in /run/cut-at for the story to check.
+CUT_BYTES = 64 << 20
+CUT_SAVE = f"""#!/bin/sh
+for i in $(seq 3000); do
+    for p in $(pgrep -f '^docker save'); do
+        written=$(awk '/^wchar/ {{print $2}}' /proc/$p/io 2>/dev/null)
+        if [ "${{written:-0}}" -ge {CUT_BYTES} ]; then
+            echo "$written" > /run/cut-at; kill -9 "$p"; exit 0
+        fi
+    done
+    sleep 0.1
+done
+"""
 
 
 def image_of(sim_fleet, host):
@@ -100,16 +115,19 @@ def test_without_a_registry_a_box_that_lacks_the_image_loads_it_from_the_first_b
     again = deploy(inventory)
     assert [changed_on(again, h) for h in hosts] == [[], [], []]
 
-    # the link drops while the image streams (the first box's save is killed mid-way): the box
-    # throws away what arrived and builds its own, and serves
+    # the link drops while the image streams (the first box's save is killed once it has written
+    # 64 MiB, so bytes did arrive): the box throws away what arrived, builds its own, and serves
     box(sim_fleet, hosts[2], f"docker rmi -f {tag} >/dev/null")
-    box(sim_fleet, hosts[0], "nohup setsid sh -c 'for i in $(seq 1500); do pkill -f "
-                             "\"^docker save\" && exit; sleep 0.2; done' >/dev/null 2>&1 &")
+    # (run by sh: the box's /run is a tmpfs Docker mounts noexec)
+    box(sim_fleet, hosts[0], f"rm -f /run/cut-at; cat > /run/cut-save <<'EOF'\n{CUT_SAVE}EOF\n"
+                             "nohup setsid sh /run/cut-save >/dev/null 2>&1 &")
     try:
         run = deploy(inventory)
     finally:
-        # ([s]: the pattern must not match the shell that runs pkill, whose line holds it)
-        box(sim_fleet, hosts[0], "pkill -f '[s]eq 1500' || true")
+        box(sim_fleet, hosts[0], "pkill -f '^sh /run/cut-save' || true")
+    cut_at = int(box(sim_fleet, hosts[0], "cat /run/cut-at"))
+    size = int(box(sim_fleet, hosts[0], f"docker image inspect -f '{{{{.Size}}}}' {tag}"))
+    assert CUT_BYTES <= cut_at < size, (cut_at, size)  # mid-way: after the first bytes, before all
     assert run.returncode == 0, run.stderr[-4000:]
     assert f"{tag} not loaded: the transfer from" in run.stderr, run.stderr[-4000:]
     assert f"building {tag} here instead" in run.stderr
