@@ -315,6 +315,7 @@ BAD_INPUTS = [
     ({"watchdog_timeout_s": "20"}, "watchdog_timeout_s='20' must be a whole number of seconds"),
     ({"watchdog_restart_backoff_s": -1}, "watchdog_restart_backoff_s=-1 must be a whole number"),
     ({"watchdog_max_restarts_per_hour": 0}, "watchdog_max_restarts_per_hour=0 must be a whole"),
+    ({"watchdog_give_up_after": 0}, "watchdog_give_up_after=0 must be a whole"),
     ({"watchdog_start_timeout_s": 0}, "watchdog_start_timeout_s=0 must be a whole number of seconds"),
     ({"watchdog_port": 70000}, "watchdog_port=70000 must be at least 1 and at most 65535"),
     ({"watchdog_port": 8002}, "watchdog_port=8002 is service_port too"),
