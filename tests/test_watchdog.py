@@ -583,7 +583,7 @@ def test_status_prints_the_contracts_json(box):
     found = box.status()
     assert set(found) == {"service", "active", "health", "fingerprint", "watchdog", "requests",
                           "decode_tok_s", "eagle_acceptance", "mem_available_bytes",
-                          "power_mode", "clocks_locked", "temperatures_c"}
+                          "power_mode", "clocks_locked", "temperatures_c", "firewall_loaded"}
     assert set(found["watchdog"]) == {"running", "state", "last_check_ok", "last_check_at",
                                       "checks", "why", "failures", "restarts_1h", "restarts_24h"}
     assert found["service"] == SERVICE and found["active"] == "active" and found["health"] is True
@@ -599,6 +599,22 @@ def test_status_prints_the_contracts_json(box):
     box.process.wait(10)
     time.sleep(1.6)  # three intervals with no check
     assert box.status()["watchdog"]["running"] is False
+
+
+@pytest.mark.parametrize("enabled, listed, expected", [
+    ("disabled", 0, None),  # no gateway: no firewall expected
+    ("enabled", 0, True),
+    ("enabled", 1, False),  # the table did not load: the server is held down, the alert fires
+])
+def test_the_firewall_reading(monkeypatch, enabled, listed, expected):
+    def run(*cmd, timeout=30):
+        if cmd[:2] == ("systemctl", "is-enabled"):
+            assert cmd[2] == layout.FIREWALL_UNIT
+            return Namespace(returncode=0, stdout=enabled + "\n")
+        assert cmd == ("nft", "list", "table", *layout.FIREWALL_TABLE)
+        return Namespace(returncode=listed, stdout="")
+    monkeypatch.setattr(wd, "run", run)
+    assert wd.firewall_loaded() is expected
 
 
 def test_status_without_a_watchdog_run_says_so(box):
