@@ -76,6 +76,7 @@ watchdog_failures = 3  # failed checks in a row before the watchdog restarts
 watchdog_timeout_s = 20  # a 1-token completion must finish within this
 watchdog_restart_backoff_s = 60  # wait after a restart before the next one may happen; doubles with each restart in the last hour
 watchdog_max_restarts_per_hour = 3  # past it, no restart; the box is reported failed
+watchdog_give_up_after = 6  # restarts in a row with no check passing: then none until one passes (you or a deploy restart it); the box is reported failed
 watchdog_start_timeout_s = 1800  # a started server gets this long to answer /health before the watchdog judges it
 watchdog_port = 9105  # the box exporter's port (/metrics, /healthy)
 

@@ -21,6 +21,7 @@ from thorfleet.layout import (
     BOX_FIREWALL,
     BOX_UNIT_DIR,
     FILES,
+    FIREWALL_DROPIN,
     FIREWALL_UNIT,
     GATEWAY_CONFIG,
     GATEWAY_PEM,
@@ -69,12 +70,16 @@ def run(g, lock=True):
 @deploy("Firewall")
 def box(settings):
     unit_path = f"{BOX_UNIT_DIR}/{FIREWALL_UNIT}"
+    dropin_dir = f"{BOX_UNIT_DIR}/{settings.service_name}.service.d"
     if settings.gateway is None:
         gateway.no_firewall(name="No gateway: no firewall table of thorfleet's")
         files.absent(name="No gateway: no firewall unit",
                      path=f"{BOX_UNIT_DIR}/multi-user.target.wants/{FIREWALL_UNIT}")
         files.absent(name="No gateway: no firewall unit file", path=unit_path)
         files.absent(name="No gateway: no firewall script", path=BOX_FIREWALL)
+        gone = files.absent(name="No gateway: the server waits for no firewall",
+                            path=f"{dropin_dir}/{FIREWALL_DROPIN}")
+        systemd.daemon_reload(name="Reload systemd after the drop-in went", _if=gone.did_change)
         return
     ports = (settings.service_port, settings.watchdog_port)
     script, mark = firewall_script(ports, settings.gateway, settings.monitor_source)
@@ -85,7 +90,12 @@ def box(settings):
                      src=StringIO(script), path=BOX_FIREWALL, mode="644")
     unit = files.whole_file(name="Install the unit that loads it at every boot",
                             src=str(FILES / "systemd" / FIREWALL_UNIT), path=unit_path, mode="644")
-    systemd.daemon_reload(name="Reload systemd after the firewall unit changed",
-                          _if=unit.did_change)
+    files.directory(name="Create the server unit's drop-in folder", path=dropin_dir, mode="755")
+    dropin = files.whole_file(
+        name="The server starts only once the firewall is live (a failed load keeps it down)",
+        src=str(FILES / "systemd" / "thorfleet-vllm-firewall.conf"),
+        path=f"{dropin_dir}/{FIREWALL_DROPIN}", mode="644")
+    systemd.daemon_reload(name="Reload systemd after the firewall unit or the drop-in changed",
+                          _if=lambda: unit.did_change() or dropin.did_change())
     files.unit_enabled(name="Enable the firewall unit", unit=FIREWALL_UNIT)
     gateway.firewall(name="Load the firewall table (live now)", mark=mark)

@@ -119,8 +119,55 @@ def test_the_firewall_takes_only_tcp_ports(port):
 
 
 def test_the_firewall_unit_loads_the_file_the_deploy_writes():
-    unit = (layout.FILES / "systemd" / layout.FIREWALL_UNIT).read_text()
-    assert f"ExecStart=/usr/sbin/nft -f {layout.BOX_FIREWALL}" in unit.splitlines()
+    unit = (layout.FILES / "systemd" / layout.FIREWALL_UNIT).read_text().splitlines()
+    assert f"ExecStart=/usr/sbin/nft -f {layout.BOX_FIREWALL}" in unit
+    # after Debian's nftables.service (its `flush ruleset`), and again whenever it restarts
+    assert {"After=nftables.service", "PartOf=nftables.service"} <= set(unit)
+    family, table = layout.FIREWALL_TABLE
+    assert (f"ExecStartPost=/bin/sh -c '/usr/sbin/nft -s list table {family} {table} | sha256sum "
+            f"> {layout.BOX_FIREWALL_LISTED}'") in unit
+
+
+def test_the_server_waits_for_the_firewall_and_a_failed_load_keeps_it_down():
+    dropin = (layout.FILES / "systemd" / "thorfleet-vllm-firewall.conf").read_text().splitlines()
+    assert {"After=thorfleet-firewall.service", "Wants=thorfleet-firewall.service"} <= set(dropin)
+    check = next(x for x in dropin if x.startswith("ExecStartPre="))
+    command = check.removeprefix("ExecStartPre=/bin/sh -c '").removesuffix("'")
+    # in a network namespace of its own: no table, the start is refused saying why; loaded, passes
+    refused = subprocess.run(["unshare", "--net", "sh", "-c", command], capture_output=True,
+                             text=True, timeout=30, check=False)
+    assert refused.returncode == 1 and "the server stays down" in refused.stderr
+    script, _ = firewall_script((8002, 9105), "172.18.0.5")
+    loaded = subprocess.run(["unshare", "--net", "sh", "-c", f"nft -f - && {command}"],
+                            input=script, capture_output=True, text=True, timeout=30, check=False)
+    assert loaded.returncode == 0, loaded.stderr
+
+
+def test_a_rule_added_by_hand_is_seen_as_drift_not_only_a_changed_mark(tmp_path):
+    """The fact compares the whole table as nft lists it with what the unit recorded at load (its
+    comment mark alone missed a rule added to thorfleet's table). In a network namespace."""
+    from thorfleet.facts import FirewallMark
+
+    script, mark = firewall_script((8002, 9105), "172.18.0.5")
+    (tmp_path / "firewall.nft").write_text(script)
+    family, table = layout.FIREWALL_TABLE
+    unit = (layout.FILES / "systemd" / layout.FIREWALL_UNIT).read_text().splitlines()
+    record = next(x for x in unit if x.startswith("ExecStartPost=/bin/sh -c '"))
+    record = record.removeprefix("ExecStartPost=/bin/sh -c '").removesuffix("'")
+    fact = FirewallMark()
+    listed = str(tmp_path / "firewall.listed")
+
+    def look(after_load=""):
+        steps = [f"nft -f {tmp_path / 'firewall.nft'}",
+                 record.replace(layout.BOX_FIREWALL_LISTED, listed), after_load,
+                 fact.command().replace(layout.BOX_FIREWALL_LISTED, listed)]
+        done = subprocess.run(["unshare", "--net", "sh", "-c", "; ".join(x for x in steps if x)],
+                              capture_output=True, text=True, timeout=30, check=False)
+        return fact.process(done.stdout.splitlines())
+
+    assert look() == mark
+    assert look(f"nft add rule {family} {table} input tcp dport 22 accept") == "changed"
+    assert look(f"nft delete table {family} {table}") == "no table"
 
 
 # --- the inventory's gateway, checked before connecting ------------------------------------------

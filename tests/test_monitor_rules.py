@@ -58,7 +58,7 @@ def alerts():
 def test_the_rules_pass_promtool_check_rules():
     checked = promtool("check", "rules", ALERTS)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 7 rules found" in checked.stdout
+    assert "SUCCESS: 8 rules found" in checked.stdout
 
 
 def test_the_rules_pass_their_unit_tests():
@@ -68,7 +68,8 @@ def test_the_rules_pass_their_unit_tests():
 
 def test_the_alerts_each_name_the_box_and_have_a_severity():
     assert [rule["alert"] for rule in alerts()] == [
-        "ThorfleetBoxDown", "ThorfleetWatchdogDown", "ThorfleetNotGenerating", "ThorfleetDecodeSlow",
+        "ThorfleetBoxDown", "ThorfleetWatchdogDown", "ThorfleetFirewallNotLoaded",
+        "ThorfleetNotGenerating", "ThorfleetDecodeSlow",
         "ThorfleetEagleAcceptanceLow", "ThorfleetMemAvailableLow", "ThorfleetWatchdogOverCap"]
     for rule in alerts():
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]

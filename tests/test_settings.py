@@ -315,6 +315,7 @@ BAD_INPUTS = [
     ({"watchdog_timeout_s": "20"}, "watchdog_timeout_s='20' must be a whole number of seconds"),
     ({"watchdog_restart_backoff_s": -1}, "watchdog_restart_backoff_s=-1 must be a whole number"),
     ({"watchdog_max_restarts_per_hour": 0}, "watchdog_max_restarts_per_hour=0 must be a whole"),
+    ({"watchdog_give_up_after": 0}, "watchdog_give_up_after=0 must be a whole"),
     ({"watchdog_start_timeout_s": 0}, "watchdog_start_timeout_s=0 must be a whole number of seconds"),
     ({"watchdog_port": 70000}, "watchdog_port=70000 must be at least 1 and at most 65535"),
     ({"watchdog_port": 8002}, "watchdog_port=8002 is service_port too"),
@@ -539,7 +540,8 @@ def test_every_unit_container_and_user_thorfleet_installs_is_refused_as_service_
     """The class, not its examples: each unit file thorfleet ships (but the server's own template)
     and each user and container it makes is in layout.BOX_OWN_NAMES, which service_name may not
     take (a new unit file without it fails here)."""
-    units = {path.name.split(".service")[0] for path in (ROOT / "files" / "systemd").iterdir()}
+    units = {path.name.split(".service")[0] for path in (ROOT / "files" / "systemd").iterdir()
+             if ".service" in path.name}  # not the drop-ins (.conf)
     assert units - {"thorfleet-vllm"} <= set(layout.BOX_OWN_NAMES), units
     assert {layout.PEER_USER, layout.IMAGE_USER, layout.FETCH_CONTAINER} <= set(layout.BOX_OWN_NAMES)
     for name in layout.BOX_OWN_NAMES:

@@ -9,7 +9,9 @@ deploy running:
 - an engine that wedges after every start is restarted up to the cap, then left and reported
   failed (status, the gateway's check, the alert) until the operator restarts it;
 - a server the operator stopped stays stopped; `status` names it and exits non-zero, and
-  Prometheus fires the alert that names it.
+  Prometheus fires the alert that names it;
+- a box rebooted with Debian's nftables enabled keeps thorfleet's table and serves; rebooted with
+  a ruleset nft refuses, its server stays down and its watchdog says why, until a deploy.
 
 The edits that break them: the watchdog checking /health only (the frozen engine is never
 restarted); every check taken as idle (the long stream is restarted); no cap (restarts go on);
@@ -259,4 +261,39 @@ def test_a_stopped_server_stays_stopped_and_status_and_an_alert_name_it(fleet, m
         assert host in alerts[0]["annotations"]["description"]
     finally:
         box(fleet.sim, host, f"systemctl start {SERVICE}")
+    assert fleet.serves(host)
+
+
+def test_a_firewall_that_fails_at_boot_keeps_the_server_down_and_says_why(fleet, my_boxes):
+    """With a gateway the server waits for thorfleet's firewall at every boot: with Debian's
+    nftables.service enabled (its /etc/nftables.conf begins `flush ruleset`) the table is loaded
+    after it and the box serves; with a broken ruleset the server stays down, not open to the LAN,
+    and the watchdog (up, carrying no secret) reports it; the deploy puts it right. The edits that
+    break it: no After=nftables.service (the flush removes the table), no drop-in (the server
+    starts open)."""
+    host = my_boxes[2]
+    family, table = "inet", "thorfleet"
+    box(fleet.sim, host, "systemctl enable nftables.service")
+    try:
+        fleet.sim.reboot(host)
+        assert "flush ruleset" in box(fleet.sim, host, "cat /etc/nftables.conf")
+        assert box(fleet.sim, host, "systemctl is-active nftables.service") == "active"
+        box(fleet.sim, host, f"nft list table {family} {table} >/dev/null")  # after the flush
+        assert fleet.serves(host)
+        # a ruleset nft refuses, at the next boot
+        box(fleet.sim, host, "echo 'table inet thorfleet { oops }' >> /etc/thorfleet/firewall.nft")
+        fleet.sim.reboot(host)
+        assert box(fleet.sim, host, "systemctl is-active thorfleet-firewall || true") == "failed"
+        time.sleep(15)  # a start or two of the server's, each refused
+        assert box(fleet.sim, host, f"systemctl is-active {SERVICE} || true") != "active"
+        assert fleet.healthy(host) == "000"  # nothing listens on the vLLM port
+        assert "the server stays down" in fleet.journal(host, SERVICE, time.time() - 120)
+        reading = json.loads(box(fleet.sim, host, "/opt/thorfleet/bin/thorfleet-watchdog status"))
+        assert reading["firewall_loaded"] is False, reading
+        assert "thorfleet_firewall_loaded 0.0" in box(fleet.sim, host,
+                                                      "curl -s http://127.0.0.1:9105/metrics")
+    finally:
+        box(fleet.sim, host, "systemctl disable nftables.service")
+        run = deploy(fleet.inventory)  # the operator's fix: the deploy writes and loads it again
+    assert run.returncode == 0, outcome(run, host)
     assert fleet.serves(host)

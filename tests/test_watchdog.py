@@ -51,7 +51,8 @@ def load_tool():
 
 
 wd = load_tool()
-SETTINGS = Namespace(failures=3, backoff=60, max_restarts_per_hour=3, start_timeout=600)
+SETTINGS = Namespace(failures=3, backoff=60, max_restarts_per_hour=3, give_up_after=6,
+                     start_timeout=600)
 RUNNING, WAITING, GENERATED = wd.RUNNING, wd.WAITING, wd.GENERATED
 
 
@@ -185,6 +186,34 @@ def test_a_box_left_capped_restarts_again_once_the_cap_allows(restarts, cap, exp
                           settings=Namespace(**{**vars(SETTINGS), "max_restarts_per_hour": cap}))
     assert [action for action, _ in seen] == expected
     assert memory["over_cap"] is (expected[-1] == "none")
+
+
+def test_a_box_that_fails_for_good_is_given_up_after_the_bound_and_the_hour_does_not_clear_it():
+    """The hourly cap only paused a box that never recovers (18 restarts in 6 h on the sim): after
+    watchdog_give_up_after restarts with no check passing between them, none until one passes."""
+    settings = Namespace(**{**vars(SETTINGS), "max_restarts_per_hour": 10, "give_up_after": 2,
+                            "backoff": 0})
+    seen, memory = replay([idle(ok=False)] * 9, settings=settings)
+    assert [a for a, _ in seen] == ["none", "none", "restart", "none", "none", "restart",
+                                    "none", "none", "give_up"]
+    assert memory["given_up"] and memory["over_cap"] and memory["state"] == "over_cap"
+    assert memory["why"].startswith("2 restarts in a row and no check passed since "
+                                    "(watchdog_give_up_after 2): given up until a check passes")
+    # two hours on, the cap's hour long gone: still given up, said once
+    later, memory = replay([idle(ok=False)] * 3, memory=memory, start=10_000 + 7200,
+                           settings=settings)
+    assert [a for a, _ in later] == ["none"] * 3 and memory["over_cap"]
+    # the operator (or a deploy) restarts it and it serves: a pass clears it all
+    after, memory = replay([idle(server="7@7")], memory=memory, start=10_000 + 7300,
+                           settings=settings)
+    assert after == [("none", "ok")] and not memory["given_up"] and memory["unproven"] == 0
+
+
+def test_restarts_that_come_good_do_not_add_up_to_the_bound():
+    settings = Namespace(**{**vars(SETTINGS), "max_restarts_per_hour": 10, "give_up_after": 2,
+                            "backoff": 0})
+    seen, _ = replay(([idle(ok=False)] * 3 + [idle()]) * 3, settings=settings)
+    assert [a for a, _ in seen].count("restart") == 3 and "give_up" not in [a for a, _ in seen]
 
 
 def test_a_restart_of_the_server_resets_the_token_baseline():
@@ -554,7 +583,7 @@ def test_status_prints_the_contracts_json(box):
     found = box.status()
     assert set(found) == {"service", "active", "health", "fingerprint", "watchdog", "requests",
                           "decode_tok_s", "eagle_acceptance", "mem_available_bytes",
-                          "power_mode", "clocks_locked", "temperatures_c"}
+                          "power_mode", "clocks_locked", "temperatures_c", "firewall_loaded"}
     assert set(found["watchdog"]) == {"running", "state", "last_check_ok", "last_check_at",
                                       "checks", "why", "failures", "restarts_1h", "restarts_24h"}
     assert found["service"] == SERVICE and found["active"] == "active" and found["health"] is True
@@ -570,6 +599,22 @@ def test_status_prints_the_contracts_json(box):
     box.process.wait(10)
     time.sleep(1.6)  # three intervals with no check
     assert box.status()["watchdog"]["running"] is False
+
+
+@pytest.mark.parametrize("enabled, listed, expected", [
+    ("disabled", 0, None),  # no gateway: no firewall expected
+    ("enabled", 0, True),
+    ("enabled", 1, False),  # the table did not load: the server is held down, the alert fires
+])
+def test_the_firewall_reading(monkeypatch, enabled, listed, expected):
+    def run(*cmd, timeout=30):
+        if cmd[:2] == ("systemctl", "is-enabled"):
+            assert cmd[2] == layout.FIREWALL_UNIT
+            return Namespace(returncode=0, stdout=enabled + "\n")
+        assert cmd == ("nft", "list", "table", *layout.FIREWALL_TABLE)
+        return Namespace(returncode=listed, stdout="")
+    monkeypatch.setattr(wd, "run", run)
+    assert wd.firewall_loaded() is expected
 
 
 def test_status_without_a_watchdog_run_says_so(box):
@@ -600,6 +645,17 @@ def watchdog_unit(**change):
     return Settings(values, api_key=KEY)
 
 
+def test_the_servers_own_restarts_are_bounded_too():
+    """Restart=on-failure restarted a server that crashes at every start for ever: systemd now
+    gives up past twice the watchdog's cap and four more in an hour (a watchdog restart may count
+    twice)."""
+    s = watchdog_unit(watchdog_max_restarts_per_hour=3)
+    entries = {(section, key): value for section, key, value in unit_entries(s.unit_text)}
+    assert entries[("Service", "Restart")] == "on-failure"
+    assert (entries[("Unit", "StartLimitIntervalSec")], entries[("Unit", "StartLimitBurst")]) == \
+        ("3600", "10")  # the reset before a deploy's restart: tests/test_thorfleet_serve.py
+
+
 def test_the_unit_runs_the_tool_with_the_settings_and_needs_no_server():
     s = watchdog_unit(watchdog_interval_s=7, watchdog_failures=4, watchdog_timeout_s=9,
                       watchdog_restart_backoff_s=30, watchdog_max_restarts_per_hour=2,
@@ -617,6 +673,7 @@ def test_the_unit_runs_the_tool_with_the_settings_and_needs_no_server():
     assert (parsed.command, parsed.service, parsed.port) == ("run", SERVICE, 8002)
     assert (parsed.interval, parsed.failures, parsed.timeout, parsed.backoff) == (7, 4, 9, 30)
     assert (parsed.max_restarts_per_hour, parsed.exporter_port) == (2, 9200)
+    assert parsed.give_up_after == 6
     # its own start grace, not service_health_timeout_s (a version's, which a roll-back undoes)
     assert (parsed.start_timeout, parsed.decode_gate) == (1800, 27)
     assert KEY not in s.watchdog_unit_text

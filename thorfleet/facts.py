@@ -17,6 +17,7 @@ from pyinfra.api import FactBase
 from thorfleet import readings
 from thorfleet.layout import (
     BOX_CLEAN,
+    BOX_FIREWALL_LISTED,
     BOX_LAYOUT_ENV,
     BOX_REBOOT_MARKER,
     BOX_RUN_LOCK_DIR,
@@ -374,13 +375,17 @@ class UnitActive(FactBase[str]):
 
 class FirewallMark(FactBase[str | None]):
     """The comment on the drop rule of thorfleet's nftables table (the mark of
-    gateway.firewall_script: which version of the script is live), "no table" when the table is
-    absent, or "no nft"."""
+    gateway.firewall_script: which version of the script is live), "changed" when the table as nft
+    lists it now is not what was loaded (its digest, BOX_FIREWALL_LISTED: a rule added or taken
+    out by hand, which the mark alone never showed), "no table" when the table is absent, or
+    "no nft"."""
 
     def command(self):
         family, table = FIREWALL_TABLE
         return ("if ! command -v nft >/dev/null 2>&1; then echo 'no nft'; "
                 f"elif ! nft list table {family} {table} >/dev/null 2>&1; then echo 'no table'; "
+                f"elif [ \"$(nft -s list table {family} {table} | sha256sum)\" != "
+                f"\"$(cat {q(BOX_FIREWALL_LISTED)} 2>/dev/null)\" ]; then echo 'changed'; "
                 f"else nft list table {family} {table} | grep -o 'comment \"thorfleet [0-9a-f]*\"' "
                 "| sed 's/^comment \"//; s/\"$//' | tail -n 1; echo; fi")
 

@@ -71,6 +71,10 @@ CLOCKS_UNIT = "thorfleet-clocks.service"
 # loaded at boot by its own unit.
 BOX_FIREWALL = f"{BOX_ETC}/firewall.nft"
 FIREWALL_UNIT = "thorfleet-firewall.service"
+# The table as nft listed it once loaded (its digest, written by the firewall unit): a listing
+# that differs later is a table edited by hand.
+BOX_FIREWALL_LISTED = f"{BOX_STATE}/firewall.listed"
+FIREWALL_DROPIN = "thorfleet-firewall.conf"  # in the server's <service_name>.service.d
 FIREWALL_TABLE = ("inet", "thorfleet")
 FETCH_CONTAINER = "thorfleet-fetch"  # the weights fetch's containers: thorfleet-fetch-<revision>
 # Every name thorfleet gives a unit, a container or a user on a box besides the server's own: the

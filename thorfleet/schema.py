@@ -563,6 +563,9 @@ class Schema(BaseModel):
     watchdog_max_restarts_per_hour: Annotated[StrictInt, Field(ge=1)] = setting(
         3, "past it, no restart; the box is reported failed",
         "must be a whole number of restarts, at least 1")
+    watchdog_give_up_after: Annotated[StrictInt, Field(ge=1)] = setting(
+        6, "restarts in a row with no check passing: then none until one passes (you or a deploy "
+        "restart it); the box is reported failed", "must be a whole number of restarts, at least 1")
     # Not service_health_timeout_s: that one is part of a version, which a failed proof rolls
     # back, while the watchdog's unit stays as written.
     watchdog_start_timeout_s: Annotated[StrictInt, Field(ge=1),

@@ -8,8 +8,8 @@ from pyinfra.api import operation
 
 from thorfleet import facts
 from thorfleet.layout import (
-    BOX_FIREWALL,
     FIREWALL_TABLE,
+    FIREWALL_UNIT,
     GATEWAY_ADMIN_SOCKET,
     GATEWAY_ROTATION,
     GATEWAY_SERVER_STATE,
@@ -70,8 +70,9 @@ def reloaded(unit="haproxy.service"):
 @operation()
 def firewall(mark, *, live):
     """thorfleet's nftables table live on the box as `mark` says (gateway.firewall_script's mark
-    of the script at BOX_FIREWALL): the vLLM port answers the gateway and the box itself only. A
-    table changed or flushed by hand is loaded again; one `nft -f` replaces it whole."""
+    of the script at BOX_FIREWALL) and as it was loaded: the vLLM port answers the gateway and the
+    box itself only. A table changed, extended or flushed by hand is loaded again, through its
+    unit (one `nft -f` replaces it whole, and the unit records what nft then lists)."""
     if live == mark:
         host.noop("the vLLM port answers the gateway only (nftables table is live)")
         return
@@ -79,7 +80,7 @@ def firewall(mark, *, live):
         yield fail_host("nft is not installed: the box's vLLM port cannot be closed to all but "
                         "the gateway; install nftables (apt install nftables), then run again")
         return
-    yield sh("nft", "-f", BOX_FIREWALL)
+    yield sh("systemctl", "restart", FIREWALL_UNIT)
 
 
 @reads(live=lambda **_: (facts.FirewallMark, {}))
