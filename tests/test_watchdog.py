@@ -110,6 +110,27 @@ def test_a_long_answer_with_growing_tokens_is_never_a_wedge():
     assert memory["decode_tok_s"] == pytest.approx(2.0)
 
 
+def prefilling(kv, server="100@1"):
+    """One long prompt in prefill: both token counters flat, the KV cache taken chunk by chunk."""
+    return {"service": SERVICE, "active": "active", "server": server, "held": None,
+            "health": True, "metrics": {RUNNING: 1.0, WAITING: 0.0, GENERATED: 500.0,
+                                        wd.PROMPTED: 900.0, wd.KV_USAGE: kv}}
+
+
+def test_a_256k_prompt_prefilling_for_minutes_is_no_wedge_and_a_freeze_inside_it_is():
+    """The 256K profile on a Thor: 262,144 tokens at 8,192 a step (max_num_batched_tokens) is 32
+    chunks, minutes of prefill with vLLM's token counters flat (a prefill counts once it ends).
+    Checked every 15 s for 8 minutes, the KV cache grows at every look; frozen in the middle of
+    it, nothing grows, and the server is restarted after the failures, as any wedge is."""
+    kv = [0.01 + 0.027 * i for i in range(33)]
+    seen, memory = replay([prefilling(k) for k in kv])
+    assert seen[0] == ("none", "unknown")  # the first sample of a busy server is its baseline
+    assert {action for action, _ in seen} == {"none"} and {s for _, s in seen[1:]} == {"ok"}
+    assert memory["why"] == "1 requests in flight, prefilling: KV cache 84.7 % -> 87.4 % in 15 s"
+    frozen, memory = replay([prefilling(kv[-1])] * 3, memory=memory, start=10_000 + 15 * 33)
+    assert frozen == [("none", "failing"), ("none", "failing"), ("restart", "starting")]
+
+
 def test_requests_in_flight_with_no_token_growing_fail():
     seen, memory = replay([busy(500)] * 4)
     assert seen == [("none", "unknown"), ("none", "failing"), ("none", "failing"),
