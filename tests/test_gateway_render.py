@@ -533,3 +533,30 @@ def test_the_rotation_state_last_set_survives_a_restart_and_maintenance_is_the_o
             time.sleep(1)
             assert waiting.poll() is None, waiting.communicate()
         assert waiting.wait(30) != 0  # thor-2 is no server of this door's: said, after the lock
+
+
+@pytest.mark.parametrize("group, refused", [
+    ("gateways", True), ("Gateway", True), ("gatway", True), ("monitors", True), ("monitr", True),
+    ("boxes", False), ("gateway_lab", False), ("edge", False), ("gw", False),
+])
+def test_a_group_named_nearly_as_a_role_is_refused_not_taken_for_thors(tmp_path, group, refused):
+    """A role is its group's exact name: `gateways` made the gateway one more Thor, silently."""
+    inv = Inventory(
+        ([("thor-1", {"ssh_hostname": "10.0.0.1"}), ("gw-1", {"ssh_hostname": "10.0.0.9"})], {}),
+        thors=(["thor-1"], {**PINS, "service_api_key_file": str(api_key(tmp_path))}),
+        **{group: (["gw-1"], {**PINS, "service_api_key_file": str(api_key(tmp_path))})})
+    if not refused:
+        settings_for_inventory(inv)
+        return
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inv)
+    assert (f"group {group!r}: nearly the role group "
+            f"{'monitor' if group.lower().startswith('mon') else 'gateway'!r}") in \
+        error.value.problems[0]
+
+
+def api_key(tmp_path):
+    key = tmp_path / "api_key"
+    key.write_text("sk-test\n")
+    key.chmod(0o600)
+    return key

@@ -11,8 +11,25 @@ the Thors too): group names other than `gateway` and `monitor` are the operator'
 say it. A host of the group `monitor` runs Prometheus and serves no model.
 """
 
+import difflib
+
 GATEWAY_GROUP = "gateway"
 MONITOR_GROUP = "monitor"
+
+
+def near_role_groups(groups) -> list[str]:
+    """One line per group whose name is a role's, nearly (`gateways`, `Gateway`, `monitr`): its
+    hosts would silently be Thors, a role being read from its group's exact name."""
+    problems = []
+    for group in sorted(groups):
+        if group in (GATEWAY_GROUP, MONITOR_GROUP):
+            continue
+        for role in (GATEWAY_GROUP, MONITOR_GROUP):
+            if difflib.SequenceMatcher(None, group.lower(), role).ratio() >= 0.8:
+                problems.append(f"group {group!r}: nearly the role group {role!r}, whose exact "
+                                f"name gives its hosts their role; as it is, its hosts are Thors "
+                                f"that serve the model: rename it {role!r}, or further from it")
+    return problems
 
 
 def is_gateway(h) -> bool:

@@ -26,7 +26,14 @@ from thorfleet.peers import (
     peer_address_problems,
 )
 from thorfleet.render import Settings, image_files_hash
-from thorfleet.roles import is_gateway, is_monitor_host, is_thor, monitor_of, thors
+from thorfleet.roles import (
+    is_gateway,
+    is_monitor_host,
+    is_thor,
+    monitor_of,
+    near_role_groups,
+    thors,
+)
 from thorfleet.schema import (
     SettingsError,
     check,
@@ -114,6 +121,7 @@ def settings_for_inventory(inventory):
     groups = set(inventory.groups)
     image_files = image_files_hash()
     canary_group, found = _the_canary_group(inventory)
+    found += near_role_groups(groups)
     for h in thors(inventory):
         data = h.data.dict()
         if canary_group and data.get("rollout_canary_group") is None:
