@@ -100,12 +100,11 @@ def ensure_fleet_ca(ca_dir: Path) -> Path:
 
 
 def _readable_key(key_file: Path):
+    """The key in `key_file`, or None when there is none or a cut run left it half-written."""
     try:
         return serialization.load_pem_private_key(key_file.read_bytes(), None)
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError, TypeError, UnsupportedAlgorithm):
         return None
-    except (ValueError, TypeError, UnsupportedAlgorithm):
-        return None  # half-written by a cut run
 
 
 def gateway_pair(ca_dir: Path, gateway: str, names: list[str]) -> tuple[bytes, bytes]:

@@ -89,7 +89,7 @@ GATEWAY_PEM = "/etc/haproxy/thorfleet/gateway.pem"  # certificate chain and key,
 GATEWAY_ADMIN_SOCKET = "/run/haproxy/admin.sock"  # the runtime API: drain, ready, sessions
 GATEWAY_SERVER_STATE = "/var/lib/haproxy/server-state"  # the boxes' states HAProxy starts with
 GATEWAY_STATE_LOCK = f"{GATEWAY_SERVER_STATE}.lock"  # held while a state is set and saved
-GATEWAY_STATE_DROPIN = "/etc/systemd/system/haproxy.service.d/thorfleet-state.conf"
+GATEWAY_STATE_DROPIN = f"{BOX_UNIT_DIR}/haproxy.service.d/thorfleet-state.conf"
 GATEWAY_ROTATION = "/usr/local/sbin/thorfleet-rotation"  # drain/ready a box through that API
 GATEWAY_BACKEND = "thors"  # HAProxy's backend of the Thors' vLLM ports
 
