@@ -159,11 +159,12 @@ def test_a_fleet_moves_to_the_newer_base_through_its_canary(sim_fleet, my_boxes,
 
 # What each patch is on vLLM 0.33.0 (files/image/chatfix.py): transformers 5 takes
 # reasoning_effort, and 0.33.0 streams every delta through its parser engine, which ends reasoning
-# at [TOOL_CALLS]; the think prefill, the key on every route (the middleware moved again) and the
+# at [TOOL_CALLS] and ends a tool call without reading what it never filled; the think prefill, the key on every route (the middleware moved again) and the
 # split of a trace the prompt opened are still thorfleet's.
 NEWEST_PATCHES = ("vllm-reasoning-effort=skipped,transformers-reasoning-effort=skipped,"
                   "think-prefill=applied,api-key-every-route=applied,"
-                  "streamed-tool-calls=skipped,reasoning-split=applied")
+                  "streamed-tool-calls=skipped,streamed-tool-call-end=skipped,"
+                  "reasoning-split=applied")
 
 
 def serves_as_a_newer_base_should(sim_fleet, host):

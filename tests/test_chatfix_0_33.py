@@ -135,7 +135,7 @@ BASE_0_33_0 = {MISTRAL: MISTRAL_PY_0_26_0, TRANSFORMERS: TRANSFORMERS_5_20_2, AU
                REASONING: REASONING_0_33_0, ENGINE: ENGINE_0_33_0}
 LABEL_0_33_0 = ("vllm-reasoning-effort=skipped,transformers-reasoning-effort=skipped,"
                 "think-prefill=applied,api-key-every-route=applied,streamed-tool-calls=skipped,"
-                "reasoning-split=applied")
+                "streamed-tool-call-end=skipped,reasoning-split=applied")
 
 
 def test_plan_on_0_33_0_labels_each_patch(monkeypatch):

@@ -214,8 +214,9 @@ class AuthenticationMiddleware:
 '''
 
 
-# vllm 0.19.0 vllm/entrypoints/openai/chat_completion/serving.py L87, L936-942;
-# the signature (L498) shortened, the gate dedented from 32 spaces
+# vllm 0.19.0 vllm/entrypoints/openai/chat_completion/serving.py L87, L936-942, then the stream's
+# finish at its own depth (L584-585, L675, L1083, L1101-1120: the isinstance test's second half
+# left out, L1143); the signature (L498) shortened, the gate dedented from 32 spaces
 SERVING_0_19_0 = '''\
 class OpenAIServingChat(OpenAIServing):
     async def chat_completion_stream_generator(self, request):
@@ -226,6 +227,51 @@ class OpenAIServingChat(OpenAIServing):
                     output_token_ids
                 )
             )
+        try:
+            async for res in result_generator:
+                for output in res.outputs:
+                    if output.finish_reason is None:
+                        pass
+                    else:
+                        should_check = (
+                            self._should_check_for_unstreamed_tool_arg_tokens(
+                                delta_message, output
+                            )
+                        )
+                        # only check if there are any tool calls
+                        # detected by partial parsing
+                        if should_check and tool_parser and auto_tools_called:
+                            latest_delta_len = 0
+                            if (
+                                isinstance(
+                                    delta_message.tool_calls[0].function,
+                                    DeltaFunctionCall,
+                                )
+                            ):
+                                latest_delta_len = 1
+                            actual_call = tool_parser.streamed_args_for_tool[index]
+        finally:
+            pass
+'''
+
+
+# vllm 0.19.0 vllm/tool_parsers/mistral_tool_parser.py L73, L319-320: streamed_args_for_tool
+# never written
+MISTRAL_TOOLS_0_19_0 = '''\
+class MistralToolParser(ToolParser):
+    def _extract_tool_calls_streaming(self, delta_text, delta_token_ids):
+        if delta_tool_calls and not self.prev_tool_call_arr:
+            self.prev_tool_call_arr = [{"arguments": {}}]
+'''
+
+
+# vllm 0.26.0 vllm/tool_parsers/mistral_tool_parser.py L96, L471-473: kept beside the calls
+MISTRAL_TOOLS_0_26_0 = '''\
+class MistralToolParser(ToolParser):
+    def _generate_delta_tool_call(self, delta_text):
+            self.current_tool_id += 1
+            self.streamed_args_for_tool.append("")
+            self.prev_tool_call_arr.append({})
 '''
 
 
@@ -316,18 +362,21 @@ AUTH_OLD = "vllm/entrypoints/openai/server_utils.py"
 AUTH_NEW = "vllm/entrypoints/serve/utils/server_utils.py"
 SERVING = "vllm/entrypoints/openai/chat_completion/serving.py"
 REASONING = "vllm/reasoning/mistral_reasoning_parser.py"
+TOOLS = "vllm/tool_parsers/mistral_tool_parser.py"
 MISTRAL_COMMON = {"mistral_common/protocol/instruct/request.py": MISTRAL_COMMON_REQUEST,
                   "mistral_common/tokens/tokenizers/base.py": MISTRAL_COMMON_BASE}
 VERSIONS_0_19_0 = {"vllm": "0.19.0", "transformers": "4.57.3", "mistral_common": "1.11.0"}
 VERSIONS_0_26_0 = {"vllm": "0.26.0", "transformers": "5.20.2", "mistral_common": "1.11.7"}
 BASE_0_19_0 = {MISTRAL: MISTRAL_PY_0_19_0, TRANSFORMERS: TRANSFORMERS_4_57_3,
-               AUTH_OLD: AUTH_0_19_0, SERVING: SERVING_0_19_0, REASONING: REASONING_0_19_0}
+               AUTH_OLD: AUTH_0_19_0, SERVING: SERVING_0_19_0, REASONING: REASONING_0_19_0,
+               TOOLS: MISTRAL_TOOLS_0_19_0}
 # 0.26.0 has no entrypoints/openai/server_utils.py: the middleware moved.
 BASE_0_26_0 = {MISTRAL: MISTRAL_PY_0_26_0, TRANSFORMERS: TRANSFORMERS_5_20_2,
-               AUTH_NEW: AUTH_0_26_0, SERVING: SERVING_0_26_0, REASONING: REASONING_0_26_0}
+               AUTH_NEW: AUTH_0_26_0, SERVING: SERVING_0_26_0, REASONING: REASONING_0_26_0,
+               TOOLS: MISTRAL_TOOLS_0_26_0}
 LABEL_0_26_0 = ("vllm-reasoning-effort=skipped,transformers-reasoning-effort=skipped,"
                 "think-prefill=applied,api-key-every-route=applied,streamed-tool-calls=skipped,"
-                "reasoning-split=applied")
+                "streamed-tool-call-end=skipped,reasoning-split=applied")
 
 
 def load_chatfix(monkeypatch, files: dict[str, str], versions: dict[str, str]):
@@ -450,6 +499,13 @@ CASES = [
      "skipped", "through parser.parse_delta"),
     ("streamed-tool-calls", {SERVING: SERVING_0_26_0, REASONING: REASONING_0_19_0},
      "refused", "streamed-tool-calls: vllm/entrypoints/openai/chat_completion/serving.py"),
+    # streamed-tool-call-end: needed while the stream's end reads a list the parser never fills
+    ("streamed-tool-call-end", {SERVING: SERVING_0_19_0, TOOLS: MISTRAL_TOOLS_0_19_0},
+     "applied", "with an IndexError"),
+    ("streamed-tool-call-end", {SERVING: SERVING_0_19_0, TOOLS: MISTRAL_TOOLS_0_26_0},
+     "skipped", "MistralToolParser keeps streamed_args_for_tool"),
+    ("streamed-tool-call-end", {SERVING: SERVING_0_26_0, TOOLS: MISTRAL_TOOLS_0_26_0},
+     "skipped", "reads no tool parser's streamed_args_for_tool"),
     # reasoning-split: both still fold a lone [/THINK] into content
     ("reasoning-split", {REASONING: REASONING_0_19_0}, "applied", "cannot split a [THINK]"),
     ("reasoning-split", {REASONING: REASONING_0_26_0}, "applied", "cannot split a [THINK]"),

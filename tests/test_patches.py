@@ -28,7 +28,7 @@ KWARGS_ERROR = ("ValueError: Kwargs ['reasoning_effort'] are not supported by "
 HIGH_SETTINGS = '[MODEL_SETTINGS]{"reasoning_effort": "high"}[/MODEL_SETTINGS]'
 ALL_APPLIED = ("vllm-reasoning-effort=applied,transformers-reasoning-effort=applied,"
                "think-prefill=applied,api-key-every-route=applied,streamed-tool-calls=applied,"
-               "reasoning-split=applied")
+               "streamed-tool-call-end=applied,reasoning-split=applied")
 NVIDIA = "nvidia"  # the runtime that mounts libcuda.so.1 (FACTS.md "Thor realities")
 
 
@@ -193,7 +193,7 @@ def test_transformers_5_base_keeps_its_own_fix(docker_client, images, base_image
     assert labels(docker_client, tag)["thorfleet.patches"] == (
         "vllm-reasoning-effort=skipped,transformers-reasoning-effort=skipped,"
         "think-prefill=applied,api-key-every-route=applied,streamed-tool-calls=applied,"
-        "reasoning-split=applied")
+        "streamed-tool-call-end=applied,reasoning-split=applied")
     rendered = render(docker_client, tag)
     for case in ("absent", "none", "high", "tools"):
         assert rendered[case]["ok"], rendered[case]
@@ -207,7 +207,8 @@ def test_rebuilding_on_a_patched_image_stands_aside(docker_client, images, patch
     assert labels(docker_client, tag)["thorfleet.patches"] == (
         "vllm-reasoning-effort=skipped,transformers-reasoning-effort=skipped,"
         "think-prefill=skipped,api-key-every-route=skipped,streamed-tool-calls=skipped,"
-        "reasoning-split=applied")  # a plugin, not a diff: copied in again, the base unchanged
+        "streamed-tool-call-end=skipped,reasoning-split=applied")  # a plugin, not a diff: copied
+    # in again, the base unchanged
     assert "skip  api-key-every-route: the base already carries this patch" in output
     assert "skip  streamed-tool-calls: the base already carries this patch" in output
 

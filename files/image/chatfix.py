@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Plan, apply and check thorfleet's patches (chat template, API key, reasoning split, streamed
-tool calls) inside a vLLM image.
+tool calls and their end) inside a vLLM image.
 
 Runs with whatever `python3` the image puts first on PATH, and finds the packages through that
 interpreter (no hard-coded site-packages path). Each patch is a real unified diff in patches/;
@@ -20,6 +20,8 @@ The table (TABLE, in this order; the label lists each as applied, skipped or off
                                    lives in entrypoints/serve/utils/ (prefixes /v1 /v2 /inference),
                                    or -middleware.diff in entrypoints/serve/middleware/ (+/cohere)
     streamed-tool-calls            patches/vllm-streamed-tool-calls.diff (stream waits for [/THINK])
+    streamed-tool-call-end         patches/vllm-streamed-tool-call-end.diff (IndexError at the end
+                                   when the last delta carries arguments)
     reasoning-split                thorfleet_reasoning.py, a --reasoning-parser-plugin, no diff:
                                    splits a [THINK] the prompt opened; off with think-prefill off,
                                    skipped where vLLM's MistralReasoningParser already splits it
@@ -260,6 +262,7 @@ CHAT_SERVING = "vllm/entrypoints/openai/chat_completion/serving.py"
 STREAM_PROCESSOR = "vllm/entrypoints/openai/chat_completion/stream_processor.py"  # 0.33.0
 MISTRAL_REASONING = "vllm/reasoning/mistral_reasoning_parser.py"
 MISTRAL_ENGINE = "vllm/parser/mistral.py"  # from 0.27.1 the engine behind MISTRAL_REASONING
+MISTRAL_TOOLS = "vllm/tool_parsers/mistral_tool_parser.py"
 
 
 def parse(relpath: str, text: str) -> ast.Module:
@@ -490,6 +493,26 @@ def stream_tools_not_needed(text: str, relpath: str = CHAT_SERVING) -> str | Non
     return None
 
 
+def stream_tool_end_not_needed(text: str, relpath: str = CHAT_SERVING) -> str | None:
+    """vLLM 0.19.0 chat_completion/serving.py L1143: at a stream's finish, with a tool call's
+    arguments in the last delta, `tool_parser.streamed_args_for_tool[index]` is read, and
+    MistralToolParser (tool_parsers/mistral_tool_parser.py) never appends to that list: an
+    IndexError, the stream's last event a 500 (vllm issue #33916). Not needed where the stream
+    reads it nowhere (0.26.0, 0.33.0: the parser's own parse_delta ends the call), or where
+    MistralToolParser keeps it."""
+    functions = stream_functions(parse(relpath, text), relpath)
+    reads = [node for function in functions for node in ast.walk(function)
+             if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
+             and node.value.attr == "streamed_args_for_tool"]
+    if not reads:
+        return "vLLM's chat stream reads no tool parser's streamed_args_for_tool at its end"
+    if exists(MISTRAL_TOOLS) and any(
+            isinstance(node, ast.Attribute) and node.attr == "streamed_args_for_tool"
+            for node in ast.walk(parse(MISTRAL_TOOLS, source_of(MISTRAL_TOOLS)[1]))):
+        return "vLLM's MistralToolParser keeps streamed_args_for_tool"
+    return None
+
+
 def mistral_parser_splits_prefill(text: str, relpath: str = MISTRAL_REASONING) -> str | None:
     """vLLM 0.19.0 reasoning/mistral_reasoning_parser.py L144-153: MistralReasoningParser.
     extract_reasoning returns `None, prev_eot_token + post_eot_token` for an output with [/THINK]
@@ -556,6 +579,9 @@ API_KEY = Patch("api-key-every-route", "vllm-api-key-every-route.diff",
 STREAM_TOOLS = Patch("streamed-tool-calls", "vllm-streamed-tool-calls.diff",
                      "vLLM streams a tool call as content while a reasoning parser is on",
                      stream_tools_not_needed)
+STREAM_TOOL_END = Patch("streamed-tool-call-end", "vllm-streamed-tool-call-end.diff",
+                        "vLLM ends a streamed Mistral tool call with an IndexError",
+                        stream_tool_end_not_needed)
 # No diff: thorfleet_reasoning.py is copied into the image and named in the rendered config
 # (reasoning_parser_plugin, reasoning_parser: thorfleet_mistral). With think-prefill off no
 # prompt opens [THINK], so it is off (the plugin, still loaded, then only delegates).
@@ -566,7 +592,8 @@ REASONING_SPLIT = Patch("reasoning-split", "",
 PLUGIN = HERE / "thorfleet_reasoning.py"
 PLUGIN_NAME = "thorfleet_mistral"
 # In this order: think-prefill's hunk must fit the text vllm-reasoning-effort leaves.
-TABLE = (VLLM_FIX, TRANSFORMERS_FIX, THINK_PREFILL, API_KEY, STREAM_TOOLS, REASONING_SPLIT)
+TABLE = (VLLM_FIX, TRANSFORMERS_FIX, THINK_PREFILL, API_KEY, STREAM_TOOLS, STREAM_TOOL_END,
+         REASONING_SPLIT)
 
 # mistral_common must know ReasoningEffort and encode [MODEL_SETTINGS] (v15) for any of the chat
 # patches to mean anything: mistral_common 1.11.0 protocol/instruct/request.py L36 and
