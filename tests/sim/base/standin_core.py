@@ -12,19 +12,22 @@ is dead (v1/engine/async_llm.py L874-877, `errored` L1026-1027).
 So here: vllm_standin.StandInCore is the client in the API server's process; this process is the
 engine core's busy loop, stdlib only. Protocol: JSON lines over the socket passed as --fd.
 
-  client -> core   {"op": "add", "rid": R, "steps": N, "finish": "stop"|"length"}
+  client -> core   {"op": "add", "rid": R, "prompt": P, "steps": N, "finish": "stop"|"length"}
                    {"op": "abort", "rid": R}
-  core -> client   {"rid": R, "step": I, "finish": null|"stop"|"length", "spec": A|null,
-                    "running": n, "waiting": n}     a token (step I of R) is out
-                   {"rid": null, "running": n, "waiting": n}   the scheduler's counts changed
+  core -> client   {"rid": R, "step": I, "n": K, "finish": null|"stop"|"length", "spec": A|null,
+                    "running": n, "waiting": n, "kv": u}   tokens I..I+K-1 of R are out
+                   {"rid": null, "running": n, "waiting": n, "kv": u}   the scheduler's stats
+                                                            changed (a wait, a prefill's chunk)
 
 What the token ids are is the client's choice (it has the tokenizer); when each comes out, who
-runs and who waits are this process's, by the rules cited below.
+runs and who waits, how long a prompt's prefill takes and how full the KV cache is are this
+process's, by the rules cited below.
 """
 
 import argparse
 import heapq
 import json
+import math
 import os
 import selectors
 import socket
@@ -40,7 +43,8 @@ def accepted_per_step(step: int) -> int:
 
 
 class Core:
-    def __init__(self, out: socket.socket, rate: float, spec_tokens: int, max_running: int):
+    def __init__(self, out: socket.socket, rate: float, spec_tokens: int, max_running: int,
+                 prefill_rate: float, chunk: int, kv_blocks: int, block_size: int):
         self.out = out
         self.rate = rate
         self.spec_tokens = spec_tokens
@@ -49,15 +53,28 @@ class Core:
         # len(self.running) == self.max_num_running_reqs: break` in the loop over self.waiting)
         # and are counted as waiting (L1957 num_waiting_reqs -> vllm:num_requests_waiting).
         self.max_running = max_running
+        # A prompt is prefilled max_num_batched_tokens a step (chunked prefill: the scheduler's
+        # token budget, v1/core/sched/scheduler.py `token_budget = self.max_num_scheduled_tokens`),
+        # each chunk in chunk / prefill_rate s; the first token comes with the last chunk.
+        self.prefill_rate = prefill_rate
+        self.chunk = chunk
+        # The KV cache: kv_blocks of block_size tokens; a request holds ceil(its tokens / block)
+        # blocks, freed when it ends, and the scheduler reports the share in use every step
+        # (v1/core/block_pool.py get_usage = 1 - free / total -> SchedulerStats.kv_cache_usage
+        # -> vllm:kv_cache_usage_perc).
+        self.kv_blocks = kv_blocks
+        self.block_size = block_size
         self.waiting: dict[str, dict] = {}  # insertion order is arrival order
         self.running: dict[str, dict] = {}
-        self.due: list[tuple[float, int, str]] = []  # (when, step, rid) of each running request
+        self.due: list[tuple[float, int, str]] = []  # (when, token index, rid): its next event
 
     def send(self, **event) -> None:
         self.out.sendall((json.dumps(event) + "\n").encode())
 
     def counts(self) -> dict:
-        return {"running": len(self.running), "waiting": len(self.waiting)}
+        held = sum(math.ceil(r["held"] / self.block_size) for r in self.running.values())
+        return {"running": len(self.running), "waiting": len(self.waiting),
+                "kv": min(1.0, held / self.kv_blocks)}
 
     def schedule(self) -> None:
         """Admit waiting requests, first come first served, while a running slot is free."""
@@ -65,46 +82,78 @@ class Core:
         while self.waiting and len(self.running) < self.max_running:
             rid, request = next(iter(self.waiting.items()))
             del self.waiting[rid]
-            # each token at its own time from the start (begun + (step + 1) / rate), not a pause
-            # after the last one: the API server's work on a token never slows the decode
-            request.update(begun=now, drafts=0, left_in_step=0)
+            request.update(held=0, prefilled=0, drafts=0)
             self.running[rid] = request
-            heapq.heappush(self.due, (now + 1 / self.rate, 0, rid))
+            self.prefill(rid, now)
 
-    def add(self, rid: str, steps: int, finish: str) -> None:
-        self.waiting[rid] = {"steps": steps, "finish": finish}
+    def prefill(self, rid: str, now: float) -> None:
+        """The next chunk of a prompt; after the last, the first token (index 0) is due."""
+        request = self.running[rid]
+        size = min(self.chunk, request["prompt"] - request["prefilled"])
+        if size > 0:
+            heapq.heappush(self.due, (now + size / self.prefill_rate, -1, rid))
+        else:
+            # each step at its own time from the decode's start (begun + tokens out / rate),
+            # not a pause after the last one: the API server's work never slows the decode
+            request["begun"] = now
+            self.plan_step(rid, 0)
+
+    def add(self, rid: str, prompt: int, steps: int, finish: str) -> None:
+        self.waiting[rid] = {"prompt": prompt, "steps": steps, "finish": finish}
         self.schedule()
-        if rid in self.waiting:  # its wait shows on /metrics, as the scheduler reports it
-            self.send(rid=None, **self.counts())
+        # running or waiting, it shows on /metrics from the next step, as the scheduler reports
+        self.send(rid=None, **self.counts())
 
     def abort(self, rid: str) -> None:
         if self.waiting.pop(rid, None) is not None or self.running.pop(rid, None) is not None:
             self.schedule()
             self.send(rid=None, **self.counts())
 
-    def step(self, rid: str, step: int) -> None:
+    def due_event(self, rid: str, step: int, now: float) -> None:
         request = self.running.get(rid)
         if request is None:  # aborted meanwhile
             return
-        finish = request["finish"] if step == request["steps"] - 1 else None
+        if step < 0:  # a prefill chunk is done: its tokens hold KV blocks now
+            size = min(self.chunk, request["prompt"] - request["prefilled"])
+            request["prefilled"] += size
+            request["held"] += size
+            self.prefill(rid, now)
+            if request["prefilled"] < request["prompt"]:
+                self.send(rid=None, **self.counts())
+            return
+        self.decode(rid, step)
+
+    def plan_step(self, rid: str, step: int) -> None:
+        """Schedule the decode step that starts at token `step`: with EAGLE it yields 1 + the
+        drafts the target accepts, all in one output (v1/core/sched/scheduler.py
+        update_from_output: a request's new_token_ids are every token the step accepted), due
+        when that many tokens are out at the request's rate."""
+        request = self.running[rid]
         spec = None
-        if self.spec_tokens and request["left_in_step"] == 0:
-            # a new EAGLE step: the scheduler reports each draft it verified
-            # (v1/spec_decode/metrics.py SpecDecodingStats, -> vllm:spec_decode_* on /metrics)
+        if self.spec_tokens:
             spec = accepted_per_step(request["drafts"])
             request["drafts"] += 1
-            request["left_in_step"] = spec + 1
-        request["left_in_step"] = max(0, request["left_in_step"] - 1)
+        request["spec"] = spec
+        request["n"] = min(1 + (spec or 0), request["steps"] - step)
+        heapq.heappush(self.due, (request["begun"] + (step + request["n"]) / self.rate, step, rid))
+
+    def decode(self, rid: str, step: int) -> None:
+        """Tokens step..step+n-1 are out; the scheduler reports the drafts it verified
+        (v1/spec_decode/metrics.py SpecDecodingStats -> vllm:spec_decode_* on /metrics)."""
+        request = self.running[rid]
+        n, spec = request["n"], request["spec"]
+        request["held"] += n
+        finish = request["finish"] if step + n >= request["steps"] else None
         if finish is not None:
             del self.running[rid]
             self.schedule()
         else:
-            heapq.heappush(self.due, (request["begun"] + (step + 2) / self.rate, step + 1, rid))
-        self.send(rid=rid, step=step, finish=finish, spec=spec, **self.counts())
+            self.plan_step(rid, step + n)
+        self.send(rid=rid, step=step, n=n, finish=finish, spec=spec, **self.counts())
 
     def handle(self, message: dict) -> None:
         if message["op"] == "add":
-            self.add(message["rid"], message["steps"], message["finish"])
+            self.add(message["rid"], message["prompt"], message["steps"], message["finish"])
         elif message["op"] == "abort":
             self.abort(message["rid"])
 
@@ -116,7 +165,7 @@ class Core:
             now = time.monotonic()
             while self.due and self.due[0][0] <= now:
                 _, step, rid = heapq.heappop(self.due)
-                self.step(rid, step)
+                self.due_event(rid, step, now)
             timeout = max(0.0, self.due[0][0] - time.monotonic()) if self.due else None
             if selector.select(timeout):
                 data = inbox.recv(65536)
@@ -135,13 +184,18 @@ def main(argv=None) -> int:
     parser.add_argument("--rate", type=float, required=True)
     parser.add_argument("--spec-tokens", type=int, required=True)
     parser.add_argument("--max-running", type=int, required=True)
+    parser.add_argument("--prefill-rate", type=float, required=True)
+    parser.add_argument("--chunk", type=int, required=True)
+    parser.add_argument("--kv-blocks", type=int, required=True)
+    parser.add_argument("--block-size", type=int, required=True)
     args = parser.parse_args(argv)
     import setproctitle  # a vLLM dependency; its title is how `ps` and `docker top` find it
 
     setproctitle.setproctitle(args.title)
     sock = socket.socket(fileno=args.fd)
     try:
-        Core(sock, args.rate, args.spec_tokens, args.max_running).busy_loop(sock)
+        Core(sock, args.rate, args.spec_tokens, args.max_running, args.prefill_rate,
+             args.chunk, args.kv_blocks, args.block_size).busy_loop(sock)
     except (BrokenPipeError, ConnectionResetError):
         pass
     return 0

@@ -48,8 +48,13 @@ IMITATED (cannot run without a CUDA GPU and 66 GB of weights), each rule citing 
   come first served and are reported as waiting (vllm:num_requests_waiting), by the rule of vLLM's
   scheduler (standin_core.Core.schedule cites it). A running request decodes at the box's rate
   however many run.
-- Decoding: token ids are chosen, not computed, one at a time at the seed's Thor rates (33.7 tok/s
-  with the EAGLE draft, 17.5 without; THORFLEET_SIM_DECODE_TOKS overrides it for tests only):
+- Prefill: a prompt is prefilled max_num_batched_tokens a step at a Thor's derived pace
+  (PREFILL_TOKS, 1,500 tok/s; THORFLEET_SIM_PREFILL_TOKS overrides it for tests only), each chunk
+  taking KV-cache blocks that vllm:kv_cache_usage_perc reports; the first token comes after the
+  last chunk, so a long prompt's answer starts as late as on a Thor.
+- Decoding: token ids are chosen, not computed, at the seed's Thor rates (33.7 tok/s with the
+  EAGLE draft, 17.5 without; THORFLEET_SIM_DECODE_TOKS overrides it for tests only), with EAGLE
+  two tokens a step (1 + the accepted draft) in one output, as vLLM delivers a step's tokens:
   with tools in the prompt, the Mistral v11+ tool-call tokens `[TOOL_CALLS]name[ARGS]{json}` (so
   tool_calls appear only if vLLM's own parser is on; at temperature > 0 the tool is sometimes
   skipped); a prompt ending in `[THINK]` gets a trace, `[/THINK]`, then an answer; another chat
@@ -654,6 +659,13 @@ def check_model_files(model: Path, draft: Path | None) -> None:
 # ------------------------------------------------------------------ the engine
 
 EAGLE_TOKS, BASE_TOKS = 33.7, 17.5  # the seed's decode rates on a Thor (FACTS.md "Benchmark method")
+# A prefill's pace on a Thor, derived (no figure for this model is published): TensorRT Edge-LLM's
+# Thor benchmarks prefill Qwen3-30B-A3B (3.3B active, MoE, INT4) at 2,951 tok/s
+# (nvidia.github.io/TensorRT-Edge-LLM, user_guide/performance, v0.7.0, batch 1, 370 tokens);
+# prefill compute scales with the active parameters, and Mistral Small 4 has 6.5B
+# (seed 000: "119B total, 6.5B active"): 2,951 x 3.3 / 6.5 = 1,498 tok/s. A 256K prompt takes
+# about 3 minutes at that pace, before attention's growth with the context is counted.
+PREFILL_TOKS = 1500.0
 
 
 def decode_rate(vllm_config) -> float:
@@ -680,7 +692,7 @@ class StandInCore:
     """The EngineCore client AsyncLLM talks to (v1/engine/core_client.py's async interface), in
     the API server's process; the engine core it sends requests to is a process of its own
     (standin_core.py), as MPClient runs it. Token ids are chosen here (the tokenizer is here),
-    one per step the engine core sends back, as EngineCoreOutputs."""
+    as many per output as the engine core's step yielded, as EngineCoreOutputs."""
 
     engine_ranks_managed = [0]
 
@@ -713,7 +725,11 @@ class StandInCore:
             [sys.executable, str(Path(__file__).with_name("standin_core.py")),
              "--fd", str(theirs.fileno()), "--title", f"{envs.VLLM_PROCESS_NAME_PREFIX}::EngineCore",
              "--rate", str(decode_rate(vllm_config)), "--spec-tokens", str(self.spec_tokens),
-             "--max-running", str(vllm_config.scheduler_config.max_num_seqs)],
+             "--max-running", str(vllm_config.scheduler_config.max_num_seqs),
+             "--prefill-rate", os.environ.get("THORFLEET_SIM_PREFILL_TOKS", str(PREFILL_TOKS)),
+             "--chunk", str(vllm_config.scheduler_config.max_num_batched_tokens),
+             "--kv-blocks", str(vllm_config.cache_config.num_gpu_blocks),
+             "--block-size", str(vllm_config.cache_config.block_size)],
             pass_fds=(theirs.fileno(),))
         theirs.close()
         ours.setblocking(False)
@@ -775,7 +791,7 @@ class StandInCore:
             # vLLM's Prometheus vllm:num_requests_running/_waiting come from these stats
             # (v1/metrics/loggers.py)
             stats = SchedulerStats(num_running_reqs=event["running"],
-                                   num_waiting_reqs=event["waiting"])
+                                   num_waiting_reqs=event["waiting"], kv_cache_usage=event["kv"])
             outputs = []
             rid = event["rid"]
             if rid is not None and rid in self.in_flight:
@@ -785,12 +801,13 @@ class StandInCore:
                     stats.spec_decoding_stats = SpecDecodingStats.new(self.spec_tokens)
                     stats.spec_decoding_stats.observe_draft(self.spec_tokens, event["spec"])
                 ids, step = self.in_flight[rid], event["step"]
-                token = ids[step] if step < len(ids) else self.filler
+                tokens = [ids[i] if i < len(ids) else self.filler
+                          for i in range(step, step + event["n"])]
                 finish = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}.get(
                     event["finish"])
                 if finish is not None:  # FinishReason.STOP is 0: falsy
                     del self.in_flight[rid]
-                outputs = [EngineCoreOutput(rid, [token], finish_reason=finish)]
+                outputs = [EngineCoreOutput(rid, tokens, finish_reason=finish)]
             self.queue.put_nowait(EngineCoreOutputs(outputs=outputs, scheduler_stats=stats))
 
     def end(self, request_id: str, report: bool) -> None:
@@ -817,7 +834,8 @@ class StandInCore:
         max_tokens = request.sampling_params.max_tokens or 16
         self.in_flight[rid] = ids
         stop = natural and len(ids) <= max_tokens
-        self.send(op="add", rid=rid, steps=len(ids) if stop else max_tokens,
+        self.send(op="add", rid=rid, prompt=len(request.prompt_token_ids or []),
+                  steps=len(ids) if stop else max_tokens,
                   finish="stop" if stop else "length")
 
     async def get_output_async(self):
@@ -891,8 +909,11 @@ def start_engine_core(vllm_config, started: float) -> None:
     time.sleep(max(0.0, seconds - (time.time() - started)))
     vlog("model_executor/model_loader/default_loader.py", '"Loading weights took %.2f seconds"',
          logging.INFO, "Loading weights took %.2f seconds", time.time() - started)
-    # Some number of KV blocks, so cache_config reads as after profiling (metrics need it).
-    cache_config.num_gpu_blocks = cache_config.num_gpu_blocks or 4096
+    # KV blocks as after profiling (metrics need them): room for at least one max_model_len
+    # sequence, the least vLLM starts with (v1/core/kv_cache_utils.py
+    # check_enough_kv_cache_memory raises below it).
+    cache_config.num_gpu_blocks = cache_config.num_gpu_blocks or max(
+        4096, -(-vllm_config.model_config.max_model_len // cache_config.block_size))
 
 
 def make_engine(vllm_config):
