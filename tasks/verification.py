@@ -31,7 +31,13 @@ def run(settings):
                "health_timeout": settings.service_health_timeout_s,
                # with a gateway, a restart is drained there first (the gateway host's name)
                "gateway": getattr(gateway_of(inventory), "name", None),
-               "drain_timeout": settings.rollout_drain_timeout_s}
+               "drain_timeout": settings.rollout_drain_timeout_s,
+               # at most rollout_batch boxes out for a restart, whichever runs restart them
+               "restart_slots": settings.rollout_batch,
+               # a restart's whole time (thorfleet-serve activate: the drain, the stop's, the
+               # memory gate, the start, the proof's margin): a killed run's slot lapses after it
+               "lease": 2 * settings.rollout_drain_timeout_s + 30 + settings.memory_gate_timeout_s
+               + settings.service_health_timeout_s + 300}
     first_installs = verification.serving(
         name="First installs: start every host that never served a version, together (no "
              "serving capacity at stake)", first_install=True, **service)

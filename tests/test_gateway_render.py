@@ -373,16 +373,20 @@ def test_a_gateway_that_dials_a_family_its_firewall_source_is_not_is_refused(tmp
 
 
 @contextlib.contextmanager
-def running_door(tmp_path):
-    """HAProxy itself on the rendered config of a gateway at ::1 in front of one Thor at ::1 (a
-    stand-in answering on its vLLM and watchdog ports): yields (the door's port, its settings)."""
-    vllm, watchdog = _Server6(("::1", 0), _Box), _Server6(("::1", 0), _Box)
-    for server in (vllm, watchdog):
+def running_door(tmp_path, thors=1):
+    """HAProxy itself on the rendered config of a gateway at ::1 in front of `thors` Thors at ::1
+    (stand-ins answering on their vLLM and watchdog ports): yields (the door's port, its settings,
+    the running HAProxy)."""
+    servers = [_Server6(("::1", 0), _Box) for _ in range(2 * thors)]
+    for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
     door = _free_port()
-    inv = inventory(tmp_path, thor_hosts=[("thor-1", {
-        "ssh_hostname": "::1", "service_port": vllm.server_address[1],
-        "watchdog_port": watchdog.server_address[1]})],
+    inv = inventory(tmp_path, thor_hosts=[(f"thor-{n + 1}", {
+        "ssh_hostname": "::1", "service_port": servers[2 * n].server_address[1],
+        "watchdog_port": servers[2 * n + 1].server_address[1],
+        # more than one box at ::1: none can fetch from another
+        **({"weights_source": "hub", "image_source": "build"} if thors > 1 else {})})
+        for n in range(thors)],
         gateway_hosts=[("gw-1", {"ssh_hostname": "::1"})],
         gateway_data={"gateway_port": door})
     g = settings_for_inventory(inv)["gw-1"]
@@ -398,8 +402,8 @@ def running_door(tmp_path):
         yield door, g, running
     finally:
         running.stop()
-        vllm.shutdown()
-        watchdog.shutdown()
+        for server in servers:
+            server.shutdown()
 
 
 class _Haproxy:
@@ -533,6 +537,53 @@ def test_the_rotation_state_last_set_survives_a_restart_and_maintenance_is_the_o
             time.sleep(1)
             assert waiting.poll() is None, waiting.communicate()
         assert waiting.wait(30) != 0  # thor-2 is no server of this door's: said, after the lock
+
+
+def test_two_runs_together_restart_no_more_boxes_than_the_batch(tmp_path):
+    """Restart slots at the gateway: run A's drain of thor-1 for a restart takes the one slot of
+    rollout_batch 1; run B's drain of thor-2 waits, saying who holds it, until A puts thor-1
+    back; a lease left by a killed run lapses after its time; a slot never freed in time fails
+    the drain, naming the holder (thorfleet-rotation's take_slot)."""
+    socket_path, state = tmp_path / "admin.sock", tmp_path / "server-state"
+    backend = layout.GATEWAY_BACKEND
+
+    def rotation(*words):
+        return subprocess.Popen(["sh", str(ROTATION), str(socket_path), str(state), *words],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def done(process, timeout=30):
+        out, err = process.communicate(timeout=timeout)
+        return process.returncode, out + err
+
+    def drained():
+        out = subprocess.run(["socat", "-t", "5", "stdio", f"UNIX-CONNECT:{socket_path}"],
+                             input=f"show servers state {backend}\n", capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+        rows = [line.split() for line in out.splitlines() if line[:1].isdigit()]
+        return {f[3] for f in rows if len(f) > 6 and int(f[6]) & 0x08}
+
+    with running_door(tmp_path, thors=3):
+        code, out = done(rotation("drain", backend, "thor-1", "5", "1", "60", "run A"))
+        assert code == 0 and drained() == {"thor-1"}, out
+        waiting = rotation("drain", backend, "thor-2", "5", "1", "60", "run B")
+        time.sleep(3)
+        assert waiting.poll() is None and drained() == {"thor-1"}, done(waiting)
+        assert done(rotation("ready", backend, "thor-1"))[0] == 0  # A's restart is over
+        code, out = done(waiting)
+        assert code == 0 and drained() == {"thor-2"}, out
+        assert "waits for a restart slot: 1 of 1 taken: thor-1 (run A)" in out, out
+        # B is killed before it puts thor-2 back: its lease (here 60 s) holds, then lapses
+        code, out = done(rotation("drain", backend, "thor-3", "5", "1", "4", "run C"))
+        assert code == 1 and "thor-3 not restarted: 1 box(es) already restarting" in out, out
+        assert "thor-2 (run B)" in out and drained() == {"thor-2"}, out
+        lease = tmp_path / "server-state.restarting" / "thor-2"
+        lease.write_text(f"{int(time.time()) + 2} run B\n")
+        code, out = done(rotation("drain", backend, "thor-3", "5", "1", "30", "run C"))
+        assert code == 0 and drained() == {"thor-2", "thor-3"}, out
+        # a pull (a failed proof leaves the box out) ends its restart too: the slot is free
+        assert done(rotation("pull", backend, "thor-3"))[0] == 0
+        code, out = done(rotation("drain", backend, "thor-1", "5", "1", "4", "run D"))
+        assert code == 0 and drained() == {"thor-1", "thor-2", "thor-3"}, out
 
 
 @pytest.mark.parametrize("group, refused", [

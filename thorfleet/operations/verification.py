@@ -29,7 +29,8 @@ from thorfleet.snapshot import read, reads
     facts.ServerState, {"service": service, "port": port}))
 @operation()
 def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
-            first_install=False, gateway=None, drain_timeout=120, *, served):
+            first_install=False, gateway=None, drain_timeout=120, restart_slots=1, lease=0, *,
+            served):
     """The service runs the version rendered from group data and passes its checks, at this host's
     turn of the rollout. What the turn does (noop, prove, activate or hold) and why is
     rollout.decide's; this reads the box and the run for it and yields the commands it names.
@@ -44,6 +45,9 @@ def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
     + gateway: the gateway host's name, if the inventory has one: a restart of a box in its
       rotation is drained there first and put back once proven; a failed proof leaves it out
     + drain_timeout: how long the gateway waits for the box's sessions (rollout_drain_timeout_s)
+    + restart_slots: how many boxes may be out for a restart at once, counted at the gateway
+      across every run (rollout_batch)
+    + lease: seconds a restart may hold its slot (a killed run's lapses then)
 
     What the run records (a first start, a failed restart, why a host was held) is recorded by the
     commands, once, when they execute: pyinfra runs this body when it plans and again when it
@@ -66,7 +70,7 @@ def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
 
     # Where the box stands at the gateway (None: no gateway, or not one of its servers yet).
     admin = gateway_admin(gateway, host.name) if gateway else None
-    rotation = Rotation(gateway, admin, drain_timeout) if gateway else None
+    rotation = Rotation(gateway, admin, drain_timeout, restart_slots, lease) if gateway else None
     if decision.action == rollout.NOOP:
         if admin == "drain":  # an earlier run's failed proof: it serves what it proved since
             yield rotation_step("ready", gateway)
@@ -118,11 +122,14 @@ def _record_hold(why):
 @dataclass(frozen=True)
 class Rotation:
     """The gateway a host is served through: its name, the host's admin state there when planned
-    (None: not one of its servers yet), and how long a drain waits for the host's sessions."""
+    (None: not one of its servers yet), how long a drain waits for the host's sessions, and the
+    restart slots its drains take there (how many, held how long at most)."""
 
     gateway: str
     admin: str | None
     drain_timeout: int
+    slots: int = 1
+    lease: int = 0
 
 
 def _checked(command, first_start=False, rotation=None, restarts=False):
@@ -138,7 +145,8 @@ def _checked(command, first_start=False, rotation=None, restarts=False):
         if first_start:
             records.first_starts.add(host.name)
         if rotation and restarts and rotation.admin == "ready" and \
-                not _rotate(state, host, rotation, "drain", rotation.drain_timeout):
+                not _rotate(state, host, rotation, "drain", rotation.drain_timeout,
+                            slot=(rotation.slots, rotation.lease, records.holder)):
             return False
         ok, output = host.run_shell_command(command, _sudo=True)
         if not ok:
@@ -156,10 +164,12 @@ def _checked(command, first_start=False, rotation=None, restarts=False):
     return FunctionCommand(serve_and_check, (), {})
 
 
-def _rotate(state, host, rotation, action, timeout=None):
+def _rotate(state, host, rotation, action, timeout=None, slot=None):
     """Set `host` to `action` at the gateway; False (the host failed, saying why) if it could not
-    (a restart the gateway did not drain would cut its clients)."""
-    ok, said = on_gateway(state, rotation.gateway, rotation_command(action, host.name, timeout))
+    (a restart the gateway did not drain would cut its clients). A drain for a restart takes one
+    of the gateway's restart `slot`s (count, lease, this run), waiting while other runs hold them."""
+    ok, said = on_gateway(state, rotation.gateway,
+                          rotation_command(action, host.name, timeout, slot))
     if ok:
         host.log_styled(f"thorfleet: {' '.join(said[-1:])}")
         if action == "ready" and any("in maintenance (the operator's)" in line for line in said):
@@ -174,11 +184,12 @@ def _rotate(state, host, rotation, action, timeout=None):
 
 # --- the gateway's rotation, around a restart ------------------------------------------------------
 
-def rotation_command(action, server, timeout=None):
-    """thorfleet-rotation's command line for the gateway box."""
+def rotation_command(action, server, timeout=None, slot=None):
+    """thorfleet-rotation's command line for the gateway box; `slot`: (how many restarts at once,
+    the lease's seconds, this run's name) for a restart's drain."""
     words = [GATEWAY_ROTATION, GATEWAY_ADMIN_SOCKET, GATEWAY_SERVER_STATE, action,
              GATEWAY_BACKEND, server]
-    return sh(*words, *([timeout] if timeout is not None else []))
+    return sh(*words, *([timeout] if timeout is not None else []), *(slot or ()))
 
 
 def on_gateway(state, gateway_name, command):
