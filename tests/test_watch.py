@@ -6,6 +6,8 @@ deploy running:
   hung GPU looks to vLLM's API server): /health stays 200, the watchdog restarts the server
   through the memory gate, and a chat succeeds again; the journal says why;
 - a 1500-token stream runs through many watchdog intervals and is not restarted;
+- a 48K-token prompt, whose prefill outlasts a verdict with both token counters flat, is answered
+  and not restarted (the KV cache's growth is the progress the watchdog reads);
 - an engine that wedges after every start is restarted up to the cap, then left and reported
   failed (status, the gateway's check, the alert) until the operator restarts it;
 - a server the operator stopped stays stopped; `status` names it and exits non-zero, and
@@ -14,7 +16,8 @@ deploy running:
   a ruleset nft refuses, its server stays down and its watchdog says why, until a deploy.
 
 The edits that break them: the watchdog checking /health only (the frozen engine is never
-restarted); every check taken as idle (the long stream is restarted); no cap (restarts go on);
+restarted); every check taken as idle (the long stream is restarted); the KV rule left out of decide()
+(the long prefill is restarted); no cap (restarts go on);
 a stopped unit taken for a wedge (it is started again); the `host` label left out of the scrape
 config (the alert names an address); a watchdog that never checks (the stories where nothing may
 happen see no checks counted, or no "stopped" seen).
@@ -85,20 +88,22 @@ class Watched:
         assert cores, f"no VLLM::EngineCore process on {host}"
         box(self.sim, host, f"kill -STOP {' '.join(cores)}")
 
-    def completion(self, host, max_tokens=8, timeout=60, stream=False):
+    def completion(self, host, max_tokens=8, timeout=60, stream=False, prompt="def fib(n):"):
         """(curl's exit status, body) of a completion asked on the box itself (the firewall lets
         only the gateway in from outside)."""
-        body = json.dumps({"model": "/model", "prompt": "def fib(n):", "max_tokens": max_tokens,
+        body = json.dumps({"model": "/model", "prompt": prompt, "max_tokens": max_tokens,
                            "temperature": 0, "stream": stream,
                            **({"stream_options": {"include_usage": True}} if stream else {})})
-        # the key from the box's root-only secrets file into a root-only header file (printf is
-        # the shell's own): never on a command line, where the box's process list would show it
+        # the body in a file (a long prompt is past one argument's 128 KiB); the key from the
+        # box's root-only secrets file into a root-only header file (printf is the shell's own):
+        # never on a command line, where the box's process list would show it
+        self.sim.put(host, "/run/thorfleet-test-body.json", body, mode=0o644)
         code, out = self.sim.exec(host, (
             "set -a; . /etc/thorfleet/secrets.env; set +a; umask 077; h=$(mktemp); "
             "printf 'Authorization: Bearer %s\\n' \"$VLLM_API_KEY\" > \"$h\"; "
             f"curl -sS -N -m {timeout} -H @\"$h\" -H 'Content-Type: application/json' "
-            f"-d '{body}' http://127.0.0.1:8002/v1/completions; c=$?; rm -f \"$h\"; exit $c"),
-            timeout=timeout + 30)
+            "-d @/run/thorfleet-test-body.json http://127.0.0.1:8002/v1/completions; c=$?; "
+            "rm -f \"$h\"; exit $c"), timeout=timeout + 30)
         return code, out
 
     def healthy(self, host):
@@ -176,6 +181,25 @@ def test_a_long_stream_runs_past_many_checks_and_is_not_restarted(fleet, my_boxe
     # ...and not for want of looking: it checked the growing counters all through, and passed
     watchdog = fleet.watchdog(host)
     assert watchdog["checks"] - checked >= 6, watchdog
+    assert watchdog["state"] == "ok" and watchdog["last_check_ok"] is True, watchdog
+
+
+def test_a_long_prefill_outlasts_a_verdict_and_is_answered_not_restarted(fleet, my_boxes):
+    """A 48K-token prompt: at a Thor's prefill pace (1,500 tok/s, 8,192 tokens a chunk: the sim's
+    engine, tests/sim/base/standin_core.py) its first token comes after ~32 s, past three failed
+    checks' verdict (~15 s). Both token counters stay flat meanwhile; the KV cache fills chunk
+    by chunk, and the watchdog reads that as progress."""
+    host = my_boxes[0]
+    began = time.time()
+    checked = fleet.watchdog(host)["checks"]
+    code, out = fleet.completion(host, max_tokens=4, timeout=180, prompt=" hello" * 48000)
+    took = time.time() - began
+    assert code == 0 and '"choices"' in out, out[-2000:]
+    assert json.loads(out)["usage"]["prompt_tokens"] >= 40000, out[-2000:]
+    assert took > 3 * 5 + 5, took  # longer than a verdict takes
+    assert "restarting" not in fleet.journal(host, WATCHDOG_UNIT, began)
+    watchdog = fleet.watchdog(host)
+    assert watchdog["checks"] - checked >= 4, watchdog
     assert watchdog["state"] == "ok" and watchdog["last_check_ok"] is True, watchdog
 
 

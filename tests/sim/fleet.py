@@ -12,12 +12,14 @@ import concurrent.futures
 import hashlib
 import importlib
 import importlib.util
+import io
 import json
 import os
 import re
 import secrets
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -490,6 +492,17 @@ class Fleet:
 
     def exec(self, host, command, user: str = "root", timeout: float = 120) -> tuple[int, str]:
         return box_exec(self.client, host, command, user=user, timeout=timeout)
+
+    def put(self, host, path: str, text: str, mode: int = 0o600) -> None:
+        """A root-owned file on the box, written through Docker (no command line carries it)."""
+        data = text.encode()
+        info = tarfile.TarInfo(Path(path).name)
+        info.size, info.mode = len(data), mode
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            tar.addfile(info, io.BytesIO(data))
+        container = self.client.containers.get(container_of(host))
+        assert container.put_archive(str(Path(path).parent), archive.getvalue()), path
 
     def ssh(self, host, command: str, timeout: float = 60, input: str | None = None,
             connect_timeout: int = 10) -> subprocess.CompletedProcess:
