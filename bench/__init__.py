@@ -1,1 +1,1 @@
-"""Measurements of thorfleet on the simulated fleet (see README: Rollouts and the benchmark)."""
+"""Measurements of thorfleet on the simulated fleet (every figure, beside its JSON: bench/README.md)."""

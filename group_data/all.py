@@ -1,6 +1,6 @@
 """Every thorfleet tunable, with its default. Override per fleet in your inventory's group data.
 
-One line of comment per key; the README's table is checked against this file by a test.
+One line of comment per key; docs/settings.md's table is checked against this file by a test.
 """
 
 import os

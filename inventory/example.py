@@ -4,7 +4,7 @@
 
 Every module-level list is a group; the group data below beats group_data/all.py's defaults.
 Secrets are never written here: point at files on the laptop (or export THORFLEET_API_KEY / HF_TOKEN).
-A gateway in front of the boxes is one more group, `gateway` (README "One endpoint: the gateway").
+A gateway in front of the boxes is one more group, `gateway` (docs/gateway.md); README.md's "A first real fleet" has a complete one.
 """
 
 thors = (

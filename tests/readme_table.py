@@ -1,6 +1,6 @@
-"""The README's table of group data keys, generated from group_data/all.py.
+"""docs/settings.md's table of group data keys, generated from group_data/all.py.
 
-    python -m tests.readme_table      # rewrite the table in README.md
+    python -m tests.readme_table      # rewrite the table in docs/settings.md
 """
 
 import re
@@ -28,5 +28,5 @@ def readme_with_table(text):
 
 
 if __name__ == "__main__":
-    path = ROOT / "README.md"
+    path = ROOT / "docs" / "settings.md"
     path.write_text(readme_with_table(path.read_text()))

@@ -223,7 +223,7 @@ def _the_gateway(inventory, settings):
         return {}, []
     if len(hosts) > 1:
         return {}, [(f"{', '.join(h.name for h in hosts)}: group `gateway` holds one host (two "
-                    "gateways with one shared address are the README's 'Scale' section)")]
+                    "gateways with one shared address are docs/gateway.md's 'Scale' section)")]
     h = hosts[0]
     data = h.data.dict()
     values, problems = check_gateway(data)
