@@ -94,15 +94,16 @@ class Watched:
         body = json.dumps({"model": "/model", "prompt": prompt, "max_tokens": max_tokens,
                            "temperature": 0, "stream": stream,
                            **({"stream_options": {"include_usage": True}} if stream else {})})
-        # the body in a file (a long prompt is past one argument's 128 KiB); the key from the
+        # the body in a file (a long prompt is past one argument's 128 KiB), on the box's disk
+        # (Docker writes under a tmpfs like /run, where the box never sees it); the key from the
         # box's root-only secrets file into a root-only header file (printf is the shell's own):
         # never on a command line, where the box's process list would show it
-        self.sim.put(host, "/run/thorfleet-test-body.json", body, mode=0o644)
+        self.sim.put(host, "/var/tmp/thorfleet-test-body.json", body, mode=0o644)
         code, out = self.sim.exec(host, (
             "set -a; . /etc/thorfleet/secrets.env; set +a; umask 077; h=$(mktemp); "
             "printf 'Authorization: Bearer %s\\n' \"$VLLM_API_KEY\" > \"$h\"; "
             f"curl -sS -N -m {timeout} -H @\"$h\" -H 'Content-Type: application/json' "
-            "-d @/run/thorfleet-test-body.json http://127.0.0.1:8002/v1/completions; c=$?; "
+            "-d @/var/tmp/thorfleet-test-body.json http://127.0.0.1:8002/v1/completions; c=$?; "
             "rm -f \"$h\"; exit $c"), timeout=timeout + 30)
         return code, out
 
