@@ -29,3 +29,21 @@ thors = (
         # "weights_hf_endpoint": "http://hf-mirror.example.internal",  # a site mirror, if any
     },
 )
+
+# The gateway: one HTTPS address with the API key in front of the Thors (docs/gateway.md). A
+# small Debian or Ubuntu box with passwordless sudo that reaches its distribution's package
+# mirror (HAProxy, nftables, Prometheus come from there). The group's name must be exactly
+# `gateway`. Its clients get: https://<a gateway_names entry>:8443/v1, the fleet CA
+# (~/.config/thorfleet/fleet-ca/fleet-ca.pem), the API key, and the model name "/model".
+gateway = (
+    [
+        # ("thor-gw", {"ssh_hostname": "10.0.0.20"}),
+    ],
+    {
+        "ssh_user": "ubuntu",
+        "ssh_key": "~/.ssh/id_ed25519",
+        "ssh_known_hosts_file": "~/.ssh/known_hosts",
+        "ssh_strict_host_key_checking": "yes",
+        # "gateway_names": ["thor-gw.lab"],  # the names clients use, beside its address
+    },
+)

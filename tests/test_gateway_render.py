@@ -29,7 +29,7 @@ from thorfleet.settings import SettingsError, settings_for_inventory
 
 pytestmark = pytest.mark.fast
 
-PINS = {"weights_model_revision": "4" * 40, "weights_draft_revision": "0" * 40,
+PINS = {"weights_model_revision": "4" * 40, "weights_draft_revision": "5" * 40,
         "image_base": "registry.example/vllm@sha256:" + "a" * 64}
 
 
@@ -604,6 +604,29 @@ def test_a_group_named_nearly_as_a_role_is_refused_not_taken_for_thors(tmp_path,
     assert (f"group {group!r}: nearly the role group "
             f"{'monitor' if group.lower().startswith('mon') else 'gateway'!r}") in \
         error.value.problems[0]
+
+
+def test_ssh_files_that_do_not_exist_are_named_for_every_host_the_gateway_too(tmp_path):
+    """pyinfra would fail the connection only once the run started; check names each, with the
+    fix, beside the other problems."""
+    key = tmp_path / "id_ed25519"
+    inv = inventory(tmp_path, thor_hosts=[("thor-1", {"ssh_hostname": "10.0.0.1",
+                                                       "ssh_key": str(key)})],
+                    gateway_hosts=[("gw-1", {"ssh_hostname": "10.0.0.9", "gateway_port": 0,
+                                             "ssh_known_hosts_file": str(tmp_path / "kh")})])
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inv)
+    problems = error.value.problems
+    assert f"thor-1: ssh_key={str(key)!r} does not exist on this machine: make one (ssh-keygen " \
+           f"-t ed25519 -f {key}) or point ssh_key at yours" in problems, problems
+    assert f"gw-1: ssh_known_hosts_file={str(tmp_path / 'kh')!r} does not exist on this " \
+           f"machine: ssh-keyscan 10.0.0.9 >> {tmp_path / 'kh'}, once" in problems, problems
+    assert any(p.startswith("gw-1: gateway_port=0") for p in problems), problems
+    key.touch()
+    (tmp_path / "kh").touch()
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inv)
+    assert not any("does not exist" in p for p in error.value.problems), error.value.problems
 
 
 def api_key(tmp_path):

@@ -32,7 +32,7 @@ from thorfleet.settings import SettingsError, settings_for_inventory
 
 pytestmark = pytest.mark.fast
 
-PINS = {"weights_model_revision": "4" * 40, "weights_draft_revision": "0" * 40,
+PINS = {"weights_model_revision": "4" * 40, "weights_draft_revision": "5" * 40,
         "image_base": "registry.example/vllm@sha256:" + "a" * 64}
 THORS = [("thor-1", {"ssh_hostname": "10.0.0.1"}), ("thor-2", {"ssh_hostname": "thor-2.lan"})]
 # Debian 12's prometheus package: how its unit reads /etc/default/prometheus.

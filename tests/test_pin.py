@@ -110,6 +110,9 @@ def new_inventory(tmp_path, hub, image_base=None, token_file=None) -> Path:
     for host in ("thor-01", "thor-02"):
         text = _sub(text, rf'# (\("{host}",)', r"\1")
     text = _sub(text, r'"~/\.config/thorfleet/api_key"', f'"{api_key}"')
+    for name in ("id_ed25519", "known_hosts"):  # the new user's own SSH files (check reads them)
+        (tmp_path / name).touch()
+        text = text.replace(f'"~/.ssh/{name}"', f'"{tmp_path / name}"')
     text = _sub(text, r'# ("weights_hf_endpoint": )"[^"]*"', rf'\1"{hub.endpoint}"')
     if image_base:
         text = _sub(text, r'# ("image_base": )"[^"]*"', rf'\1"{image_base}"')
@@ -270,6 +273,20 @@ def test_a_ref_pins_that_commit_and_only_the_changed_line_moves(hub, tmp_path):
     assert f"weights_model_revision: {hub.main(MODEL_REPO)} -> {oldest}" in run.stdout
     assert values(path)["weights_model_revision"] == oldest
     assert values(path)["weights_draft_revision"] == hub.main(DRAFT_REPO)
+
+
+def test_placeholder_pins_are_looked_up_not_called_pinned(hub, tmp_path):
+    """All zeros has a pin's shape: `pin --dry-run` once called it "already pinned"."""
+    path = pinned_image_inventory(tmp_path, hub)
+    assert thorfleet("pin", path, "--yes", tmp_path=tmp_path).returncode == 0
+    text = path.read_text()
+    for repo in (MODEL_REPO, DRAFT_REPO):
+        text = text.replace(hub.main(repo), "0" * 40)
+    path.write_text(text)
+    dry = thorfleet("pin", path, "--dry-run", tmp_path=tmp_path)
+    assert dry.returncode == 0 and "already pinned" not in dry.stdout, dry.stdout
+    assert f"+        \"weights_model_revision\": \"{hub.main(MODEL_REPO)}\"," in dry.stdout
+    assert f"+        \"weights_draft_revision\": \"{hub.main(DRAFT_REPO)}\"," in dry.stdout
 
 
 def test_a_token_the_hub_needs_is_read_from_the_file_and_never_printed(hub, tmp_path):

@@ -33,7 +33,7 @@ GOOD = {
     **DEFAULTS,
     "weights_hf_endpoint": None,
     "weights_model_revision": "4" * 40,
-    "weights_draft_revision": "0" * 40,
+    "weights_draft_revision": "5" * 40,
     "image_base": "registry.example/vllm@sha256:" + "a" * 64,
 }
 
@@ -418,9 +418,28 @@ def test_every_problem_is_named_at_once(api_key_file):
     assert len(problems) == 4, problems
 
 
-def test_a_missing_secrets_file_is_named(tmp_path):
-    with pytest.raises(SettingsError, match="cannot read a secrets file"):
-        settings_for({**GOOD, "service_api_key_file": str(tmp_path / "nope")})
+def test_a_missing_secrets_file_is_named_with_its_key_and_fix_and_hides_nothing(tmp_path):
+    """A newcomer's first check: the key file not made yet. It is one problem among the others,
+    named by its key with the fix, not the only one reported (nor 'no API key')."""
+    with pytest.raises(SettingsError) as error:
+        settings_for({**GOOD, "service_api_key_file": str(tmp_path / "nope"), "power_mode": 9,
+                      "weights_hf_token_file": str(tmp_path / "no-token")})
+    problems = error.value.problems
+    assert problems[0].startswith(f"service_api_key_file={str(tmp_path / 'nope')!r} cannot be "
+                                  "read (No such file or directory): make it: mkdir"), problems
+    assert problems[1].startswith("weights_hf_token_file="), problems
+    assert any(p.startswith("power_mode=9") for p in problems), problems
+    assert not any(p.startswith("no API key") for p in problems), problems
+
+
+@pytest.mark.parametrize("key, value", [
+    ("weights_model_revision", "0" * 40), ("weights_draft_revision", "0" * 40),
+    ("image_base", "ghcr.io/nvidia-ai-iot/vllm@sha256:" + "0" * 64),
+])
+def test_a_placeholder_pin_is_refused(api_key_file, key, value):
+    """All zeros has the shape of a pin and is none: refused, pointing at `pin`."""
+    said = f"{key}={value!r} is a placeholder, not a pin: python -m thorfleet pin looks the real one up"
+    assert refused({key: value}, api_key_file) == [said]
 
 
 # --- a whole inventory ----------------------------------------------------------------------------

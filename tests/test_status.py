@@ -189,6 +189,8 @@ def inventory(tmp_path, monkeypatch):
         hosts = [(name, {**d, **({"ssh_port": ports[name]} if ports else {})})
                  for name, d in hosts]
         path = fleet.write_inventory(tmp_path / "sim.py", hosts, {"rollout_batch": 1, **data})
+        for name in ("id_ed25519", "known_hosts"):  # as `sim up` leaves them: check reads them
+            (tmp_path / "state" / name).touch()
         found = load_inventory(path)
         return found, settings_for_inventory(found)
 

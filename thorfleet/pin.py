@@ -31,6 +31,7 @@ from thorfleet.resolve import (
     hub_commit,
     image_digest,
     pinned_image,
+    placeholder,
     split_image,
 )
 
@@ -328,7 +329,7 @@ def _plan_revision(target, key, data, current, ref, update, cache) -> Change | N
     repo = data.get(repo_key)
     if not repo:
         raise PinError(f"{target.label}: {repo_key} is not set: name the hub repo to pin")
-    pinned = isinstance(current, str) and HEX40.match(current)
+    pinned = isinstance(current, str) and HEX40.match(current) and not placeholder(current)
     if pinned and ref is None and not update:
         return None
     ref = ref or "main"
@@ -348,7 +349,8 @@ def _plan_image(source, target, current, image, update, via, cache) -> Change | 
     if target.keys.get("image_base"):
         found = TAG_COMMENT.search(source.comment_after(target.keys["image_base"][1]))
         comment_tag = found.group(1) if found else None
-    pinned = isinstance(current, str) and IMAGE_PINNED.search(current)
+    pinned = isinstance(current, str) and IMAGE_PINNED.search(current) and \
+        not placeholder(current)
     if image:
         wanted = image
     elif pinned and not update:

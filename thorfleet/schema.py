@@ -44,6 +44,7 @@ from thorfleet.layout import (
     BOX_VLLM_CACHE,
 )
 from thorfleet.recipe import PROFILES, SECRET_ENV
+from thorfleet.resolve import placeholder
 
 # Group data keys with these prefixes are thorfleet's: one no setting has is a typo, not a choice.
 PREFIXES = ("preflight_", "power_", "memory_", "weights_", "image_", "service_", "rollout_",
@@ -665,6 +666,9 @@ def _messages(error: ValidationError, data):
     return found
 
 
+# The pins a Thor serves by: `pin` writes them; a stand-in value is refused.
+PINNED_KEYS = ("weights_model_revision", "weights_draft_revision", "image_base")
+
 # What secrets.env (systemd's EnvironmentFile, and thorfleet-serve, read it unquoted) and an HTTP
 # Authorization header hold as they are: visible ASCII; the key without quotes, \, $ or `.
 API_KEY = re.compile(r"[!#%&(-\[\]-_a-~]+")
@@ -740,6 +744,8 @@ def check(data, *, api_key=None, hf_token=None, groups=None):
                         "repository's other tags as its old versions (thorfleet-clean); use a "
                         "name of its own, like thorfleet/mistral-small4")
     problems += _ssh_port_problems(values, data, ("service_port", "watchdog_port"))
+    problems += [f"{key}={data[key]!r} is a placeholder, not a pin: python -m thorfleet pin "
+                 f"looks the real one up" for key in PINNED_KEYS if placeholder(data.get(key))]
     if values is not None and values.watchdog_port == values.service_port:
         problems.append(f"watchdog_port={values.watchdog_port!r} is service_port too: the "
                         "watchdog's exporter and vLLM cannot listen on one port; use another, "

@@ -74,6 +74,18 @@ def _read_secret(path, env_name):
     return os.environ.get(env_name) or None
 
 
+def _read_secret_of(data, key, env_name, unread):
+    """(the secret or None, unread + {key: the problem} when `key`'s file cannot be read)."""
+    try:
+        return _read_secret(data.get(key), env_name), unread
+    except (OSError, TypeError) as error:
+        why = getattr(error, "strerror", None) or str(error)
+        fix = ("make it: mkdir -p -m 700 ~/.config/thorfleet; (umask 077; openssl rand -hex 24 "
+               "> FILE)" if key == "service_api_key_file" else "put the token alone in it")
+        return None, {**unread, key: f"{key}={data.get(key)!r} cannot be read ({why}): {fix}, or "
+                                     f"point {key} at the file that holds it"}
+
+
 def private_file_problems(key, path) -> list[str]:
     """A laptop secret (the API key, the hub token, the gateway's TLS key) that another user could
     read, or replace (its folder writable by others, no sticky bit): refused, with the fix."""
@@ -102,17 +114,35 @@ def settings_for(data, *, groups=None, image_files=None):
     run's image_files_hash(), so the image's files are read once, not once per host.
     """
     data = dict(data)
-    try:
-        api_key = _read_secret(data.get("service_api_key_file"), "THORFLEET_API_KEY")
-        hf_token = _read_secret(data.get("weights_hf_token_file"), "HF_TOKEN")
-    except (OSError, TypeError) as error:
-        raise SettingsError([f"cannot read a secrets file: {error}"]) from error
-    values, problems = check(data, api_key=api_key, hf_token=hf_token, groups=groups)
+    unread = {}
+    api_key, unread = _read_secret_of(data, "service_api_key_file", "THORFLEET_API_KEY", unread)
+    hf_token, unread = _read_secret_of(data, "weights_hf_token_file", "HF_TOKEN", unread)
+    # a key file that cannot be read is its own problem, not "no API key": the rest still checked
+    values, problems = check(data, api_key=api_key or "service_api_key_file" in unread,
+                             hf_token=hf_token, groups=groups)
+    problems = [*(unread[key] for key in unread), *problems]
     for key in ("service_api_key_file", "weights_hf_token_file"):
         problems += private_file_problems(key, data.get(key))
     if problems:
         raise SettingsError(problems)
     return Settings(values, api_key=api_key, hf_token=hf_token, image_files=image_files)
+
+
+def ssh_file_problems(inventory) -> list[str]:
+    """The laptop's SSH files a host's data names that are not there (every host: Thors, the
+    gateway, the monitor): pyinfra would fail the connection only once the run has started."""
+    found = []
+    for h in inventory:
+        data = h.data.dict()
+        address = data.get("ssh_hostname") or h.name
+        fixes = {"ssh_key": "make one (ssh-keygen -t ed25519 -f FILE) or point ssh_key at yours",
+                 "ssh_known_hosts_file": f"ssh-keyscan {address} >> FILE, once"}
+        for key, fix in fixes.items():
+            value = data.get(key)
+            if isinstance(value, str) and not Path(value).expanduser().exists():
+                found.append(f"{h.name}: {key}={value!r} does not exist on this machine: "
+                             f"{fix.replace('FILE', value)}")
+    return found
 
 
 def settings_for_inventory(inventory):
@@ -122,6 +152,7 @@ def settings_for_inventory(inventory):
     image_files = image_files_hash()
     canary_group, found = _the_canary_group(inventory)
     found += near_role_groups(groups)
+    found += ssh_file_problems(inventory)
     for h in thors(inventory):
         data = h.data.dict()
         if canary_group and data.get("rollout_canary_group") is None:
