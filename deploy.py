@@ -51,11 +51,11 @@ if is_thor(host):
     memory.run(settings)
     image.run(settings)  # first: the weights are fetched with the image's huggingface_hub
     weights.run(settings)
-    service.run(settings)
+    box_code = service.run(settings)
     gateway.box(settings)  # with a gateway, the vLLM port answers it alone
     # before the proof: the gateway's health check asks the watchdog, and it holds off while this
     # run holds the box
-    watch.run(settings)
+    watch.run(settings, box_code)
     verification.run(settings)
     cleanup.run(settings)  # last: only a host that serves gets its old versions removed
 

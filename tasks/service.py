@@ -10,6 +10,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
 from thorfleet.layout import (
+    BOX_COMMON,
     BOX_CONFIG,
     BOX_CONFIG_DIR,
     BOX_LAYOUT_ENV,
@@ -26,6 +27,8 @@ from thorfleet.operations import files
 
 @deploy("Service")
 def run(settings):
+    """The server's unit, config and secrets, and the box's programs; returns the operation that
+    installs what those programs share."""
     files.directory(name="Create the config folder mounted into the container",
                     path=BOX_CONFIG_DIR, mode="755")
     files.directory(name="Create the vLLM cache folder", path=BOX_VLLM_CACHE, mode="755")
@@ -38,6 +41,10 @@ def run(settings):
     # thorfleet-serve spells no path of the box: it reads them here (thorfleet/layout.py's).
     files.whole_file(name="Write the box layout the start/prove/roll-back tool reads",
                      src=StringIO(layout_env_text()), path=BOX_LAYOUT_ENV, mode="644")
+    # first: thorfleet-serve (and the watchdog, the benchmark) import it from beside them
+    box_code = files.whole_file(name="Install what the box's programs share",
+                                src=str(FILES / "bin" / "thorfleet_box.py"), path=BOX_COMMON,
+                                mode="644")
     files.whole_file(name="Install the start/prove/roll-back tool",
                      src=str(FILES / "bin" / "thorfleet-serve"), path=BOX_SERVE, mode="755")
     unit = files.whole_file(name=f"Write the {settings.service_name} unit",
@@ -47,3 +54,4 @@ def run(settings):
     # Enabled only: starting it is the verification step's job, which proves what it starts.
     files.unit_enabled(name=f"Enable {settings.service_name} at boot",
                        unit=f"{settings.service_name}.service")
+    return box_code  # the watchdog imports it too: a new one restarts it (tasks/watch.py)

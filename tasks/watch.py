@@ -23,7 +23,9 @@ from thorfleet.operations import files, gateway, monitor
 
 
 @deploy("Watchdog")
-def run(settings):
+def run(settings, box_code=None):
+    """`box_code`: the operation that installed what the box's programs share (tasks/service.py),
+    which the watchdog imports: a change restarts it."""
     # The parsers the laptop's facts use too (thorfleet/readings.py), beside the watchdog that
     # imports them: box and laptop read nvpmodel, jetson_clocks and /metrics one way.
     readings = files.whole_file(name="Install the box readings the watchdog imports",
@@ -43,5 +45,6 @@ def run(settings):
     files.unit_enabled(name="Enable the watchdog at boot", unit=WATCHDOG_UNIT)
     monitor.reloaded(name="Restart the watchdog for its new code or unit (the server stays up)",
                      unit=WATCHDOG_UNIT, restart=True,
-                     _if=lambda: readings.did_change() or tool.did_change() or unit.did_change())
+                     _if=lambda: readings.did_change() or tool.did_change() or unit.did_change() or (
+                         box_code is not None and box_code.did_change()))
     gateway.running(name="The watchdog is running", unit=WATCHDOG_UNIT)

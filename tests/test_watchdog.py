@@ -342,6 +342,7 @@ class Box:
             folder.mkdir()
         shutil.copy(TOOL, self.bin / Path(layout.BOX_WATCHDOG).name)
         shutil.copy(ROOT / "thorfleet" / "readings.py", self.bin / Path(layout.BOX_READINGS).name)
+        shutil.copy(layout.FILES / "bin" / "thorfleet_box.py", self.bin / Path(layout.BOX_COMMON).name)
         for tool in ("systemctl", "docker", "nvpmodel", "jetson_clocks"):
             (self.stubs / tool).write_text(FAKE_BOX)
             (self.stubs / tool).chmod(0o755)
@@ -658,6 +659,12 @@ def test_the_layout_the_deploy_writes_is_the_one_the_tools_read():
     assert set(written) == set(wd.LAYOUT_KEYS) | set(ast.literal_eval(serve))
     assert Path(layout.BOX_READINGS).parent == Path(layout.BOX_WATCHDOG).parent
     assert Path(layout.BOX_READINGS).stem == "thorfleet_readings"
+    # the programs import what they share from beside them, by its name there
+    for program in (layout.BOX_SERVE, layout.BOX_WATCHDOG, layout.BOX_BENCH):
+        assert Path(layout.BOX_COMMON).parent == Path(program).parent
+        assert "import thorfleet_box as box" in (layout.FILES / "bin" / Path(program).name
+                                                 ).read_text()
+    assert Path(layout.BOX_COMMON).name == "thorfleet_box.py"
 
 
 def watchdog_unit(**change):

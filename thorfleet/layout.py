@@ -22,6 +22,8 @@ BOX_BENCH = f"{BOX_BIN}/thorfleet-bench"  # the recipe's decode benchmark (syste
 # (system python3); it imports thorfleet/readings.py, installed beside it under this name.
 BOX_WATCHDOG = f"{BOX_BIN}/thorfleet-watchdog"
 BOX_READINGS = f"{BOX_BIN}/thorfleet_readings.py"
+# What the box programs share (layout file, API key, local request), imported from beside them.
+BOX_COMMON = f"{BOX_BIN}/thorfleet_box.py"
 WATCHDOG_UNIT = "thorfleet-watchdog.service"
 BOX_IMAGE_CONTEXT = f"{BOX_HOME}/image"  # one build context per image inputs hash
 BOX_MODELS = f"{BOX_HOME}/models"  # the default weights_dir
