@@ -163,33 +163,87 @@ def test_pin_loads_pyinfra_cli_without_gevents_monkey_patching(tmp_path):
     assert done.stdout.split() == ["1", str(hasattr(__import__("select"), "epoll"))], done.stderr
 
 
-# pyinfra's run machinery, by the names thorfleet would reach it with
-RUN_MACHINERY = {"current_stage", "get_op_meta", "get_op_order", "get_op_data_for_host", "ops",
-                 "op_meta", "_maybe_is_change", "will_change", "operation_meta", "active_hosts",
-                 "failed_hosts", "_get_module", "_connect", "init", "callback_handlers",
-                 "add_callback_handler", "is_executing", "should_check_for_changes"}
-RUN_IMPORTS = {"ctx_state", "SSHConnector", "BaseStateCallback", "StateStage", "State"}
+# pyinfra's API as its docs teach it (Writing Operations, Writing Facts, Using Operations, Inventory
+# & Data): what thorfleet may import from pyinfra anywhere. "*": any name of that module.
+ALLOWED_IMPORTS = {
+    "pyinfra": {"host", "inventory", "state", "config", "logger"},
+    "pyinfra.api": {"deploy", "operation", "FactBase", "FunctionCommand", "StringCommand",
+                    "FileUploadCommand"},
+    "pyinfra.api.exceptions": {"PyinfraError"},
+    "pyinfra.operations": "*",
+    "pyinfra.facts.server": "*",
+}
+# ...and what of the context objects it may touch: the host's documented attributes, the
+# logger's levels, config's upper-case settings.
+ALLOWED_ATTRS = {
+    "host": {"name", "data", "groups", "get_fact", "noop", "loop", "log_styled", "state",
+             "run_shell_command", "connected"},
+    "logger": {"error", "warning", "info", "debug"},
+}
+# pyinfra's run machinery and its undocumented parts, by the names thorfleet would reach them with
+# on any object: each lives in pyinfra_hooks, with why.
+INTERNALS = {"current_stage", "get_op_meta", "get_op_order", "get_op_data_for_host", "ops",
+             "op_meta", "_maybe_is_change", "will_change", "operation_meta", "active_hosts",
+             "failed_hosts", "_get_module", "_connect", "init", "callback_handlers",
+             "add_callback_handler", "is_executing", "should_check_for_changes",
+             "is_host_in_limit", "connect", "disconnect", "execute", "requires_command",
+             "get_raw_value", "connector", "client", "print_input"}
+SOURCES = sorted([*(ROOT / "thorfleet").rglob("*.py"), *(ROOT / "tasks").glob("*.py"),
+                  ROOT / "deploy.py", ROOT / "config.py"])
 
 
 def touches(path):
-    """Where a file reaches pyinfra's run machinery other than through pyinfra_hooks."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Attribute) and node.attr in RUN_MACHINERY and not (
-                isinstance(node.value, ast.Name) and node.value.id == "pyinfra_hooks"):
-            found.append(f"{path.name}:{node.lineno}: .{node.attr}")
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pyinfra"):
-            names = {alias.name for alias in node.names}
-            if node.module.startswith("pyinfra_cli") or names & RUN_IMPORTS:
-                found.append(f"{path.name}:{node.lineno}: from {node.module} import {names}")
+    """Where a file reaches pyinfra other than through its documented API."""
+    found, bound = [], {}
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pyinfra"):
+            allowed = ALLOWED_IMPORTS.get(node.module, set())
+            for alias in node.names:
+                bound[alias.asname or alias.name] = alias.name
+                if allowed != "*" and alias.name not in allowed:
+                    found.append(f"{path.name}:{node.lineno}: from {node.module} import "
+                                 f"{alias.name}")
+        elif isinstance(node, ast.Import) and any(a.name.startswith("pyinfra") for a in node.names):
+            found.append(f"{path.name}:{node.lineno}: import pyinfra...")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            owner = node.value.id if isinstance(node.value, ast.Name) else None
+            if owner == "pyinfra_hooks":
+                continue
+            if node.attr in INTERNALS:
+                found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+            elif owner in bound and bound[owner] in ALLOWED_ATTRS and \
+                    node.attr not in ALLOWED_ATTRS[bound[owner]]:
+                found.append(f"{path.name}:{node.lineno}: {owner}.{node.attr}")
+            elif owner in bound and bound[owner] == "config" and not node.attr.isupper():
+                found.append(f"{path.name}:{node.lineno}: config.{node.attr}")
+        elif isinstance(node, ast.FunctionDef) and node.name in INTERNALS:
+            found.append(f"{path.name}:{node.lineno}: def {node.name} (overrides pyinfra's)")
     return found
 
 
-def test_only_pyinfra_hooks_reaches_pyinfras_run_machinery():
-    sources = [*(ROOT / "thorfleet").glob("*.py"), *(ROOT / "tasks").glob("*.py"),
-               ROOT / "deploy.py", ROOT / "config.py"]
-    found = [hit for path in sources if path.name != "pyinfra_hooks.py" for hit in touches(path)]
+def test_the_guard_reads_every_module_of_the_package():
+    assert ROOT / "thorfleet" / "operations" / "verification.py" in SOURCES
+    assert len([p for p in SOURCES if p.parent.name == "operations"]) >= 10
+
+
+def test_only_pyinfra_hooks_reaches_past_pyinfras_documented_api():
+    found = [hit for path in SOURCES if path.name != "pyinfra_hooks.py" for hit in touches(path)]
     assert found == []
+
+
+@pytest.mark.parametrize("line, why", [
+    ("state.is_host_in_limit(host)", ".is_host_in_limit"),
+    ("from pyinfra.api.state import State", "import State"),
+    ("host.connector.client", ".connector"),
+    ("host.current_op_hash", "host.current_op_hash"),
+])
+def test_the_guard_fails_on_an_internal_in_a_new_place(tmp_path, line, why):
+    module = tmp_path / "new.py"
+    module.write_text(f"from pyinfra import host, state\n\n\ndef f():\n    return {line}\n"
+                      if not line.startswith("from") else line + "\n")
+    assert any(why in hit for hit in touches(module)), touches(module)
 
 
 def test_the_report_rows_and_table_are_pure():

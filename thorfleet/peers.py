@@ -20,6 +20,7 @@ import subprocess
 from functools import cache
 from pathlib import Path
 
+from thorfleet import pyinfra_hooks
 from thorfleet.roles import thors
 from thorfleet.schema import is_peer_address
 
@@ -41,7 +42,7 @@ def image_copy(settings, inventory) -> bool:
 
 def first_of_run(inventory, state) -> str | None:
     """The first host, in inventory order, that this run reaches (its --limit)."""
-    return next((h.name for h in thors(inventory) if state.is_host_in_limit(h)), None)
+    return next((h.name for h in thors(inventory) if pyinfra_hooks.in_limit(state, h)), None)
 
 
 def peer_address(h) -> str:

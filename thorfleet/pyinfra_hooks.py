@@ -51,6 +51,16 @@ Hooks, where pyinfra 3.10 has no public path:
    (pyinfra/connectors/util.py `execute_command_with_sudo_retry`), and it reads the output in
    gevent greenlets whose timeout cannot fire in the plain thread each box is asked from (no
    monkey patching: a blocked read holds the thread), so a box that stops answering would hang.
+7. `ShownCommand`: a shell command whose output the operator sees as it comes, without -v (a
+   weights transfer, an image build). pyinfra prints a command's output only under -vvv; the
+   command's own `execute` (StringCommand.execute) is overridden to pass `print_output=True`.
+8. `fact_command`, `fact_value`: the run's reads are batched into one SSH command per stage
+   (snapshot.py), so a fact's command and its processing are called by hand, as pyinfra's
+   get_facts does (`command`, `requires_command`, `process`, `default`): pyinfra has no batch read.
+9. `connected`, `wait_for_reboot`: connecting a host from another host's operation (the gateway,
+   outside --limit, when a box drains; a box read for the snapshot), and reconnecting one after a
+   reboot that pyinfra did not start (nvpmodel's own, for a power mode), with `Host.connect` and
+   `Host.disconnect`: pyinfra's server.reboot does this inside its own operation only.
 """
 
 from __future__ import annotations
@@ -59,9 +69,11 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import time
 import types
 from typing import NamedTuple
 
+from pyinfra.api import StringCommand
 from pyinfra.api.state import BaseStateCallback, StateStage
 
 # "module:qualified name" -> its signature in pyinfra 3.10, or "property" / "attribute" (a class
@@ -100,6 +112,11 @@ EXPECTED = {
     "pyinfra.api.inventory:Inventory.get_active_hosts": "(self) -> 'list[Host]'",
     "pyinfra.api.host:Host.connect":
         "(self, reason=None, show_errors: 'bool' = True, raise_exceptions: 'bool' = False)",
+    "pyinfra.api.host:Host.disconnect": "(self) -> 'None'",
+    "pyinfra.api.command:StringCommand.execute":
+        "(self, state: 'State', host: 'Host', connector_arguments: 'ConnectorArguments')",
+    "pyinfra.api.command:StringCommand.get_raw_value": "(self) -> 'str'",
+    "pyinfra.api.facts:FactBase.requires_command": "(self, *args, **kwargs) -> 'str | None'",
     "pyinfra.connectors.ssh:SSHConnector.client": "attribute",
     "pyinfra_cli.inventory:make_inventory": "(inventory: str, override_data=None, "
                                             "cwd: str | None = None, group_data_directories=None)",
@@ -374,3 +391,62 @@ def run_once(host, command: str, timeout: float) -> tuple[int, str, str]:
         if client is not None:
             client.close()
         host.disconnect()
+
+
+# --- commands shown as they run (hook 7) ----------------------------------------------------------
+
+
+class ShownCommand(StringCommand):
+    """A shell command whose output the operator sees as it comes, under the host's name, without
+    -v: the progress of a long transfer or build. Fails the operation as any command does."""
+
+    def execute(self, state, host, connector_arguments):
+        connector_arguments.update(self.connector_arguments)
+        return host.run_shell_command(self, print_output=True, print_input=state.print_input,
+                                      **connector_arguments)
+
+
+# --- a fact's command and value, read in a batch (hook 8) -----------------------------------------
+
+
+def fact_command(fact, kwargs) -> tuple[str, str | None]:
+    """(the shell command of `fact` with `kwargs`, the program it requires or None)."""
+    instance = fact()
+    command = instance.command(**kwargs) if callable(instance.command) else instance.command
+    if isinstance(command, StringCommand):
+        command = command.get_raw_value()
+    requires = instance.requires_command
+    if callable(requires):
+        requires = requires(**kwargs)
+    return command, requires
+
+
+def fact_value(fact, output):
+    """What `fact` makes of its command's output lines (its default for none)."""
+    instance = fact()
+    return instance.process(output) if output else instance.default()
+
+
+# --- connections opened outside pyinfra's own (hook 9) --------------------------------------------
+
+
+def connected(host, reason):
+    """`host`, connected (raises pyinfra's connection error when it cannot be)."""
+    if not host.connected:
+        host.connect(reason=reason, raise_exceptions=True)
+    return host
+
+
+def wait_for_reboot(host, rebooted, timeout, every=5) -> bool:
+    """Drop `host`'s connection and connect again every `every` s until `rebooted(host)` is true
+    on a connection, up to `timeout` s. True when it is (the host is left connected)."""
+    deadline = time.monotonic() + timeout
+    host.disconnect()
+    while time.monotonic() < deadline:
+        time.sleep(every)
+        host.connect(show_errors=False)
+        if host.connected and rebooted(host):
+            return True
+        if host.connected:
+            host.disconnect()
+    return False

@@ -188,13 +188,7 @@ def script(queries):
 
 
 def _command(fact, kwargs):
-    instance = fact()
-    command = instance.command(**kwargs) if callable(instance.command) else instance.command
-    if isinstance(command, StringCommand):
-        command = command.get_raw_value()
-    requires = instance.requires_command
-    if callable(requires):
-        requires = requires(**kwargs)
+    command, requires = pyinfra_hooks.fact_command(fact, kwargs)
     if requires:  # missing: a failed read, read again on its own (pyinfra's default value then)
         # the command on a line of its own here too: a comment in it cannot swallow the `fi`
         command = (f"if command -v {q(str(requires))} >/dev/null 2>&1; then\n{command}\n"
@@ -217,10 +211,8 @@ def parse(queries, lines):
         ok, output = outputs.get(index, (False, []))
         if not ok:
             continue
-        instance = fact()
         try:
-            values[key_of(fact, kwargs)] = instance.process(output) if output else \
-                instance.default()
+            values[key_of(fact, kwargs)] = pyinfra_hooks.fact_value(fact, output)
         except Exception:  # noqa: BLE001, S110 - read again on its own, reported pyinfra's way
             pass
     return values
@@ -229,8 +221,7 @@ def parse(queries, lines):
 def gather(target, planned):
     """Read every query in `planned` ({key: (FactClass, {args})}) from `target` in one command."""
     queries = list(planned.values())
-    if not target.connected:
-        target.connect(reason="to read the box", raise_exceptions=True)
+    pyinfra_hooks.connected(target, "to read the box")
     state = target.state
     ok, output = target.run_shell_command(StringCommand(script(queries)), _sudo=True,
                                           print_output=state.print_fact_output,

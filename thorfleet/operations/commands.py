@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import shlex
 
-from pyinfra.api import FunctionCommand, StringCommand
+from pyinfra.api import FunctionCommand
 
+from thorfleet.pyinfra_hooks import ShownCommand  # noqa: F401 (the operations' import)
 from thorfleet.runstate import run_state
 
 q = shlex.quote
@@ -15,16 +16,6 @@ q = shlex.quote
 def sh(*args):
     """One shell command from its words, each quoted."""
     return " ".join(q(str(a)) for a in args)
-
-
-class ShownCommand(StringCommand):
-    """A shell command whose output the operator sees as it comes, under the host's name, without
-    -v: the progress of a long transfer or build. Fails the operation as any command does."""
-
-    def execute(self, state, host, connector_arguments):
-        connector_arguments.update(self.connector_arguments)
-        return host.run_shell_command(self, print_output=True, print_input=state.print_input,
-                                      **connector_arguments)
 
 
 def fail_host(message):

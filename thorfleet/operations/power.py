@@ -8,7 +8,7 @@ import time
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 
-from thorfleet import facts
+from thorfleet import facts, pyinfra_hooks
 from thorfleet.layout import BOX_REBOOT_MARKER
 from thorfleet.operations.commands import fail_host, q, sh
 from thorfleet.runstate import run_state
@@ -61,18 +61,11 @@ def _reboot_for_mode(state, host, mode, timeout):
     answer = f"(sleep 2; echo YES | nvpmodel -m {q(str(int(mode)))}) </dev/null >/dev/null 2>&1 &"
     host.run_shell_command(sh("sh", "-c", answer), _sudo=True)
     time.sleep(5)
-    deadline = time.monotonic() + timeout
-    host.disconnect()
-    while time.monotonic() < deadline:
-        time.sleep(5)
-        host.connect(show_errors=False)
-        # /run is emptied by a boot: the marker gone means the box really rebooted
-        if host.connected and not host.get_fact(facts.RebootMarker):
-            if host.get_fact(facts.PowerMode) == mode:
-                return True
-            return run_state(state).fail(host, f"rebooted but power mode is not {mode}")
-        if host.connected:
-            host.disconnect()
+    # /run is emptied by a boot: the marker gone means the box really rebooted
+    if pyinfra_hooks.wait_for_reboot(host, lambda h: not h.get_fact(facts.RebootMarker), timeout):
+        if host.get_fact(facts.PowerMode) == mode:
+            return True
+        return run_state(state).fail(host, f"rebooted but power mode is not {mode}")
     return run_state(state).fail(
         host, f"did not come back within {timeout}s of the reboot for power mode {mode} "
         "(power_reboot_timeout_s)")

@@ -197,9 +197,8 @@ def on_gateway(state, gateway_name, command):
     the gateway may be outside this run's --limit, then it is connected for this."""
     gateway = state.inventory.get_host(gateway_name)
     try:
-        if not gateway.connected:
-            gateway.connect(reason="to take a box out of rotation", raise_exceptions=True)
-        ok, output = gateway.run_shell_command(command, _sudo=True)
+        ok, output = pyinfra_hooks.connected(gateway, "to take a box out of rotation"
+                                             ).run_shell_command(command, _sudo=True)
     except Exception as error:  # noqa: BLE001 - any connector error: the box is not restarted
         return False, [f"{gateway_name} unreachable: {error}"]
     return ok, output.stdout_lines + output.stderr_lines
