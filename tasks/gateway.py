@@ -28,7 +28,7 @@ from thorfleet.layout import (
     GATEWAY_ROTATION,
     GATEWAY_STATE_DROPIN,
 )
-from thorfleet.operations import files, gateway, preflight
+from thorfleet.operations import files, gateway, preflight, system
 from thorfleet.runstate import run_state
 
 HAPROXY_UNIT = "haproxy.service"
@@ -41,8 +41,8 @@ def run(g, lock=True):
         preflight.box_held(name="Hold the gateway for this run (one thorfleet run at a time)",
                            holder=this_run.holder, token=this_run.token,
                            wait_s=g.preflight_lock_wait_s)
-    gateway.packages(name="Install HAProxy and socat (the distribution's packages)",
-                     packages=gateway.GATEWAY_PACKAGES)
+    system.packages(name="Install HAProxy and socat (the distribution's packages)",
+                    packages=gateway.GATEWAY_PACKAGES)
     files.directory(name="Create the folder of the gateway's certificate (root-only)",
                     path=GATEWAY_PEM.rsplit("/", 1)[0], mode="700")
     pem = files.secret_file(name="Install the gateway's certificate and key (root-only)",
@@ -62,9 +62,9 @@ def run(g, lock=True):
         src=str(FILES / "gateway" / "haproxy-state.conf"), path=GATEWAY_STATE_DROPIN, mode="644")
     systemd.daemon_reload(name="systemd reads the drop-in", _if=dropin.did_change)
     files.unit_enabled(name="Enable HAProxy at boot", unit=HAPROXY_UNIT)
-    gateway.reloaded(name="Reload HAProxy for its new config (no connection dropped)",
+    gateway.haproxy_reloaded(name="Reload HAProxy for its new config (no connection dropped)",
                      unit=HAPROXY_UNIT, _if=lambda: config.did_change() or pem.did_change())
-    gateway.running(name="HAProxy is running", unit=HAPROXY_UNIT)
+    system.running(name="HAProxy is running", unit=HAPROXY_UNIT)
 
 
 @deploy("Firewall")

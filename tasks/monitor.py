@@ -21,8 +21,12 @@ from thorfleet.monitor import (
     PROMETHEUS_RULES_DIR,
     PROMETHEUS_UNIT,
 )
-from thorfleet.operations import files, gateway, monitor, preflight
+from thorfleet.operations import files, preflight, system
 from thorfleet.runstate import run_state
+
+# Debian 12's prometheus (2.42), with promtool to check a config and its rules before they go
+# live. Its exporters are Recommends, left out: the boxes export their own figures.
+MONITOR_PACKAGES = ("prometheus",)
 
 
 @deploy("Monitor")
@@ -38,9 +42,9 @@ def run(m, lock=True):
         name=f"Write Prometheus's arguments: listen on loopback only, keep "
              f"{m.monitor_retention} of samples",
         src=StringIO(m.defaults_text), path=PROMETHEUS_DEFAULTS, mode="644")
-    gateway.packages(name="Install Prometheus and promtool (the distribution's package, "
+    system.packages(name="Install Prometheus and promtool (the distribution's package, "
                           "keeping those arguments)",
-                     packages=monitor.MONITOR_PACKAGES, keep_config=True)
+                     packages=MONITOR_PACKAGES, keep_config=True)
     files.directory(name="Create the folder of thorfleet's alerting rules",
                     path=PROMETHEUS_RULES_DIR)
     # the rules first: promtool check config reads the rule files the config names
@@ -54,10 +58,10 @@ def run(m, lock=True):
         src=StringIO(m.config_text), path=PROMETHEUS_CONFIG, mode="644",
         check=("promtool", "check", "config"))
     files.unit_enabled(name="Enable Prometheus at boot", unit=PROMETHEUS_UNIT)
-    monitor.reloaded(name="Restart Prometheus for its new arguments", unit=PROMETHEUS_UNIT,
+    system.reloaded(name="Restart Prometheus for its new arguments", unit=PROMETHEUS_UNIT,
                      restart=True, _if=arguments.did_change)
-    monitor.reloaded(name="Reload Prometheus for its new config or rules (samples kept)",
+    system.reloaded(name="Reload Prometheus for its new config or rules (samples kept)",
                      unit=PROMETHEUS_UNIT,
                      _if=lambda: (config.did_change() or rules.did_change())
                      and not arguments.did_change())
-    gateway.running(name="Prometheus is running", unit=PROMETHEUS_UNIT)
+    system.running(name="Prometheus is running", unit=PROMETHEUS_UNIT)

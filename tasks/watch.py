@@ -19,7 +19,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
 from thorfleet.layout import BOX_READINGS, BOX_UNIT_DIR, BOX_WATCHDOG, FILES, ROOT, WATCHDOG_UNIT
-from thorfleet.operations import files, gateway, monitor
+from thorfleet.operations import files, system
 
 
 @deploy("Watchdog")
@@ -43,8 +43,8 @@ def run(settings, box_code=None):
     systemd.daemon_reload(name="Reload systemd after the watchdog's unit changed",
                           _if=unit.did_change)
     files.unit_enabled(name="Enable the watchdog at boot", unit=WATCHDOG_UNIT)
-    monitor.reloaded(name="Restart the watchdog for its new code or unit (the server stays up)",
+    system.reloaded(name="Restart the watchdog for its new code or unit (the server stays up)",
                      unit=WATCHDOG_UNIT, restart=True,
                      _if=lambda: readings.did_change() or tool.did_change() or unit.did_change() or (
                          box_code is not None and box_code.did_change()))
-    gateway.running(name="The watchdog is running", unit=WATCHDOG_UNIT)
+    system.running(name="The watchdog is running", unit=WATCHDOG_UNIT)

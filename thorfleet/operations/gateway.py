@@ -1,5 +1,5 @@
-"""The gateway's HAProxy from the distribution's packages, the Thors' firewall, and a box taken out
-of rotation and put back through HAProxy's runtime API (around its restart)."""
+"""The gateway's HAProxy reloaded without dropping a connection, the Thors' firewall, and a box
+taken out of rotation and put back through HAProxy's runtime API (around its restart)."""
 
 from __future__ import annotations
 
@@ -22,39 +22,8 @@ from thorfleet.snapshot import reads
 GATEWAY_PACKAGES = ("haproxy", "socat")
 
 
-@reads(installed=lambda packages, **_: (facts.DebInstalled, {"packages": list(packages)}))
-@operation()
-def packages(packages, *, installed, keep_config=False):
-    """The distribution's `packages` installed (apt; the lists are refreshed only when one is
-    missing, so a re-run reads dpkg and changes nothing). `keep_config`: a config file thorfleet
-    wrote before the install is kept (dpkg --force-confold), so the service the package starts
-    at once starts with it.
-
-    .. code:: python
-
-        packages(name="Install HAProxy", packages=["haproxy", "socat"])
-    """
-    missing = [p for p in packages if p not in installed]
-    if not missing:
-        host.noop(f"{', '.join(packages)} installed")
-        return
-    keep = "-o Dpkg::Options::=--force-confold " if keep_config else ""
-    yield ("export DEBIAN_FRONTEND=noninteractive && apt-get update -q && "
-           f"apt-get install -y -q --no-install-recommends {keep}{sh(*missing)}")
-
-
-@reads(active=lambda unit, **_: (facts.UnitActive, {"unit": unit}))
-@operation()
-def running(unit, *, active):
-    """A systemd unit running now (enabled at boot is files.unit_enabled's)."""
-    if active == "active":
-        host.noop(f"{unit} is running")
-        return
-    yield sh("systemctl", "start", unit)
-
-
 @operation(is_idempotent=False)
-def reloaded(unit="haproxy.service"):
+def haproxy_reloaded(unit="haproxy.service"):
     """HAProxy reloaded without dropping a connection (its master process hands the listening
     socket to the new one), its boxes' states saved first so the reload keeps them: both under the
     state lock thorfleet-rotation sets a state under, so no drain falls between. Called only when
