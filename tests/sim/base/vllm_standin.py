@@ -666,6 +666,12 @@ EAGLE_TOKS, BASE_TOKS = 33.7, 17.5  # the seed's decode rates on a Thor (FACTS.m
 # (seed 000: "119B total, 6.5B active"): 2,951 x 3.3 / 6.5 = 1,498 tok/s. A 256K prompt takes
 # about 3 minutes at that pace, before attention's growth with the context is counted.
 PREFILL_TOKS = 1500.0
+# A prefill's chunk is the max_num_batched_tokens the operator set, as a Thor's scheduler keeps
+# it ("Chunked prefill is enabled with max_num_batched_tokens=8192"); vLLM's CPU platform, which
+# the sim runs on, then turns chunked prefill off for an MLA model and sets the budget to
+# max_model_len (platforms/cpu.py: 0.19.0 L362-371, 0.26.0 L318-326, 0.33.0 L538-547), so it is
+# read from the arguments (serve()).
+PREFILL_CHUNK: int | None = None
 
 
 def decode_rate(vllm_config) -> float:
@@ -727,7 +733,7 @@ class StandInCore:
              "--rate", str(decode_rate(vllm_config)), "--spec-tokens", str(self.spec_tokens),
              "--max-running", str(vllm_config.scheduler_config.max_num_seqs),
              "--prefill-rate", os.environ.get("THORFLEET_SIM_PREFILL_TOKS", str(PREFILL_TOKS)),
-             "--chunk", str(vllm_config.scheduler_config.max_num_batched_tokens),
+             "--chunk", str(PREFILL_CHUNK or vllm_config.scheduler_config.max_num_batched_tokens),
              "--kv-blocks", str(vllm_config.cache_config.num_gpu_blocks),
              "--block-size", str(vllm_config.cache_config.block_size)],
             pass_fds=(theirs.fileno(),))
@@ -976,6 +982,9 @@ async def serve(args, started: float) -> int:
     reuse = "reuse_port" in inspect.signature(api_server.setup_server).parameters
     listen_address, sock = api_server.setup_server(args, **({"reuse_port": False} if reuse else {}))
     engine_args = AsyncEngineArgs.from_cli_args(args)
+    global PREFILL_CHUNK
+    PREFILL_CHUNK = engine_args.max_num_batched_tokens if engine_args.enable_chunked_prefill \
+        is not False else None
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     try:
         start_engine_core(vllm_config, started)
