@@ -89,6 +89,7 @@ gateway_tls_key_file = None  # laptop path of that certificate's private key (ch
 gateway_ca_dir = "~/.config/thorfleet/fleet-ca"  # laptop folder of the fleet CA (made once; clients trust its fleet-ca.pem)
 gateway_fleet_address = None  # IP address the boxes see the gateway connect from (None: its ssh_hostname)
 gateway_queue_timeout_s = 120  # how long a request waits at the gateway for a free box before a 503
+gateway_retry_after_s = 5  # seconds a client is told to wait (Retry-After) when no box was free in time
 gateway_check_interval_s = 2  # seconds between the gateway's health checks of each box
 
 # --- monitor: Prometheus on the gateway host (or the inventory group `monitor`) -----------------

@@ -470,6 +470,34 @@ def test_only_the_routes_clients_need_go_through_the_door(tmp_path):
     assert got == dict(ROUTES)
 
 
+def test_the_doors_own_errors_are_json_a_client_can_act_on(tmp_path):
+    """An OpenAI client reads `error.message` from JSON; HAProxy's own answers were HTML pages. A
+    route not served is a JSON 404; with no box in rotation, a JSON 503 with Retry-After
+    (gateway_retry_after_s)."""
+    with running_door(tmp_path) as (door, g, _):
+        context = ssl.create_default_context(cafile=g.ca_file)
+
+        def ask(path):
+            try:
+                urllib.request.urlopen(f"https://[::1]:{door}{path}", timeout=10, context=context)
+            except urllib.error.HTTPError as error:
+                return error.code, error.headers, json.loads(error.read())
+            raise AssertionError(f"{path} answered 200")
+
+        code, headers, body = ask("/metrics")
+        assert (code, headers["Content-Type"]) == (404, "application/json")
+        assert body["error"]["code"] == 404 and "/v1/" in body["error"]["message"], body
+        subprocess.run(["socat", "-t", "5", "stdio", f"UNIX-CONNECT:{tmp_path / 'admin.sock'}"],
+                       input=f"set server {layout.GATEWAY_BACKEND}/thor-1 state maint\n",
+                       capture_output=True, text=True, timeout=30, check=True)
+        code, headers, body = ask("/v1/models")
+        assert (code, headers["Content-Type"], headers["Retry-After"]) == (
+            503, "application/json", str(g.gateway_retry_after_s))
+        assert body == {"error": {"message": f"no box was free within "
+                                             f"{g.gateway_queue_timeout_s} s; try again later",
+                                  "type": "service_unavailable", "param": None, "code": 503}}
+
+
 # --- the boxes' rotation states: thorfleet-rotation on a real HAProxy --------------------------------
 
 ROTATION = layout.FILES / "bin" / "thorfleet-rotation"

@@ -152,7 +152,7 @@ def test_inf_and_nan_are_refused_for_every_number(key, value):
 def test_every_timeout_and_interval_is_among_the_numbers_checked():
     timed = {k for k in schema.FIELDS if k.endswith(("_s", "_gib", "_toks", "_fraction"))}
     integers = {"memory_gate_timeout_s", "rollout_drain_timeout_s", "gateway_queue_timeout_s",
-                "gateway_check_interval_s", "watchdog_interval_s", "watchdog_timeout_s",
+                "gateway_check_interval_s", "gateway_retry_after_s", "watchdog_interval_s", "watchdog_timeout_s",
                 "watchdog_restart_backoff_s", "watchdog_start_timeout_s",
                 "monitor_scrape_interval_s"}  # whole numbers: no inf
     assert timed - integers <= set(NUMBERS), timed - integers - set(NUMBERS)

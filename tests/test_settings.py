@@ -180,6 +180,7 @@ BAD_INPUTS = [
     ({"monitor_fleet_address": "mon.lan"}, "monitor_fleet_address='mon.lan' must be an IP address"),
     ({"gateway_queue_timeout_s": 0.5}, "gateway_queue_timeout_s=0.5 must be a whole number"),
     ({"gateway_check_interval_s": 0}, "gateway_check_interval_s=0 must be a whole number"),
+    ({"gateway_retry_after_s": 0}, "gateway_retry_after_s=0 must be a whole number"),
     ({"ssh_strict_host_key_checking": "strict"},
      "ssh_strict_host_key_checking='strict' is not one of pyinfra's values: use 'yes'"),
     ({"ssh_keepalive_interval_s": -1}, "ssh_keepalive_interval_s=-1 must be a non-negative number"),

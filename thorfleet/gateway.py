@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -148,6 +149,25 @@ class GatewaySettings(Checked):
         """Every name clients use for the gateway: its inventory address first, then
         gateway_names; the certificate names each."""
         return gateway_tls.check_names([self.address, *self.gateway_names])
+
+    @property
+    def error_responses(self) -> list[dict]:
+        """The door's own answers, as OpenAI clients read an error: JSON with `error.message`,
+        `type` and `code`, not HAProxy's HTML page; a 503 (no box free within
+        gateway_queue_timeout_s, or none in rotation) says when to try again (Retry-After)."""
+        said = {
+            404: ("not_found", "this route is not served here: the OpenAI API is under /v1/",
+                  None),
+            502: ("bad_gateway", "the box answering this request failed; try again", None),
+            503: ("service_unavailable",
+                  f"no box was free within {self.gateway_queue_timeout_s} s; try again later",
+                  self.gateway_retry_after_s),
+            504: ("gateway_timeout", "the box did not answer in time", None),
+        }
+        return [{"status": status, "retry_after": retry,
+                 "body": json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                               "code": status}}, separators=(",", ":"))}
+                for status, (kind, message, retry) in said.items()]
 
     @property
     def ipv6_clients(self) -> bool:

@@ -602,6 +602,9 @@ class Schema(BaseModel):
     gateway_queue_timeout_s: Annotated[StrictInt, Field(ge=1, le=86400)] = setting(
         120, "how long a request waits at the gateway for a free box before a 503",
         "must be a whole number of seconds from 1 to 86400")
+    gateway_retry_after_s: Annotated[StrictInt, Field(ge=1, le=3600)] = setting(
+        5, "seconds a client is told to wait (Retry-After) when no box was free in time",
+        "must be a whole number of seconds from 1 to 3600")
     gateway_check_interval_s: Annotated[StrictInt, Field(ge=1, le=3600)] = setting(
         2, "seconds between the gateway's health checks of each box",
         "must be a whole number of seconds from 1 to 3600")
