@@ -38,9 +38,10 @@ config.SUDO = True  # everything on the box is root's; the deploy user needs pas
 settings = settings_for_run(host.state)[host.name]
 
 # The gateway (inventory group `gateway`) first: HAProxy is in place before any Thor restarts,
-# and drains each one through it.
+# and drains each one through it. Each host's settings name what it renders for each role it has
+# (gateway_role, monitor_role: its own settings, the others', or None).
 if is_gateway(host):
-    gateway.run(settings.gateway_role or settings, lock=not is_thor(host))
+    gateway.run(settings.gateway_role, lock=not is_thor(host))
 # Prometheus on the gateway, or on the host of group `monitor` (which runs nothing else).
 if settings.monitor_role is not None:
     monitor.run(settings.monitor_role, lock=not (is_gateway(host) or is_thor(host)))

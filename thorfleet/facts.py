@@ -319,7 +319,12 @@ class RunLock(FactBase):
     the line naming the run that holds it}. The lock's tool (files/bin/thorfleet-run-lock) is
     sent with the command, so a bare box is held before anything else is read or sent; its
     keeper holds the lock until this run's SSH connection ends. Taking it again with the same
-    token (pyinfra runs an operation's body once to plan and once to execute) is a no-op."""
+    token (pyinfra runs an operation's body once to plan and once to execute) is a no-op.
+
+    A fact that takes a lock, on purpose: pyinfra reads facts while it plans, before any operation
+    runs, and a second run's reads (a half-written file, a fingerprint mid-restart) would plan
+    from a box another run is changing. A fact's command is the only thing pyinfra runs on a box
+    at plan time, so the lock is taken by the first one read."""
 
     batched = False  # read alone, before the one-round-trip read of everything else (snapshot.py)
 
@@ -373,25 +378,31 @@ class UnitActive(FactBase[str]):
         return output[-1].strip() or "unknown"
 
 
-class FirewallMark(FactBase[str | None]):
+# What FirewallMark reads when no mark of thorfleet's is the answer: no nft on the box, no
+# thorfleet table, a table that is not what was loaded (a rule added or taken out by hand), a
+# table without a mark.
+NO_NFT, NO_TABLE, CHANGED, UNMARKED = "no nft", "no table", "changed", "unmarked"
+
+
+class FirewallMark(FactBase[str]):
     """The comment on the drop rule of thorfleet's nftables table (the mark of
-    gateway.firewall_script: which version of the script is live), "changed" when the table as nft
-    lists it now is not what was loaded (its digest, BOX_FIREWALL_LISTED: a rule added or taken
-    out by hand, which the mark alone never showed), "no table" when the table is absent, or
-    "no nft"."""
+    gateway.firewall_script: which version of the script is live), or why there is none: CHANGED
+    when the table as nft lists it now is not what was loaded (its digest, BOX_FIREWALL_LISTED),
+    NO_TABLE, NO_NFT or UNMARKED. Always a string: a mark is `thorfleet <16 hex>`, which none of
+    those is."""
 
     def command(self):
         family, table = FIREWALL_TABLE
-        return ("if ! command -v nft >/dev/null 2>&1; then echo 'no nft'; "
-                f"elif ! nft list table {family} {table} >/dev/null 2>&1; then echo 'no table'; "
+        return (f"if ! command -v nft >/dev/null 2>&1; then echo {q(NO_NFT)}; "
+                f"elif ! nft list table {family} {table} >/dev/null 2>&1; then echo {q(NO_TABLE)}; "
                 f"elif [ \"$(nft -s list table {family} {table} | sha256sum)\" != "
-                f"\"$(cat {q(BOX_FIREWALL_LISTED)} 2>/dev/null)\" ]; then echo 'changed'; "
+                f"\"$(cat {q(BOX_FIREWALL_LISTED)} 2>/dev/null)\" ]; then echo {q(CHANGED)}; "
                 f"else nft list table {family} {table} | grep -o 'comment \"thorfleet [0-9a-f]*\"' "
                 "| sed 's/^comment \"//; s/\"$//' | tail -n 1; echo; fi")
 
     def process(self, output):
         lines = [line.strip() for line in output if line.strip()]
-        return lines[0] if lines else "unmarked"
+        return lines[0] if lines else UNMARKED
 
 
 # srv_admin_state is a bit field (HAProxy's include/haproxy/server-t.h, SRV_ADMF_*): FMAINT 0x01,

@@ -45,7 +45,7 @@ def firewall(mark, *, live):
     if live == mark:
         host.noop("the vLLM port answers the gateway only (nftables table is live)")
         return
-    if live == "no nft":
+    if live == facts.NO_NFT:
         yield fail_host("nft is not installed: the box's vLLM port cannot be closed to all but "
                         "the gateway; install nftables (apt install nftables), then run again")
         return
@@ -56,7 +56,7 @@ def firewall(mark, *, live):
 @operation()
 def no_firewall(*, live):
     """No thorfleet nftables table (no gateway in the inventory: the port answers as before)."""
-    if live in ("no nft", "no table"):
+    if live in (facts.NO_NFT, facts.NO_TABLE):
         host.noop("no thorfleet firewall table")
         return
     yield sh("nft", "delete", "table", *FIREWALL_TABLE)
