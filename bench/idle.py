@@ -8,7 +8,7 @@ runs (the vLLM server). Those sit beside the box's under the host's docker/ grou
     python -m bench.idle --seconds 60 --json bench/results/idle-box.json
 
 CI keeps up to twelve boxes up on two cores, so what each costs doing nothing is CPU the stories
-do not get (tests/sim/README.md, "CI time").
+do not get (bench/README.md, "CI time").
 """
 
 from __future__ import annotations
