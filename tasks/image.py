@@ -69,13 +69,8 @@ def image_access(settings):
     private, public = peers.key_pair(settings.image_peer_key_file, IMAGE_USER)
     files.whole_file(name="Install the image copy tool", src=str(FILES / "bin" / "thorfleet-image"),
                      path=BOX_IMAGE_TOOL, mode="755")
-    files.system_user(name=f"Create {IMAGE_USER}, who may only ask for a derived image",
-                      user=IMAGE_USER, home=BOX_IMAGE_HOME, shell="/bin/sh")
-    files.directory(name=f"Create {BOX_IMAGE_HOME}/.ssh", path=f"{BOX_IMAGE_HOME}/.ssh",
-                    mode="755")
-    files.whole_file(name="Authorize the fleet's image key, for a derived image only",
-                     path=f"{BOX_IMAGE_HOME}/.ssh/authorized_keys",
-                     src=StringIO(f'command="{BOX_IMAGE_TOOL} serve",restrict {public}\n'))
+    files.key_only_user(IMAGE_USER, BOX_IMAGE_HOME, public, f"{BOX_IMAGE_TOOL} serve",
+                        "ask for a derived image")
     # sudo takes the rule only if visudo does: a broken file here would lock sudo out
     files.whole_file(name="Let the image user run the image tool's save as root, nothing else",
                      path=BOX_IMAGE_SUDOERS, mode="440", check=("visudo", "-c", "-q", "-f"),

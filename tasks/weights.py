@@ -79,15 +79,10 @@ def peer_access(settings):
     """What the boxes copy weights with: a user that may only read weights_dir (rrsync -ro), the
     fleet's shared key authorized for it, and that key for this box's own copies."""
     private, public = fleet.key_pair(settings.weights_peer_key_file)
-    files.system_user(name=f"Create {PEER_USER}, who may only read {settings.weights_dir}",
-                      user=PEER_USER, home=BOX_PEER_HOME, shell="/bin/sh")
-    files.directory(name=f"Create {BOX_PEER_HOME}/.ssh", path=f"{BOX_PEER_HOME}/.ssh",
-                    mode="755")
-    files.whole_file(name="Authorize the fleet's copy key, read-only",
-                     path=f"{BOX_PEER_HOME}/.ssh/authorized_keys",
-                     # sshd runs the command with the user's shell: the folder is one shell word
-                     src=StringIO(f'command="{RRSYNC} -ro {shlex.quote(settings.weights_dir)}",'
-                                  f'restrict {public}\n'))
+    # sshd runs the command with the user's shell: the folder is one shell word
+    files.key_only_user(PEER_USER, BOX_PEER_HOME, public,
+                        f"{RRSYNC} -ro {shlex.quote(settings.weights_dir)}",
+                        f"read {settings.weights_dir}")
     files.secret_file(name="Install the fleet's copy key (root-only)", path=BOX_PEER_KEY,
                       content=private)
     files.directory(name=f"Create {BOX_MANIFESTS}", path=BOX_MANIFESTS, mode="755")

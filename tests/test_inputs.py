@@ -238,8 +238,8 @@ def test_the_copying_box_refuses_a_peer_address_and_quotes_its_ssh_words(tmp_pat
 
 def test_the_copy_user_s_forced_command_names_weights_dir_as_one_word():
     source = (ROOT / "tasks" / "weights.py").read_text()
-    line = next(ln for ln in source.splitlines() if "command=" in ln)
-    assert "shlex.quote(settings.weights_dir)" in line
+    line = next(ln for ln in source.splitlines() if "{RRSYNC} -ro" in ln)
+    assert "shlex.quote(settings.weights_dir)" in line  # files.key_only_user's command=
     command = f"/usr/bin/rrsync -ro {shlex.quote('/data/models (2)')}"
     assert shell_words(command) == ["/usr/bin/rrsync", "-ro", "/data/models (2)"]
 

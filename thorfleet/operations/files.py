@@ -235,3 +235,13 @@ def tree(src, dest, *, current):
     extra = sorted(set(current) - set(wanted))
     if extra:
         yield sh("rm", "-f", "--", *(f"{dest}/{name}" for name in extra))
+
+
+def key_only_user(user, home, key, command, why):
+    """A system user whose one way in is `key` running `command` (authorized_keys' command=,
+    restrict: no shell, no forwarding, no pty): three operations, named for `why`."""
+    system_user(name=f"Create {user}, who may only {why}", user=user, home=home, shell="/bin/sh")
+    directory(name=f"Create {home}/.ssh", path=f"{home}/.ssh", mode="755")
+    whole_file(name=f"Authorize the fleet's key for {user}: {why}",
+               path=f"{home}/.ssh/authorized_keys",
+               src=StringIO(f'command="{command}",restrict {key}\n'))
