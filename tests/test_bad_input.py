@@ -56,7 +56,8 @@ BAD_INPUTS = [
      {"service_api_key_file": None, "service_allow_no_api_key": True, "service_host": "0.0.0.0"},
      None, "service_host='0.0.0.0' without an API key would expose the server"),
     ("API key file missing", {"service_api_key_file": "/nonexistent/api_key"}, None,
-     "cannot read a secrets file"),
+     ("service_api_key_file='/nonexistent/api_key' cannot be read (No such file or directory): "
+      "make it")),
     ("secret smuggled in the environment", {"service_extra_env": {"VLLM_API_KEY": "x"}}, None,
      "service_extra_env must not carry secrets"),
 ]
