@@ -74,16 +74,17 @@ def _read_secret(path, env_name):
     return os.environ.get(env_name) or None
 
 
-def _read_secret_of(data, key, env_name, unread):
-    """(the secret or None, unread + {key: the problem} when `key`'s file cannot be read)."""
+def _read_secret_of(data, key, env_name):
+    """(the secret or None, None), or (None, the problem) when `key`'s file cannot be read."""
     try:
-        return _read_secret(data.get(key), env_name), unread
+        return _read_secret(data.get(key), env_name), None
     except (OSError, TypeError) as error:
+        path = Path(str(data.get(key))).expanduser()
+        fix = (f"make it: mkdir -p -m 700 {path.parent}; (umask 077; openssl rand -hex 24 > "
+               f"{path})" if key == "service_api_key_file" else "put the token alone in it")
         why = getattr(error, "strerror", None) or str(error)
-        fix = ("make it: mkdir -p -m 700 ~/.config/thorfleet; (umask 077; openssl rand -hex 24 "
-               "> FILE)" if key == "service_api_key_file" else "put the token alone in it")
-        return None, {**unread, key: f"{key}={data.get(key)!r} cannot be read ({why}): {fix}, or "
-                                     f"point {key} at the file that holds it"}
+        return None, (f"{key}={data.get(key)!r} cannot be read ({why}): {fix}, or point {key} at "
+                      "the file that holds it")
 
 
 def private_file_problems(key, path) -> list[str]:
@@ -114,13 +115,12 @@ def settings_for(data, *, groups=None, image_files=None):
     run's image_files_hash(), so the image's files are read once, not once per host.
     """
     data = dict(data)
-    unread = {}
-    api_key, unread = _read_secret_of(data, "service_api_key_file", "THORFLEET_API_KEY", unread)
-    hf_token, unread = _read_secret_of(data, "weights_hf_token_file", "HF_TOKEN", unread)
+    api_key, key_unread = _read_secret_of(data, "service_api_key_file", "THORFLEET_API_KEY")
+    hf_token, token_unread = _read_secret_of(data, "weights_hf_token_file", "HF_TOKEN")
     # a key file that cannot be read is its own problem, not "no API key": the rest still checked
-    values, problems = check(data, api_key=api_key or "service_api_key_file" in unread,
-                             hf_token=hf_token, groups=groups)
-    problems = [*(unread[key] for key in unread), *problems]
+    values, problems = check(data, api_key=api_key or key_unread is not None, hf_token=hf_token,
+                             groups=groups)
+    problems = [p for p in (key_unread, token_unread) if p] + problems
     for key in ("service_api_key_file", "weights_hf_token_file"):
         problems += private_file_problems(key, data.get(key))
     if problems:
