@@ -34,10 +34,8 @@ def run(settings):
                "drain_timeout": settings.rollout_drain_timeout_s,
                # at most rollout_batch boxes out for a restart, whichever runs restart them
                "restart_slots": settings.rollout_batch,
-               # a restart's whole time (thorfleet-serve activate: the drain, the stop's, the
-               # memory gate, the start, the proof's margin): a killed run's slot lapses after it
-               "lease": 2 * settings.rollout_drain_timeout_s + 30 + settings.memory_gate_timeout_s
-               + settings.service_health_timeout_s + 300}
+               # a killed run's slot lapses after a restart's whole time
+               "lease": settings.restart_s}
     first_installs = verification.serving(
         name="First installs: start every host that never served a version, together (no "
              "serving capacity at stake)", first_install=True, **service)

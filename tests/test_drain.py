@@ -242,7 +242,7 @@ def test_a_rollout_without_the_drain_cuts_the_stream(sim_fleet, host, roll, tmp_
         # streams on SIGTERM by itself, so only docker stop's SIGKILL cuts one
         "files/vllm.yaml.j2": [("shutdown_timeout: {{ s.rollout_drain_timeout_s }}", "#")],
         "files/systemd/thorfleet-vllm.service.j2": [
-            ("docker stop -t {{ s.rollout_drain_timeout_s + 30 }}", "docker stop -t 2")]})
+            ("docker stop -t {{ s.stop_timeout_s }}", "docker stop -t 2")]})
     run, stream, seen, (stop_began, _), said = roll_while_streaming(
         sim_fleet, host, roll, "no-drain", root=edited)
     assert run.returncode == 0, run.stderr[-4000:]

@@ -109,6 +109,20 @@ class Settings:
             return self.service_host
         return "0.0.0.0" if self.api_key else "127.0.0.1"
 
+    @property
+    def stop_timeout_s(self):
+        """How long `docker stop` waits for the server: vLLM's own drain (shutdown_timeout,
+        rollout_drain_timeout_s) and 30 s to exit; then SIGKILL."""
+        return self.rollout_drain_timeout_s + 30
+
+    @property
+    def restart_s(self):
+        """The longest a restart takes (thorfleet-serve activate): its wait for requests in
+        flight, the stop, the memory gate, the start to /health, and 5 minutes for the proof. A
+        killed run's restart slot at the gateway lapses after it."""
+        return (self.rollout_drain_timeout_s + self.stop_timeout_s + self.memory_gate_timeout_s
+                + self.service_health_timeout_s + 300)
+
     def checkpoint_dir(self, repo, revision):
         return f"{self.weights_dir}/{repo.split('/')[-1]}/{revision}"
 
