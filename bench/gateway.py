@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.rollout import parse_range
-from tests.sim import fleet, operator
+from sim import fleet, operator
 
 CLIENT = Path(__file__).with_name("gateway_client.py")
 ON_GATEWAY = "/tmp/gateway_client.py"

@@ -4,7 +4,7 @@ the box's Docker engine, the memory model) and the cgroups of the containers the
 runs (the vLLM server). Those sit beside the box's under the host's docker/ group, not under it
 (the box's engine uses the host's cgroupfs), so each is read on its own and added.
 
-    python -m tests.sim up --hosts 2 --inventory /tmp/sim.py && pyinfra -y /tmp/sim.py deploy.py
+    python -m sim up --hosts 2 --inventory /tmp/sim.py && pyinfra -y /tmp/sim.py deploy.py
     python -m bench.idle --seconds 60 --json bench/results/idle-box.json
 
 CI keeps up to twelve boxes up on two cores, so what each costs doing nothing is CPU the stories
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import docker
 
-from tests.sim import fleet
+from sim import fleet
 
 
 def cpu_seconds(container_id: str) -> float:

@@ -34,9 +34,9 @@ from pathlib import Path
 import docker
 
 from bench import latency
-from tests.sim import fleet, operator
-from tests.sim.hub.faults import HubFaults
-from tests.sim.prober import Prober, restart_window
+from sim import fleet, operator
+from sim.hub.faults import HubFaults
+from sim.prober import Prober, restart_window
 
 
 def parse_range(text):
@@ -197,7 +197,7 @@ def main():
     parser.add_argument("--image-registry", help="share the image through this registry path "
                         "(in the sim: thorfleet-registry:5000/thorfleet)")
     parser.add_argument("--image-base", help="the sim base to converge on (python -m "
-                        "tests.sim bases), e.g. upstream-0.26.0 (default: the group data's)")
+                        "sim bases), e.g. upstream-0.26.0 (default: the group data's)")
     parser.add_argument("--wan-rate", type=int, help="bytes/s of the one uplink every hub "
                         "response shares (an office's WAN)")
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 2],

@@ -1,5 +1,5 @@
 """How a vLLM install reads thorfleet's vllm.yaml: run by that install's python (in a container of
-each sim base, tests/test_config_lands.py) as the unit runs it, `vllm serve /model --config ...`
+each sim base, tests/docker/test_config_lands.py) as the unit runs it, `vllm serve /model --config ...`
 plus the unit's options, through vLLM's own argument parser. Prints the parsed options as JSON.
 
 The platform is set to CPU first: choosing one probes for a GPU, and the parser's defaults are not

@@ -1,6 +1,6 @@
 """Fixtures shared by every test module.
 
-`sim_fleet` brings the simulated Thor fleet up once per test run (`python -m tests.sim up`), the
+`sim_fleet` brings the simulated Thor fleet up once per test run (`python -m sim up`), the
 gateway box `gw-1` with it, and takes it down at the end. Under pytest-xdist (`-n 4 --dist loadgroup`, as CI runs the fleet
 stories) the first worker brings it up, the others attach, and the controller takes it down.
 
@@ -9,18 +9,19 @@ another, while the stories on other boxes run beside them. Knobs for a developer
 
     THORFLEET_SIM_HOSTS=9      boxes to bring up (default: as many as BOXES names)
     THORFLEET_SIM_KEEP=1       leave the fleet running after the run, to look around
-                               (`python -m tests.sim status`, `ssh -p 22001 ...`, then `down`)
+                               (`python -m sim status`, `ssh -p 22001 ...`, then `down`)
     THORFLEET_SIM_STATE=DIR    where keys, disks and caches live (default /var/tmp/thorfleet-sim)
 """
 
 import os
 import time
 import uuid
+from pathlib import Path
 
 import docker
 import pytest
 
-from tests.sim import fleet
+from sim import fleet
 
 # Which boxes (1-based, `thor-<i>`) each fleet module acts on. Modules that share a box share a
 # group, so they never run at the same time; the rest run in parallel.
@@ -67,9 +68,22 @@ def _group_of(module: str) -> str:
     return "thor-" + "+".join(str(b) for b in sorted(boxes))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group markers
+# A test's tier is the folder it lives in, and only that: the marker `-m fast` selects by is
+# given here, never written in a test module.
+TIERS = ("fast", "docker", "fleet")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group markers, and -m selects
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        tier = item.path.parent.name
+        if tier not in TIERS or item.path.parent.parent != Path(__file__).parent:
+            raise pytest.UsageError(f"{item.nodeid}: a test module lives in tests/fast, "
+                                    "tests/docker or tests/fleet, by what it needs")
+        if written := [m.name for m in item.iter_markers() if m.name in TIERS]:
+            raise pytest.UsageError(f"{item.nodeid} is marked {written[0]}: its folder, "
+                                    f"tests/{tier}, is its tier")
+        item.add_marker(getattr(pytest.mark, tier))
         module = item.module.__name__.rsplit(".", 1)[-1]
         uses_fleet = "sim_fleet" in getattr(item, "fixturenames", ())
         if uses_fleet and module not in BOXES:
@@ -85,7 +99,7 @@ def pytest_xdist_make_scheduler(config, log):
     """xdist's loadgroup, but a worker takes its next group only on the last test of the one it
     has (xdist's own gives one more while two are left: a long group then holds a short one back
     while other workers sit idle), and a one-test group's worker, which needs a next group before
-    it starts, takes the shortest waiting (tests/test_scheduling.py)."""
+    it starts, takes the shortest waiting (tests/fast/test_scheduling.py)."""
     from xdist.scheduler import LoadGroupScheduling
 
     class OneGroupAhead(LoadGroupScheduling):
@@ -167,7 +181,7 @@ def pytest_sessionfinish(session):
         return  # a worker: the controller takes the fleet down once every worker is done
     if fleet.end_run(_run_id(session.config)):
         if os.environ.get("THORFLEET_SIM_KEEP") == "1":
-            print("\nTHORFLEET_SIM_KEEP=1: fleet left running; `python -m tests.sim down` ends it")
+            print("\nTHORFLEET_SIM_KEEP=1: fleet left running; `python -m sim down` ends it")
         else:
             fleet.down()
 

@@ -1,11 +1,11 @@
 """Helpers the operator's stories share: run thorfleet as an operator does (re-exported from the
-sim's public `tests.sim.operator`), read a box, and read pyinfra's --json results."""
+sim's public `sim.operator`), read a box, and read pyinfra's --json results."""
 
 import time
 
-from tests.sim import fleet as sim
-from tests.sim.hub import HubFaults
-from tests.sim.operator import ROOT, Run, deploy, edited_checkout  # noqa: F401 - re-exported
+from sim import fleet as sim
+from sim.hub import HubFaults
+from sim.operator import ROOT, Run, deploy, edited_checkout  # noqa: F401 - re-exported
 
 SERVICE = "thorfleet-vllm"
 SHARD = "consolidated-{:05d}-of-00013.safetensors"
@@ -73,3 +73,15 @@ def serves(sim_fleet, host, timeout=120):
             return True
         time.sleep(2)
     return False
+
+
+def box_program(name: str):
+    """A box program of files/bin (thorfleet-serve, ...) as a module: each runs nothing on import."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"),
+                                                  str(ROOT / "files" / "bin" / name))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module

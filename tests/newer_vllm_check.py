@@ -1,5 +1,5 @@
 """thorfleet's reasoning plugin and chatfix.py's API-key patch on a real, unpatched vLLM install:
-run with that install's python (tests/test_reasoning_engine.py runs it in a container of each
+run with that install's python (tests/docker/test_reasoning_engine.py runs it in a container of each
 newer sim base). No server, no engine, no GPU: vLLM's own parser classes, its
 MistralTokenizer on the v15 test tokenizer, its AuthenticationMiddleware.
 

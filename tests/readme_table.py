@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-START = "<!-- group-data-table: generated from group_data/all.py, checked by tests/test_readme.py -->"
+START = "<!-- group-data-table: generated from group_data/all.py, checked by tests/fast/test_readme.py -->"
 END = "<!-- end group-data-table -->"
 
 

@@ -81,7 +81,7 @@ FIREWALL_TABLE = ("inet", "thorfleet")
 FETCH_CONTAINER = "thorfleet-fetch"  # the weights fetch's containers: thorfleet-fetch-<revision>
 # Every name thorfleet gives a unit, a container or a user on a box besides the server's own: the
 # server (service_name) may take none of them, since its unit file and `docker rm -f` would
-# replace theirs. tests/test_settings.py holds it to files/systemd and the names above.
+# replace theirs. tests/fast/test_settings.py holds it to files/systemd and the names above.
 BOX_OWN_NAMES = (CLOCKS_UNIT.removesuffix(".service"), FIREWALL_UNIT.removesuffix(".service"),
                  WATCHDOG_UNIT.removesuffix(".service"), FETCH_CONTAINER, PEER_USER, IMAGE_USER)
 

@@ -1,6 +1,6 @@
 """Every place thorfleet touches pyinfra's run machinery, in one module, each with why.
 
-pyinfra is pinned (pyproject: pyinfra==3.10.*); tests/test_pyinfra_hooks.py checks every name and
+pyinfra is pinned (pyproject: pyinfra==3.10.*); tests/fast/test_pyinfra_hooks.py checks every name and
 signature in `EXPECTED` against the installed pyinfra, so an upgrade that moves one fails the fast
 tests, not a run on the fleet. Elsewhere thorfleet holds the run's State only to keep its own
 records on it (runstate.py, settings.py) and uses pyinfra's operation and fact API.

@@ -23,7 +23,7 @@ def clocks_locked(lines) -> bool:
     line and on each GPU line of `jetson_clocks --show`. On Thor the GPU lines are its devfreq
     devices (`gpu-gpc-0`, `gpu-nvd-0`), not a line starting `GPU` as on Orin; EMC's MinFreq differs
     from its MaxFreq even when locked, so EMC is not read (a Thor's `jetson_clocks --show` after
-    `jetson_clocks`, as published: tests/test_facts.py)."""
+    `jetson_clocks`, as published: tests/fast/test_facts.py)."""
     kinds = {"cpu": [], "gpu": []}
     for line in lines:
         freqs = re.search(r"MinFreq=(\d+)\s+MaxFreq=(\d+)", line)

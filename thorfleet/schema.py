@@ -1,7 +1,7 @@
 """Every thorfleet setting, declared once: its type, its range or allowed values, its meaning and its
 default. The checks are derived from the declaration (pydantic, strict: "0.7" is not a number).
 
-group_data/all.py is the defaults file pyinfra reads; tests/test_settings.py holds it to this schema
+group_data/all.py is the defaults file pyinfra reads; tests/fast/test_settings.py holds it to this schema
 key by key (default and comment), both ways.
 
 A problem is one line naming the key, the value and the fix; settings.py prefixes the host.

@@ -1,0 +1,92 @@
+"""The house rules a newcomer can rely on, read from the source (ast): thorfleet's modules import
+downwards with no cycle, the operations never import the report, and only layout.py spells the
+box's paths."""
+
+import ast
+import re
+
+from tests.helpers import ROOT
+
+PACKAGE = ROOT / "thorfleet"
+# Modules that import nothing of thorfleet's: facts of the world, not logic, and the one module
+# that touches pyinfra's run machinery (pyinfra_hooks), which host is what (roles), the fleet CA
+# (gateway_tls), and the parsers of what a box prints (readings, copied onto the box).
+LEAVES = {"gateway_tls", "layout", "pyinfra_hooks", "readings", "recipe", "roles", "runstate",
+          "rollout"}
+# What the box-facing side (facts, operations) may import: never settings, schema or the report.
+BOX_SIDE = {"facts": {"layout", "readings"},
+            "operations": {"facts", "layout", "pyinfra_hooks", "roles", "rollout", "runstate",
+                           "snapshot"},
+            "snapshot": {"pyinfra_hooks", "runstate"}}
+
+
+def imports():
+    """{module: {thorfleet modules it imports, anywhere in its body}} for thorfleet/*.py; a package
+    (operations/) is one module, all its files together."""
+    graph = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module == "thorfleet":
+                    found.update(alias.name for alias in node.names)
+                elif node.module.startswith("thorfleet."):
+                    found.add(node.module.split(".")[1])
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                raise AssertionError(f"{path.name}: use absolute imports (from thorfleet...)")
+            elif isinstance(node, ast.Import):
+                found.update(a.name.split(".")[1] for a in node.names
+                             if a.name.startswith("thorfleet."))
+        graph.setdefault(module, set()).update(found - {module})
+    return graph
+
+
+def test_every_import_points_down_with_no_cycle():
+    graph = imports()
+    order, placed = [], set()
+    while len(placed) < len(graph):  # a layer at a time: modules whose imports are all placed
+        layer = sorted(m for m, uses in graph.items() if m not in placed and uses <= placed)
+        assert layer, f"import cycle among {sorted(set(graph) - placed)}: " + "; ".join(
+            f"{m} -> {sorted(graph[m] - placed)}" for m in sorted(set(graph) - placed))
+        order.append(layer)
+        placed.update(layer)
+    assert all(uses <= set(graph) for uses in graph.values())  # no import of a missing module
+
+
+def test_the_leaves_import_nothing_of_thorfleet():
+    graph = imports()
+    assert {m: graph[m] for m in LEAVES} == {m: set() for m in LEAVES}
+
+
+def test_the_box_side_does_not_import_settings_or_the_report():
+    graph = imports()
+    for module, allowed in BOX_SIDE.items():
+        assert graph[module] <= allowed, f"{module} imports {sorted(graph[module] - allowed)}"
+
+
+def test_each_concern_of_the_operations_shares_only_the_shell_helpers():
+    for path in sorted((PACKAGE / "operations").glob("*.py")):
+        own = {node.module for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.ImportFrom) and node.module
+               and node.module.startswith("thorfleet.operations")}
+        assert own <= {"thorfleet.operations.commands"}, f"{path.name} imports {sorted(own)}"
+
+
+BOX_PATH = re.compile(r"/(opt|etc|var/lib|var/cache)/thorfleet\b|/run/thorfleet")
+
+
+def test_only_layout_spells_the_boxs_paths():
+    sources = [*PACKAGE.rglob("*.py"), *(ROOT / "tasks").glob("*.py"), ROOT / "deploy.py",
+               ROOT / "config.py"]
+    spelled = {}
+    for path in sources:
+        found = sorted({match.group(0) for match in BOX_PATH.finditer(path.read_text())})
+        if found and path.name != "layout.py":
+            spelled[str(path.relative_to(ROOT))] = found
+    assert spelled == {}
+
+
+def test_the_templates_take_the_boxs_paths_from_the_layout():
+    for template in (ROOT / "files").rglob("*.j2"):
+        assert not BOX_PATH.search(template.read_text()), template
