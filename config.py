@@ -2,14 +2,14 @@
 
 thorfleet uses it to check every host's group data before the first SSH connection: bad input is
 refused with one line per problem and the run exits non-zero, no host contacted, nothing changed.
-The check runs right after the CLI loads the inventory (thorfleet/pyinfra_hooks.py says how and
+The check runs right after the CLI loads the inventory (thorfleet/run/pyinfra_hooks.py says how and
 why); deploy.py checks again, for the Python API.
 """
 
 import sys
 
-from thorfleet import pyinfra_hooks
-from thorfleet.settings import SettingsError, no_hosts, settings_for_run
+from thorfleet.run import pyinfra_hooks
+from thorfleet.settings.hosts import SettingsError, no_hosts, settings_for_run
 
 
 def _refuse_bad_group_data(state):

@@ -9,7 +9,7 @@ nothing, a drifted box is put right.
 
 from pyinfra import config, host
 
-from thorfleet.settings import refuse_outside_the_repository, settings_for_run
+from thorfleet.settings.hosts import refuse_outside_the_repository, settings_for_run
 
 # Run elsewhere, pyinfra loads neither config.py (the check before connecting) nor group_data/
 # (thorfleet's strict host-key default): stop before anything is planned, saying where to run.
@@ -28,8 +28,8 @@ from tasks import (
     watch,
     weights,
 )
-from thorfleet import report
-from thorfleet.roles import is_gateway, is_thor
+from thorfleet.run import report
+from thorfleet.settings.roles import is_gateway, is_thor
 
 config.SUDO = True  # everything on the box is root's; the deploy user needs passwordless sudo
 

@@ -59,7 +59,7 @@ service_allow_no_api_key = False  # explicitly serve without an API key (then bi
 service_health_timeout_s = 1200  # how long a (re)start may take to answer /health (the recipe waits 20 min)
 service_docker_gpus = "all"  # value of docker run --gpus
 service_docker_ulimits = {"memlock": "-1", "stack": "67108864"}  # docker run --ulimit, as the recipe runs it
-service_extra_env = {}  # extra environment for the container, merged over the recipe's (thorfleet/recipe.py)
+service_extra_env = {}  # extra environment for the container, merged over the recipe's (thorfleet/settings/recipe.py)
 
 # --- rollout: how a fleet is converged -----------------------------------------------------------
 rollout_batch = 1  # hosts restarted at once; each batch must serve before the next starts

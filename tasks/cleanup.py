@@ -3,8 +3,8 @@ revisions, derived images, build contexts), keeping the last good version a roll
 
 from pyinfra.api import deploy
 
-from thorfleet.layout import BOX_CLEAN, FILES
 from thorfleet.operations import cleanup, files
+from thorfleet.settings.layout import BOX_CLEAN, FILES
 
 
 @deploy("Cleanup")

@@ -16,8 +16,10 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from thorfleet.gateway import firewall_script
-from thorfleet.layout import (
+from thorfleet.gateway.config import firewall_script
+from thorfleet.operations import files, gateway, preflight, system
+from thorfleet.run.runstate import run_state
+from thorfleet.settings.layout import (
     BOX_FIREWALL,
     BOX_UNIT_DIR,
     FILES,
@@ -28,8 +30,6 @@ from thorfleet.layout import (
     GATEWAY_ROTATION,
     GATEWAY_STATE_DROPIN,
 )
-from thorfleet.operations import files, gateway, preflight, system
-from thorfleet.runstate import run_state
 
 HAPROXY_UNIT = "haproxy.service"
 

@@ -13,8 +13,9 @@ from io import StringIO
 from pyinfra import host, inventory, state
 from pyinfra.api import deploy
 
-from thorfleet import peers
-from thorfleet.layout import (
+from thorfleet.operations import files, image
+from thorfleet.run import peers
+from thorfleet.settings.layout import (
     BOX_ETC,
     BOX_IMAGE_CONTEXT,
     BOX_IMAGE_HOME,
@@ -26,7 +27,6 @@ from thorfleet.layout import (
     FILES,
     IMAGE_USER,
 )
-from thorfleet.operations import files, image
 
 
 @deploy("Image")

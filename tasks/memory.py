@@ -2,8 +2,8 @@
 
 from pyinfra.api import deploy
 
-from thorfleet.layout import BOX_BIN, BOX_MEMORY_GATE, FILES
 from thorfleet.operations import files
+from thorfleet.settings.layout import BOX_BIN, BOX_MEMORY_GATE, FILES
 
 
 @deploy("Memory")

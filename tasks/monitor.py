@@ -13,8 +13,7 @@ from io import StringIO
 from pyinfra import host
 from pyinfra.api import deploy
 
-from thorfleet.layout import FILES
-from thorfleet.monitor import (
+from thorfleet.gateway.monitor import (
     PROMETHEUS_CONFIG,
     PROMETHEUS_DEFAULTS,
     PROMETHEUS_RULES,
@@ -22,7 +21,8 @@ from thorfleet.monitor import (
     PROMETHEUS_UNIT,
 )
 from thorfleet.operations import files, preflight, system
-from thorfleet.runstate import run_state
+from thorfleet.run.runstate import run_state
+from thorfleet.settings.layout import FILES
 
 # Debian 12's prometheus (2.42), with promtool to check a config and its rules before they go
 # live. Its exporters are Recommends, left out: the boxes export their own figures.

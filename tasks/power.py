@@ -3,8 +3,8 @@
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
-from thorfleet.layout import BOX_UNIT_DIR, CLOCKS_UNIT, FILES
 from thorfleet.operations import files, power
+from thorfleet.settings.layout import BOX_UNIT_DIR, CLOCKS_UNIT, FILES
 
 
 @deploy("Power")

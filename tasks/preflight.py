@@ -4,8 +4,8 @@ from pyinfra import host, inventory
 from pyinfra.api import deploy
 
 from thorfleet.operations import preflight
-from thorfleet.peers import fleet_copy
-from thorfleet.runstate import run_state
+from thorfleet.run.peers import fleet_copy
+from thorfleet.run.runstate import run_state
 
 
 @deploy("Preflight")

@@ -9,7 +9,8 @@ from io import StringIO
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from thorfleet.layout import (
+from thorfleet.operations import files
+from thorfleet.settings.layout import (
     BOX_COMMON,
     BOX_CONFIG,
     BOX_CONFIG_DIR,
@@ -22,7 +23,6 @@ from thorfleet.layout import (
     box_unit,
     layout_env_text,
 )
-from thorfleet.operations import files
 
 
 @deploy("Service")
@@ -38,7 +38,7 @@ def run(settings):
                      src=StringIO(settings.config_text), path=BOX_CONFIG, mode="644")
     files.secret_file(name="Write the service secrets (root-only)", path=BOX_SECRETS_ENV,
                       content=settings.secrets_env_text)
-    # thorfleet-serve spells no path of the box: it reads them here (thorfleet/layout.py's).
+    # thorfleet-serve spells no path of the box: it reads them here (thorfleet/settings/layout.py's).
     files.whole_file(name="Write the box layout the start/prove/roll-back tool reads",
                      src=StringIO(layout_env_text()), path=BOX_LAYOUT_ENV, mode="644")
     # first: thorfleet-serve (and the watchdog, the benchmark) import it from beside them

@@ -4,7 +4,7 @@ Hosts that never served a version start first, all together: none of them takes 
 away. Restarts then roll through the fleet: a batch at a time (rollout_batch), the canary group
 first; a batch (or a first install) that fails its checks, or a canary that drops out before
 proving the change, stops the rollout and the hosts after it keep their current version
-(thorfleet/rollout.py says what each turn does, and why).
+(thorfleet/run/rollout.py says what each turn does, and why).
 
 The benchmark (files/bin/thorfleet-bench: /v1/completions, 512 tokens, a warm-up then 3 runs)
 runs after the proof when rollout_benchmark asks for it: "always", "never", or "first-install" (the
@@ -16,10 +16,10 @@ rollout_bench_min_toks.
 from pyinfra import host, inventory
 from pyinfra.api import deploy
 
-from thorfleet import rollout
-from thorfleet.layout import BOX_BENCH, FILES
 from thorfleet.operations import files, verification
-from thorfleet.roles import gateway_of, is_thor
+from thorfleet.run import rollout
+from thorfleet.settings.layout import BOX_BENCH, FILES
+from thorfleet.settings.roles import gateway_of, is_thor
 
 
 @deploy("Verification")

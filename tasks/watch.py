@@ -18,8 +18,15 @@ from io import StringIO
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from thorfleet.layout import BOX_READINGS, BOX_UNIT_DIR, BOX_WATCHDOG, FILES, ROOT, WATCHDOG_UNIT
 from thorfleet.operations import files, system
+from thorfleet.settings.layout import (
+    BOX_READINGS,
+    BOX_UNIT_DIR,
+    BOX_WATCHDOG,
+    FILES,
+    ROOT,
+    WATCHDOG_UNIT,
+)
 
 
 @deploy("Watchdog")

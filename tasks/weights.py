@@ -11,8 +11,9 @@ from io import StringIO
 from pyinfra import host, inventory, state
 from pyinfra.api import deploy
 
-from thorfleet import peers as fleet
-from thorfleet.layout import (
+from thorfleet.operations import files, weights
+from thorfleet.run import peers as fleet
+from thorfleet.settings.layout import (
     BOX_ETC,
     BOX_HF_TOKEN,
     BOX_MANIFESTS,
@@ -24,7 +25,6 @@ from thorfleet.layout import (
     PEER_USER,
     RRSYNC,
 )
-from thorfleet.operations import files, weights
 
 
 @deploy("Weights")

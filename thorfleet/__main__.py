@@ -38,7 +38,15 @@ def _via(values: list[str]) -> dict:
 
 
 def cmd_pin(args) -> int:
-    from thorfleet.pin import PinError, describe, plan, render, unified_diff, unpinned_after, write
+    from thorfleet.cli.pin import (
+        PinError,
+        describe,
+        plan,
+        render,
+        unified_diff,
+        unpinned_after,
+        write,
+    )
 
     path = Path(args.inventory)
     try:
@@ -87,8 +95,8 @@ def cmd_pin(args) -> int:
 
 def _checked(source):
     """(inventory, {name: Settings}) of an inventory file, or None once it said why not."""
-    from thorfleet.pin import PinError, load_inventory
-    from thorfleet.settings import SettingsError, no_hosts, settings_for_inventory
+    from thorfleet.cli.pin import PinError, load_inventory
+    from thorfleet.settings.hosts import SettingsError, no_hosts, settings_for_inventory
 
     try:
         inventory = load_inventory(source)
@@ -117,8 +125,8 @@ def cmd_check(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from thorfleet import status
-    from thorfleet.roles import thors
+    from thorfleet.cli import status
+    from thorfleet.settings.roles import thors
 
     if args.watch is not None and args.watch <= 0:
         _err(f"--watch {args.watch:g}: give the seconds between two refreshes, more than 0")
@@ -138,7 +146,7 @@ def cmd_status(args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from thorfleet.status import TIMEOUT_S, WATCH_S
+    from thorfleet.cli.status import TIMEOUT_S, WATCH_S
 
     top = argparse.ArgumentParser(prog="python -m thorfleet", description=__doc__.split("\n\n")[0])
     commands = top.add_subparsers(dest="command", required=True)

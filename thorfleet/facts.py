@@ -15,7 +15,7 @@ from shlex import quote as q
 from pyinfra.api import FactBase
 
 from thorfleet import readings
-from thorfleet.layout import (
+from thorfleet.settings.layout import (
     BOX_CLEAN,
     BOX_FIREWALL_LISTED,
     BOX_LAYOUT_ENV,

@@ -21,7 +21,7 @@ import pytest
 
 from sim.hub import DRAFT_REPO, MODEL_REPO, build_repos, repo_revisions
 from sim.registry import REGISTRY_LOCAL_PORT
-from thorfleet.pin import Change, Source, render
+from thorfleet.cli.pin import Change, Source, render
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "inventory" / "example.py"
@@ -512,7 +512,7 @@ def test_the_upstream_vllm_image_is_pinned_from_docker_hub_as_the_jetson_one_is(
 
 
 def test_image_names_are_read_as_docker_reads_them():
-    from thorfleet.resolve import registry_of, registry_url, split_image
+    from thorfleet.cli.resolve import registry_of, registry_url, split_image
 
     assert split_image("ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor") == (
         "ghcr.io/nvidia-ai-iot/vllm", "latest-jetson-thor", None)

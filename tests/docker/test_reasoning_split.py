@@ -43,8 +43,8 @@ TOOLS = {**CHAT, "messages": [{"role": "user", "content": "Weather in Paris? Use
 
 def rendered_config() -> str:
     """files/vllm.yaml.j2 as thorfleet renders it with default settings (API key set)."""
-    from thorfleet import schema
-    from thorfleet.render import Settings
+    from thorfleet.settings import schema
+    from thorfleet.settings.render import Settings
 
     data = {"weights_model_revision": "a" * 40, "weights_draft_revision": "b" * 40,
             "image_base": "r/vllm@sha256:" + "c" * 64}

@@ -15,9 +15,9 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.connectors.util import CommandOutput
 from pyinfra.context import ctx_host
 
-from thorfleet import layout
 from thorfleet.operations import verification
-from thorfleet.runstate import run_state
+from thorfleet.run.runstate import run_state
+from thorfleet.settings import layout
 
 KEY = "sk-bench-test"
 

@@ -3,7 +3,8 @@ outputs); what is absent prints nothing, and the fact is then pyinfra's default(
 
 import subprocess
 
-from thorfleet import facts, layout
+from thorfleet import facts
+from thorfleet.settings import layout
 
 # `sudo jetson_clocks --show` on a Jetson AGX Thor (L4T r38) after `jetson_clocks`, as published
 # (wang-junjian.github.io, Jetson AGX Thor, 2025): the GPU is the devfreq devices gpu-gpc-0 /

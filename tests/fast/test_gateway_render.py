@@ -21,11 +21,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from pyinfra.api import Inventory
 
-from thorfleet import layout
-from thorfleet.gateway import Backend, GatewaySettings, firewall_script, haproxy_word, nft_word
-from thorfleet.roles import gateway_of, is_gateway, is_thor, thors
-from thorfleet.schema import check_gateway
-from thorfleet.settings import SettingsError, settings_for_inventory
+from thorfleet.gateway.config import (
+    Backend,
+    GatewaySettings,
+    firewall_script,
+    haproxy_word,
+    nft_word,
+)
+from thorfleet.settings import layout
+from thorfleet.settings.hosts import SettingsError, settings_for_inventory
+from thorfleet.settings.roles import gateway_of, is_gateway, is_thor, thors
+from thorfleet.settings.schema import check_gateway
 
 PINS = {"weights_model_revision": "4" * 40, "weights_draft_revision": "5" * 40,
         "image_base": "registry.example/vllm@sha256:" + "a" * 64}
@@ -297,7 +303,7 @@ def test_any_inventory_value_is_refused_or_lands_as_itself(tmp_path):
 def test_the_gateways_tls_key_readable_by_others_is_refused(tmp_path):
     """The operator's own certificate key is a laptop secret like the API key (the class's test
     in tests/fast/test_settings.py): another user who reads it can be the gateway."""
-    from thorfleet.gateway_tls import gateway_pair  # a real pair, so only the mode is wrong
+    from thorfleet.gateway.tls import gateway_pair  # a real pair, so only the mode is wrong
     cert, key = gateway_pair(tmp_path / "other-ca", "gw-1", ["10.0.0.9"])
     (tmp_path / "gw.pem").write_bytes(cert)
     key_file = tmp_path / "gw.key"

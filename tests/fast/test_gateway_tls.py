@@ -15,8 +15,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from thorfleet import gateway_tls
-from thorfleet.gateway_tls import (
+from thorfleet.gateway import tls
+from thorfleet.gateway.tls import (
     check_names,
     ensure_fleet_ca,
     gateway_pair,
@@ -80,7 +80,7 @@ def test_two_deploys_at_once_make_one_ca(tmp_path, monkeypatch):
         threading.Event().wait(0.1)
         return generate(curve)
 
-    monkeypatch.setattr(gateway_tls.ec, "generate_private_key", slow_generate)
+    monkeypatch.setattr(tls.ec, "generate_private_key", slow_generate)
     start, returned = threading.Barrier(4), []
     runs = [threading.Thread(target=lambda: (start.wait(),
                                              returned.append(ensure_fleet_ca(tmp_path / "ca"))))
@@ -176,7 +176,7 @@ def test_a_name_too_long_for_a_common_name_lives_in_the_sans(tmp_path):
 def test_the_gateway_certificate_never_outlives_the_ca(tmp_path, monkeypatch):
     ca = x509.load_pem_x509_certificate(ensure_fleet_ca(tmp_path).read_bytes())
     late = ca.not_valid_after_utc - datetime.timedelta(days=100)
-    monkeypatch.setattr(gateway_tls, "_now", lambda: late)
+    monkeypatch.setattr(tls, "_now", lambda: late)
     leaf = x509.load_pem_x509_certificate(gateway_pair(tmp_path, "gw-1", NAMES)[0])
     assert leaf.not_valid_after_utc == ca.not_valid_after_utc
 
@@ -193,8 +193,8 @@ def test_a_new_ca_reissues(tmp_path):
 
 def test_a_certificate_with_30_days_left_is_reissued(tmp_path, monkeypatch):
     first = gateway_pair(tmp_path, "gw-1", NAMES)
-    later = gateway_tls._now() + datetime.timedelta(days=825 - 29)
-    monkeypatch.setattr(gateway_tls, "_now", lambda: later)
+    later = tls._now() + datetime.timedelta(days=825 - 29)
+    monkeypatch.setattr(tls, "_now", lambda: later)
     assert gateway_pair(tmp_path, "gw-1", NAMES)[0] != first[0]
 
 

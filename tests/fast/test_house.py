@@ -10,8 +10,8 @@ from tests.helpers import ROOT
 PACKAGE = ROOT / "thorfleet"
 # Modules that import nothing of thorfleet's: facts of the world, not logic, and the one module
 # that touches pyinfra's run machinery (pyinfra_hooks), which host is what (roles), the fleet CA
-# (gateway_tls), and the parsers of what a box prints (readings, copied onto the box).
-LEAVES = {"gateway_tls", "layout", "pyinfra_hooks", "readings", "recipe", "roles", "runstate",
+# (tls), and the parsers of what a box prints (readings, copied onto the box).
+LEAVES = {"tls", "layout", "pyinfra_hooks", "readings", "recipe", "roles", "runstate",
           "rollout"}
 # What the box-facing side (facts, operations) may import: never settings, schema or the report.
 BOX_SIDE = {"facts": {"layout", "readings"},
@@ -20,26 +20,45 @@ BOX_SIDE = {"facts": {"layout", "readings"},
             "snapshot": {"pyinfra_hooks", "runstate"}}
 
 
+ROOMS = ("cli", "gateway", "run", "settings")  # thorfleet's rooms: a module in one is named alone
+
+
+def _module(dotted: str) -> str:
+    """thorfleet.settings.schema -> schema; thorfleet.operations.power -> operations (the operations
+    are one module, all their files together); thorfleet.facts -> facts."""
+    parts = dotted.split(".")[1:]
+    return parts[1] if parts[0] in ROOMS and len(parts) > 1 else parts[0]
+
+
 def imports():
-    """{module: {thorfleet modules it imports, anywhere in its body}} for thorfleet/*.py; a package
-    (operations/) is one module, all its files together."""
+    """{module: {thorfleet modules it imports, anywhere in its body}} for every module of the
+    package, rooms included."""
     graph = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        module = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        if path.name == "__init__.py" and path.parent.name in ROOMS:
+            continue  # a room's docstring
+        module = _module(".".join(("thorfleet", *path.relative_to(PACKAGE).with_suffix("").parts)))
         found = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                if node.module == "thorfleet":
-                    found.update(alias.name for alias in node.names)
+                if node.module == "thorfleet" or node.module.removeprefix("thorfleet.") in ROOMS:
+                    found.update(_module(f"{node.module}.{alias.name}") for alias in node.names)
                 elif node.module.startswith("thorfleet."):
-                    found.add(node.module.split(".")[1])
+                    found.add(_module(node.module))
             elif isinstance(node, ast.ImportFrom) and node.level:
                 raise AssertionError(f"{path.name}: use absolute imports (from thorfleet...)")
             elif isinstance(node, ast.Import):
-                found.update(a.name.split(".")[1] for a in node.names
+                found.update(_module(a.name) for a in node.names
                              if a.name.startswith("thorfleet."))
         graph.setdefault(module, set()).update(found - {module})
     return graph
+
+
+def test_the_package_is_its_rooms():
+    """What a newcomer opens first: the rooms, the facts and operations tasks/ calls, the parsers
+    shared with the box, and the command line's entry (docs/layout.md)."""
+    top = {p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"}
+    assert top == {"__init__.py", "__main__.py", "facts.py", "readings.py", "operations", *ROOMS}
 
 
 def test_every_import_points_down_with_no_cycle():

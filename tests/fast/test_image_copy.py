@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from thorfleet.layout import FILES
+from thorfleet.settings.layout import FILES
 
 TOOL = FILES / "bin" / "thorfleet-image"
 TAG = "thorfleet/mistral-small4:abcdef012345"

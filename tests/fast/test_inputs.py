@@ -27,9 +27,10 @@ from tests.parse_back import (
     shell_words,
     unit_entries,
 )
-from thorfleet import peers, schema
-from thorfleet.render import Settings
-from thorfleet.settings import SettingsError, settings_for_inventory
+from thorfleet.run import peers
+from thorfleet.settings import schema
+from thorfleet.settings.hosts import SettingsError, settings_for_inventory
+from thorfleet.settings.render import Settings
 
 KEY = "sk-test-key"
 
@@ -68,7 +69,7 @@ def test_a_trailing_newline_is_refused(key, value):
 
 
 def test_every_pattern_of_the_schema_is_a_whole_value_match():
-    source = (ROOT / "thorfleet" / "schema.py").read_text()
+    source = (ROOT / "thorfleet" / "settings" / "schema.py").read_text()
     tree = ast.parse(source)
     calls = [node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
              and isinstance(node.func, ast.Attribute) and node.func.attr in ("match", "search")]

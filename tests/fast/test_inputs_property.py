@@ -29,10 +29,10 @@ from tests.parse_back import (
     shell_words,
     unit_entries,
 )
-from thorfleet import layout, schema
-from thorfleet.monitor import MonitorSettings, Target
-from thorfleet.recipe import PROFILES, RECIPE_ENV
-from thorfleet.render import Settings
+from thorfleet.gateway.monitor import MonitorSettings, Target
+from thorfleet.settings import layout, schema
+from thorfleet.settings.recipe import PROFILES, RECIPE_ENV
+from thorfleet.settings.render import Settings
 
 KEY = "sk-Az09-._~+/="
 GROUPS = {"all", "canary", "sim_thors"}

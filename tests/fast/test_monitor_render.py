@@ -14,8 +14,7 @@ import pytest
 import yaml
 from pyinfra.api import Inventory
 
-from thorfleet import layout
-from thorfleet.monitor import (
+from thorfleet.gateway.monitor import (
     LISTEN,
     PROMETHEUS_CONFIG,
     PROMETHEUS_DEFAULTS,
@@ -26,9 +25,10 @@ from thorfleet.monitor import (
     plain_word,
     target,
 )
-from thorfleet.roles import is_thor, monitor_of, thors
-from thorfleet.schema import check_monitor
-from thorfleet.settings import SettingsError, settings_for_inventory
+from thorfleet.settings import layout
+from thorfleet.settings.hosts import SettingsError, settings_for_inventory
+from thorfleet.settings.roles import is_thor, monitor_of, thors
+from thorfleet.settings.schema import check_monitor
 
 PINS = {"weights_model_revision": "4" * 40, "weights_draft_revision": "5" * 40,
         "image_base": "registry.example/vllm@sha256:" + "a" * 64}

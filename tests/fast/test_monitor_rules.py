@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import yaml
 
-from thorfleet import layout
+from thorfleet.settings import layout
 
 MONITOR = layout.FILES / "monitor"
 ALERTS = MONITOR / "alerts.yml"

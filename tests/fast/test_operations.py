@@ -9,7 +9,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand
 from pyinfra.context import ctx_host
 from pyinfra.facts.server import Which
 
-from thorfleet import facts, layout, pyinfra_hooks, snapshot
+from thorfleet import facts
 from thorfleet.operations import (
     cleanup,
     files,
@@ -20,7 +20,9 @@ from thorfleet.operations import (
     weights,
 )
 from thorfleet.operations.commands import ShownCommand
-from thorfleet.runstate import run_state
+from thorfleet.run import pyinfra_hooks, snapshot
+from thorfleet.run.runstate import run_state
+from thorfleet.settings import layout
 
 
 class FakeHost:

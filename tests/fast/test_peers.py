@@ -1,4 +1,4 @@
-"""Who copies weights from whom (thorfleet/peers.py), and the fleet's copy key on the laptop."""
+"""Who copies weights from whom (thorfleet/run/peers.py), and the fleet's copy key on the laptop."""
 
 import stat
 import subprocess
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from thorfleet import peers
+from thorfleet.run import peers
 
 
 def host(name, **data):

@@ -1,4 +1,4 @@
-"""thorfleet's touches of pyinfra (thorfleet/pyinfra_hooks.py) hold against the pinned pyinfra: every
+"""thorfleet's touches of pyinfra (thorfleet/run/pyinfra_hooks.py) hold against the pinned pyinfra: every
 name and signature it relies on is there, and the events, stages and plans it reads mean what it
 expects, on a real pyinfra State (operations on @local: `true`, `false`, `echo`)."""
 
@@ -20,8 +20,8 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_state
 from pyinfra.operations import files, server
 
-from thorfleet import pyinfra_hooks
 from thorfleet.operations import power
+from thorfleet.run import pyinfra_hooks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,7 @@ def found(path):
 @pytest.mark.parametrize("path", sorted(pyinfra_hooks.EXPECTED))
 def test_every_name_thorfleet_relies_on_is_in_the_pinned_pyinfra(path):
     assert found(path) == pyinfra_hooks.EXPECTED[path], (
-        f"pyinfra changed {path}: thorfleet/pyinfra_hooks.py relies on it (see its docstring)")
+        f"pyinfra changed {path}: thorfleet/run/pyinfra_hooks.py relies on it (see its docstring)")
 
 
 def test_an_operations_own_parameters_are_read_through_operation():
@@ -124,7 +124,7 @@ def test_config_checks_the_inventory_before_connecting_and_adds_the_run_handlers
     assert "refusing to run (no host was contacted)" in err.getvalue()
     assert "  - thor-1: " in err.getvalue()
     # good group data: the run goes on, with keepalives and the event recorder in place
-    monkeypatch.setattr("thorfleet.settings.settings_for_run", lambda state: {})
+    monkeypatch.setattr("thorfleet.settings.hosts.settings_for_run", lambda state: {})
     state = State()
     with ctx_state.use(state):
         exec(compile(config_py, "config.py", "exec"), {"__name__": "config"})  # noqa: S102
@@ -152,7 +152,7 @@ def test_pin_loads_pyinfra_cli_without_gevents_monkey_patching(tmp_path):
     import subprocess
 
     (tmp_path / "inventory.py").write_text('thors = (["thor-1"], {"x": 1})\n')
-    code = ("import select, sys; from thorfleet import pyinfra_hooks; "
+    code = ("import select, sys; from thorfleet.run import pyinfra_hooks; "
             f"inv = pyinfra_hooks.load_cli_inventory({str(tmp_path / 'inventory.py')!r}, "
             f"{str(ROOT)!r}); "
             "print(inv.get_host('thor-1').data.x, hasattr(select, 'epoll'))")
@@ -246,7 +246,7 @@ def test_the_guard_fails_on_an_internal_in_a_new_place(tmp_path, line, why):
 
 def test_the_report_rows_and_table_are_pure():
     for name in ("report_rows", "report_table"):
-        tree = ast.parse((ROOT / "thorfleet" / f"{name}.py").read_text())
+        tree = ast.parse((ROOT / "thorfleet" / "run" / f"{name}.py").read_text())
         imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
                     for alias in node.names}
         imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}

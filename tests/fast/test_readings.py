@@ -5,7 +5,7 @@ import ast
 import sys
 
 from thorfleet import readings
-from thorfleet.layout import ROOT
+from thorfleet.settings.layout import ROOT
 
 
 def test_readings_imports_the_standard_library_only():

@@ -9,9 +9,9 @@ import pytest
 from pyinfra.api.state import StateStage
 from rich.console import Console
 
-from thorfleet import report, report_rows, report_table
-from thorfleet.report_rows import FIELDS, HostRun
-from thorfleet.runstate import RunState, run_state
+from thorfleet.run import report, report_rows, report_table
+from thorfleet.run.report_rows import FIELDS, HostRun
+from thorfleet.run.runstate import RunState, run_state
 
 
 class FakeHost(SimpleNamespace):

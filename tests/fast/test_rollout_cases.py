@@ -26,9 +26,10 @@ import pytest
 from pyinfra.api import FunctionCommand, StringCommand
 from pyinfra.context import ctx_host
 
-from thorfleet import facts, rollout
+from thorfleet import facts
 from thorfleet.operations import verification
-from thorfleet.runstate import run_state
+from thorfleet.run import rollout
+from thorfleet.run.runstate import run_state
 
 CASES = sorted((Path(__file__).resolve().parents[1] / "rollout_cases").glob("*.json"))
 HOST = "thor-2"  # the host whose turn it is

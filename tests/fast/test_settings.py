@@ -1,6 +1,6 @@
 """Bad group data is refused with one clear message per problem, before any host is touched.
 
-Fast: no Docker, no SSH. The schema (thorfleet/schema.py) against group_data/all.py, every rule
+Fast: no Docker, no SSH. The schema (thorfleet/settings/schema.py) against group_data/all.py, every rule
 refusing a bad value with its message, a typo'd key told the real one, a good inventory passing.
 """
 
@@ -11,10 +11,16 @@ from pathlib import Path
 import pytest
 from pyinfra.api import Inventory
 
-from thorfleet import layout, render, rollout
-from thorfleet.layout import BOX_MODELS
-from thorfleet.schema import FIELDS, PREFIXES, REQUIRED
-from thorfleet.settings import SettingsError, settings_for, settings_for_inventory, settings_for_run
+from thorfleet.run import rollout
+from thorfleet.settings import layout, render
+from thorfleet.settings.hosts import (
+    SettingsError,
+    settings_for,
+    settings_for_inventory,
+    settings_for_run,
+)
+from thorfleet.settings.layout import BOX_MODELS
+from thorfleet.settings.schema import FIELDS, PREFIXES, REQUIRED
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL_PY = ROOT / "group_data" / "all.py"
@@ -65,7 +71,7 @@ def all_py_comments():
 
 
 def test_every_key_of_all_py_is_declared_in_the_schema_and_back():
-    assert set(all_py_comments()) == set(FIELDS), "group_data/all.py and thorfleet/schema.py differ"
+    assert set(all_py_comments()) == set(FIELDS), "group_data/all.py and thorfleet/settings/schema.py differ"
 
 
 def test_all_py_defaults_are_the_schema_defaults(monkeypatch):
@@ -482,7 +488,7 @@ def test_two_services_on_one_port_of_one_box(api_key_file):
 def test_the_image_files_are_read_once_per_inventory(api_key_file, monkeypatch):
     reads = []
     real = render.image_files_hash
-    monkeypatch.setattr("thorfleet.settings.image_files_hash", lambda: reads.append(1) or real())
+    monkeypatch.setattr("thorfleet.settings.hosts.image_files_hash", lambda: reads.append(1) or real())
     settings = settings_for_inventory(inventory(api_key_file, hosts=[f"thor-{i}" for i in range(5)]))
     assert len({s.image_tag for s in settings.values()}) == 1 and len(reads) == 1
 
@@ -502,7 +508,7 @@ def test_the_run_holds_its_checked_settings(api_key_file):
         settings_for_run(bad)
 
 
-# --- one restart order for the whole run (thorfleet.rollout.plan) ---------------------------------
+# --- one restart order for the whole run (thorfleet.run.rollout.plan) ---------------------------------
 
 def test_a_canary_group_named_in_its_own_group_data_orders_every_host(api_key_file):
     # group_data/canary.py (or the inventory's canary group) is where an operator names it

@@ -11,8 +11,8 @@ import pytest
 
 from sim import __main__ as sim_cli
 from sim import fleet
-from thorfleet import roles, schema
-from thorfleet.pin import load_inventory
+from thorfleet.cli.pin import load_inventory
+from thorfleet.settings import roles, schema
 
 BASE = "thorfleet-registry:5000/nvidia-ai-iot/vllm@sha256:" + "c" * 64
 HUB = {"endpoint_in_sim": "http://thorfleet-hub:8000", "endpoint_local": "http://127.0.0.1:4711",

@@ -1,4 +1,4 @@
-"""One round trip for a converged run (thorfleet/snapshot.py): the reads the operations declare run
+"""One round trip for a converged run (thorfleet/run/snapshot.py): the reads the operations declare run
 as one shell command, here a real local shell on temp folders, and answer the operations until the
 host has been sent a command in the run; then each read is a fact command of its own again."""
 
@@ -10,8 +10,9 @@ from pyinfra.api import operation
 from pyinfra.api.state import StateStage
 from pyinfra.facts.server import Which
 
-from thorfleet import facts, pyinfra_hooks, snapshot
-from thorfleet.runstate import run_state
+from thorfleet import facts
+from thorfleet.run import pyinfra_hooks, snapshot
+from thorfleet.run.runstate import run_state
 
 
 def on_this_machine(queries):

@@ -22,8 +22,8 @@ from types import SimpleNamespace
 import pytest
 
 from tests.helpers import ROOT, box_program
-from thorfleet import layout, schema
-from thorfleet.render import Settings
+from thorfleet.settings import layout, schema
+from thorfleet.settings.render import Settings
 
 TOOL = ROOT / "files" / "bin" / "thorfleet-serve"
 SERVICE = "thorfleet-vllm"

@@ -31,8 +31,9 @@ import pytest
 
 from tests.helpers import ROOT
 from tests.parse_back import PINS, command_words, unit_entries
-from thorfleet import layout, readings, schema
-from thorfleet.render import Settings
+from thorfleet import readings
+from thorfleet.settings import layout, schema
+from thorfleet.settings.render import Settings
 
 TOOL = ROOT / "files" / "bin" / "thorfleet-watchdog"
 SERVICE = "thorfleet-vllm"

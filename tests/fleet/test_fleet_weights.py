@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.helpers import SERVICE, SHARD, box, deploy, downloads, hub, model_dir, serves
-from thorfleet.layout import BOX_WEIGHTS
+from thorfleet.settings.layout import BOX_WEIGHTS
 
 FLIP = ("python3 -c 'import os, sys; p = sys.argv[1]; s = os.stat(p); f = open(p, \"r+b\"); "
         "f.seek(s.st_size // 2); b = f.read(16); f.seek(s.st_size // 2); "

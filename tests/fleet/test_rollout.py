@@ -14,7 +14,7 @@ import pytest
 
 from sim.prober import Prober
 from tests.helpers import deploy
-from thorfleet.report import FIELDS
+from thorfleet.run.report import FIELDS
 
 UNREACHABLE = "thor-99"  # nothing listens on its SSH port (22099)
 

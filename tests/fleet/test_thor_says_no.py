@@ -29,7 +29,7 @@ SEED_ENV_LINES = [
 EDITS = [
     # the seed's FlashInfer GEMM swapped for Marlin: vLLM logs the fallback (nvfp4_utils.py L66)
     ("the seed's kernel env edited to Marlin",
-     {"thorfleet/recipe.py": [('"VLLM_NVFP4_GEMM_BACKEND": "flashinfer-cutlass"',
+     {"thorfleet/settings/recipe.py": [('"VLLM_NVFP4_GEMM_BACKEND": "flashinfer-cutlass"',
                                '"VLLM_NVFP4_GEMM_BACKEND": "marlin"')]},
      ["slow Marlin FP4 fallback", "NvFp4LinearBackend.MARLIN", "Rolled back"]),
     ("drop the memory gate from the unit",
@@ -54,7 +54,7 @@ EDITS = [
 # FlashInfer CUTLASS kernel lists 11.0) by itself, and TRITON_MLA is the only MLA attention backend
 # for major 11 (platforms/cuda.py L91-97). The seed's settings are kept, but not needed there.
 ACCEPTED = [
-    ("drop the seed's kernel env vars", {"thorfleet/recipe.py": [(line, "") for line in SEED_ENV_LINES]}),
+    ("drop the seed's kernel env vars", {"thorfleet/settings/recipe.py": [(line, "") for line in SEED_ENV_LINES]}),
     ("drop --attention-backend", {UNIT: [(" --attention-backend TRITON_MLA", "")]}),
 ]
 HOG = "thorsim-second-server"

@@ -6,9 +6,9 @@ from pyinfra import host
 from pyinfra.api import operation
 
 from thorfleet import facts
-from thorfleet.layout import BOX_IMAGE_CONTEXT, BOX_LAST_GOOD_UNIT, box_unit
 from thorfleet.operations.commands import sh
-from thorfleet.snapshot import reads
+from thorfleet.run.snapshot import reads
+from thorfleet.settings.layout import BOX_IMAGE_CONTEXT, BOX_LAST_GOOD_UNIT, box_unit
 
 
 def _leftovers(weights_dir, keep_dirs, image_name, keep_image, keep_context, service, **_):

@@ -7,8 +7,8 @@ import shlex
 
 from pyinfra.api import FunctionCommand
 
-from thorfleet.pyinfra_hooks import ShownCommand  # noqa: F401 (the operations' import)
-from thorfleet.runstate import run_state
+from thorfleet.run.pyinfra_hooks import ShownCommand  # noqa: F401 (the operations' import)
+from thorfleet.run.runstate import run_state
 
 q = shlex.quote
 

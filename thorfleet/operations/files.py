@@ -11,9 +11,9 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 
 from thorfleet import facts
-from thorfleet.layout import BOX_UPLOAD_STAGING
 from thorfleet.operations.commands import fail_host, sh
-from thorfleet.snapshot import reads
+from thorfleet.run.snapshot import reads
+from thorfleet.settings.layout import BOX_UPLOAD_STAGING
 
 
 def _text_of(src):

@@ -7,7 +7,9 @@ from pyinfra import host
 from pyinfra.api import operation
 
 from thorfleet import facts
-from thorfleet.layout import (
+from thorfleet.operations.commands import fail_host, sh
+from thorfleet.run.snapshot import reads
+from thorfleet.settings.layout import (
     FIREWALL_TABLE,
     FIREWALL_UNIT,
     GATEWAY_ADMIN_SOCKET,
@@ -15,8 +17,6 @@ from thorfleet.layout import (
     GATEWAY_SERVER_STATE,
     GATEWAY_STATE_LOCK,
 )
-from thorfleet.operations.commands import fail_host, sh
-from thorfleet.snapshot import reads
 
 # HAProxy, and socat to speak to its runtime API (Debian's haproxy suggests, not depends on it).
 GATEWAY_PACKAGES = ("haproxy", "socat")

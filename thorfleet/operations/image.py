@@ -7,12 +7,18 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import FunctionCommand, operation
 
-from thorfleet import facts, pyinfra_hooks
-from thorfleet.layout import BOX_IMAGE_KEY, BOX_IMAGE_TOOL, BOX_PEER_KNOWN_HOSTS, IMAGE_USER
+from thorfleet import facts
 from thorfleet.operations.commands import ShownCommand, q, sh
-from thorfleet.roles import thors
-from thorfleet.runstate import run_state
-from thorfleet.snapshot import is_planned, read, reads
+from thorfleet.run import pyinfra_hooks
+from thorfleet.run.runstate import run_state
+from thorfleet.run.snapshot import is_planned, read, reads
+from thorfleet.settings.layout import (
+    BOX_IMAGE_KEY,
+    BOX_IMAGE_TOOL,
+    BOX_PEER_KNOWN_HOSTS,
+    IMAGE_USER,
+)
+from thorfleet.settings.roles import thors
 
 
 def _labels(tag, **_):

@@ -8,11 +8,12 @@ import time
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 
-from thorfleet import facts, pyinfra_hooks
-from thorfleet.layout import BOX_REBOOT_MARKER
+from thorfleet import facts
 from thorfleet.operations.commands import fail_host, q, sh
-from thorfleet.runstate import run_state
-from thorfleet.snapshot import reads
+from thorfleet.run import pyinfra_hooks
+from thorfleet.run.runstate import run_state
+from thorfleet.run.snapshot import reads
+from thorfleet.settings.layout import BOX_REBOOT_MARKER
 
 
 @reads(current=lambda **_: (facts.PowerMode, {}))

@@ -9,10 +9,10 @@ from pyinfra.api import FunctionCommand, operation
 from pyinfra.facts.server import Which
 
 from thorfleet import facts
-from thorfleet.layout import BOX_RUN_LOCK_DIR, RRSYNC
 from thorfleet.operations.commands import fail_host, sh
-from thorfleet.runstate import run_state
-from thorfleet.snapshot import reads
+from thorfleet.run.runstate import run_state
+from thorfleet.run.snapshot import reads
+from thorfleet.settings.layout import BOX_RUN_LOCK_DIR, RRSYNC
 
 # A holder whose run just ended lets go within the keeper's poll (0.5 s): a run that "stops at
 # once" still waits this long, so back-to-back runs never trip on the one before.

@@ -8,7 +8,7 @@ from pyinfra.api import operation
 
 from thorfleet import facts
 from thorfleet.operations.commands import sh
-from thorfleet.snapshot import reads
+from thorfleet.run.snapshot import reads
 
 
 @reads(installed=lambda packages, **_: (facts.DebInstalled, {"packages": list(packages)}))

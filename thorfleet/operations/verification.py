@@ -11,8 +11,12 @@ from dataclasses import dataclass
 from pyinfra import host
 from pyinfra.api import FunctionCommand, operation
 
-from thorfleet import facts, pyinfra_hooks, rollout
-from thorfleet.layout import (
+from thorfleet import facts
+from thorfleet.operations.commands import sh
+from thorfleet.run import pyinfra_hooks, rollout
+from thorfleet.run.runstate import run_state
+from thorfleet.run.snapshot import read, reads
+from thorfleet.settings.layout import (
     BOX_BENCH,
     BOX_SERVE,
     GATEWAY_ADMIN_SOCKET,
@@ -20,9 +24,6 @@ from thorfleet.layout import (
     GATEWAY_ROTATION,
     GATEWAY_SERVER_STATE,
 )
-from thorfleet.operations.commands import sh
-from thorfleet.runstate import run_state
-from thorfleet.snapshot import read, reads
 
 
 @reads(served=lambda service, port, **_: (

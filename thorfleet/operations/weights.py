@@ -7,7 +7,9 @@ from pyinfra import host
 from pyinfra.api import operation
 
 from thorfleet import facts
-from thorfleet.layout import (
+from thorfleet.operations.commands import ShownCommand, q, sh
+from thorfleet.run.snapshot import reads
+from thorfleet.settings.layout import (
     BOX_MANIFESTS,
     BOX_PEER_KEY,
     BOX_PEER_KNOWN_HOSTS,
@@ -15,8 +17,6 @@ from thorfleet.layout import (
     FETCH_CONTAINER,
     PEER_USER,
 )
-from thorfleet.operations.commands import ShownCommand, q, sh
-from thorfleet.snapshot import reads
 
 
 @reads(weights=lambda folder, revision, **_: (

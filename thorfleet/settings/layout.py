@@ -7,7 +7,7 @@ The one Python file that spells the box's paths; everything else imports them fr
 from pathlib import Path
 
 # --- the laptop: this checkout ----------------------------------------------------------------
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "files"  # templates, box scripts, the image's build context
 
 # --- the box ------------------------------------------------------------------------------------
@@ -118,5 +118,5 @@ def layout_env_text():
         "UNIT_DIR": BOX_UNIT_DIR,
         "RUN_DIR": BOX_RUN_LOCK_DIR,
     }
-    return ("# Managed by thorfleet (thorfleet/layout.py): where the box's tools find their files.\n"
+    return ("# Managed by thorfleet (thorfleet/settings/layout.py): where the box's tools find their files.\n"
             + "".join(f"{key}={value}\n" for key, value in paths.items()))

@@ -20,9 +20,9 @@ import subprocess
 from functools import cache
 from pathlib import Path
 
-from thorfleet import pyinfra_hooks
-from thorfleet.roles import thors
-from thorfleet.schema import is_peer_address
+from thorfleet.run import pyinfra_hooks
+from thorfleet.settings.roles import thors
+from thorfleet.settings.schema import is_peer_address
 
 
 def fleet_copy(settings, inventory) -> bool:

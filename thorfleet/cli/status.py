@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
-from thorfleet import layout
+from thorfleet.settings import layout
 
 TIMEOUT_S = 10.0  # to connect, and for the box's answer: a box that stops answering is a row
 WATCH_S = 5.0  # --watch's default refresh
@@ -106,7 +106,7 @@ def collect(hosts, commands, run=None, timeout=TIMEOUT_S) -> dict:
     thread each. `commands`: {name: command line}; `run(host, command, timeout) -> (exit status,
     stdout, stderr)`, by default over the deploy's own SSH connection."""
     if run is None:
-        from thorfleet.pyinfra_hooks import run_once as run
+        from thorfleet.run.pyinfra_hooks import run_once as run
     hosts = list(hosts)
     if not hosts:
         return {}
@@ -307,12 +307,12 @@ def show(inventory, settings, *, as_json=False, watch=None, timeout=TIMEOUT_S, r
     that does not serve. Exit status 0 when every host serves (of the last refresh), else 1."""
     import sys
 
-    from thorfleet.roles import thors
+    from thorfleet.settings.roles import thors
 
     err = err or sys.stderr
     hosts = thors(inventory)
     if run is None:
-        from thorfleet.pyinfra_hooks import connectable
+        from thorfleet.run.pyinfra_hooks import connectable
 
         connectable(inventory, timeout)
     commands = {h.name: command(settings[h.name]) for h in hosts}

@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from thorfleet.resolve import (
+from thorfleet.cli.resolve import (
     DEFAULT_IMAGE,
     HEX40,
     ResolveError,
@@ -35,7 +35,7 @@ from thorfleet.resolve import (
     split_image,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 IMAGE_PINNED = re.compile(r"@sha256:[0-9a-f]{64}$")
 TAG_COMMENT = re.compile(r"#\s*tag\s+(\S+)")
 
@@ -66,7 +66,7 @@ def load_inventory(path):
     from click import ClickException
     from pyinfra.api.exceptions import PyinfraError
 
-    from thorfleet.pyinfra_hooks import load_cli_inventory
+    from thorfleet.run.pyinfra_hooks import load_cli_inventory
 
     path = Path(path)
     if not path.is_file():

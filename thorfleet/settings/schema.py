@@ -31,8 +31,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from thorfleet.gateway_tls import check_names
-from thorfleet.layout import (
+from thorfleet.cli.resolve import placeholder
+from thorfleet.gateway.tls import check_names
+from thorfleet.settings.layout import (
     BOX_BIN,
     BOX_ETC,
     BOX_HOME,
@@ -43,8 +44,7 @@ from thorfleet.layout import (
     BOX_STATE,
     BOX_VLLM_CACHE,
 )
-from thorfleet.recipe import PROFILES, SECRET_ENV
-from thorfleet.resolve import placeholder
+from thorfleet.settings.recipe import PROFILES, SECRET_ENV
 
 # Group data keys with these prefixes are thorfleet's: one no setting has is a typo, not a choice.
 PREFIXES = ("preflight_", "power_", "memory_", "weights_", "image_", "service_", "rollout_",
@@ -137,7 +137,7 @@ HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")  # and 253 characters at most
 _ZONE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 # The folders of the system and thorfleet's own other folders: weights_dir is made 755, served to
 # the other boxes read-only (rrsync -ro) and cleaned of old revisions, so it must be a folder of
-# its own. (the system's: the FHS top level; thorfleet's: thorfleet/layout.py)
+# its own. (the system's: the FHS top level; thorfleet's: thorfleet/settings/layout.py)
 SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32",
                 "/lost+found", "/proc", "/root", "/run", "/sbin", "/snap", "/sys", "/tmp",
                 "/usr", "/var")
@@ -259,7 +259,7 @@ def _certificate_name(name):
 
 def _client_names(names):
     """Each name clients reach the gateway by: a DNS name or an IP address, by the rule the
-    certificate's subjectAltName entries are made with (gateway_tls.check_names)."""
+    certificate's subjectAltName entries are made with (tls.check_names)."""
     bad = [name for name in names if not isinstance(name, str) or not _certificate_name(name)]
     if bad:
         _refuse(f"gateway_names={names!r}: {bad!r} is not a DNS name or IP address (the "
@@ -516,7 +516,7 @@ class Schema(BaseModel):
         {"memlock": "-1", "stack": "67108864"}, "docker run --ulimit, as the recipe runs it",
         "must be a dict of ulimit name: value, like {'memlock': '-1'}")
     service_extra_env: Annotated[dict[StrictStr, Any], AfterValidator(_extra_env)] = setting(
-        {}, "extra environment for the container, merged over the recipe's (thorfleet/recipe.py)",
+        {}, "extra environment for the container, merged over the recipe's (thorfleet/settings/recipe.py)",
         "must be a dict of NAME: value")
 
     # --- rollout: how a fleet is converged -------------------------------------------------------

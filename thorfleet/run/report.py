@@ -33,8 +33,9 @@ from pyinfra import host, logger
 from pyinfra.api import operation
 from pyinfra.api.exceptions import PyinfraError
 
-from thorfleet import facts, pyinfra_hooks
-from thorfleet.report_rows import (
+from thorfleet import facts
+from thorfleet.run import pyinfra_hooks
+from thorfleet.run.report_rows import (
     FIELDS,
     NO_EARLIER_REPORT,
     HostRun,
@@ -42,11 +43,11 @@ from thorfleet.report_rows import (
     host_rows,
     whole_report,
 )
-from thorfleet.report_table import print_table
-from thorfleet.roles import thors
-from thorfleet.runstate import run_state
-from thorfleet.settings import settings_for_run
-from thorfleet.snapshot import read, reads
+from thorfleet.run.report_table import print_table
+from thorfleet.run.runstate import run_state
+from thorfleet.run.snapshot import read, reads
+from thorfleet.settings.hosts import settings_for_run
+from thorfleet.settings.roles import thors
 
 __all__ = ["FIELDS", "install", "observe", "observed", "write"]
 

@@ -20,7 +20,7 @@ from functools import cached_property
 
 import yaml
 
-from thorfleet.schema import Checked, is_host
+from thorfleet.settings.schema import Checked, is_host
 
 PROMETHEUS_UNIT = "prometheus.service"
 # Debian 12's package: its paths (dpkg -L prometheus) and its unit's way of reading arguments.

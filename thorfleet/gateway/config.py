@@ -23,9 +23,10 @@ from pathlib import Path
 
 import jinja2
 
-from thorfleet import gateway_tls, layout
-from thorfleet.monitor import target
-from thorfleet.schema import Checked
+from thorfleet.gateway import tls
+from thorfleet.gateway.monitor import target
+from thorfleet.settings import layout
+from thorfleet.settings.schema import Checked
 
 # HAProxy's config words (configuration.txt, 2.2 "Quoting and escaping"): outside quotes a space
 # or '#' ends a word, '\', '"', "'" and '$' start an escape, a quote or a variable. A plain word
@@ -148,7 +149,7 @@ class GatewaySettings(Checked):
     def names(self) -> list[str]:
         """Every name clients use for the gateway: its inventory address first, then
         gateway_names; the certificate names each."""
-        return gateway_tls.check_names([self.address, *self.gateway_names])
+        return tls.check_names([self.address, *self.gateway_names])
 
     @property
     def error_responses(self) -> list[dict]:
@@ -200,14 +201,14 @@ class GatewaySettings(Checked):
         """HAProxy's `crt` file: the certificate (chain) and its key. Read or made on the laptop
         when first asked (the fleet CA's folder is made then), the same bytes on a re-run."""
         if self.operator_certificate:
-            pair = gateway_tls.operator_pair(Path(self.gateway_tls_cert_file).expanduser(),
+            pair = tls.operator_pair(Path(self.gateway_tls_cert_file).expanduser(),
                                              Path(self.gateway_tls_key_file).expanduser(),
                                              self.names)
         else:
             ca_dir = Path(self.gateway_ca_dir).expanduser()
-            gateway_tls.ensure_fleet_ca(ca_dir)
-            pair = gateway_tls.gateway_pair(ca_dir, self.name, self.names)
-        return gateway_tls.haproxy_pem(*pair).decode()
+            tls.ensure_fleet_ca(ca_dir)
+            pair = tls.gateway_pair(ca_dir, self.name, self.names)
+        return tls.haproxy_pem(*pair).decode()
 
     @cached_property
     def config_text(self) -> str:

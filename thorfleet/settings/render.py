@@ -15,9 +15,9 @@ from functools import cached_property
 import jinja2
 import yaml
 
-from thorfleet import layout
-from thorfleet.recipe import PROFILES, RECIPE_ENV
-from thorfleet.schema import API_KEY, Schema
+from thorfleet.settings import layout
+from thorfleet.settings.recipe import PROFILES, RECIPE_ENV
+from thorfleet.settings.schema import API_KEY, Schema
 
 
 def image_files_hash(folder=layout.FILES / "image"):

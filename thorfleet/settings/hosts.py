@@ -16,17 +16,17 @@ from pathlib import Path
 
 import yaml
 
-from thorfleet import gateway_tls
-from thorfleet.gateway import SERVER_NAME, Backend, GatewaySettings
-from thorfleet.monitor import MonitorSettings, Target, label_value, target
-from thorfleet.peers import (
+from thorfleet.gateway import tls
+from thorfleet.gateway.config import SERVER_NAME, Backend, GatewaySettings
+from thorfleet.gateway.monitor import MonitorSettings, Target, label_value, target
+from thorfleet.run.peers import (
     dial_host,
     fleet_copy,
     image_copy,
     peer_address_problems,
 )
-from thorfleet.render import Settings, image_files_hash
-from thorfleet.roles import (
+from thorfleet.settings.render import Settings, image_files_hash
+from thorfleet.settings.roles import (
     is_gateway,
     is_monitor_host,
     is_thor,
@@ -34,7 +34,7 @@ from thorfleet.roles import (
     near_role_groups,
     thors,
 )
-from thorfleet.schema import (
+from thorfleet.settings.schema import (
     SettingsError,
     check,
     check_gateway,
@@ -51,7 +51,7 @@ def refuse_outside_the_repository(cwd=None) -> None:
     """Exit 2 with one line when pyinfra runs from another folder than this checkout: it reads
     config.py and group_data/ from its working directory only, so thorfleet's check of every
     host's data before connecting and its strict host-key default would be off."""
-    from thorfleet.layout import ROOT
+    from thorfleet.settings.layout import ROOT
 
     here = Path(cwd or os.getcwd()).resolve()
     if here != ROOT:
@@ -266,7 +266,7 @@ def _the_gateway(inventory, settings):
                         "of their own")
     address = data.get("ssh_hostname") or h.name
     try:
-        names = gateway_tls.check_names([address, *(values.gateway_names if values else [])])
+        names = tls.check_names([address, *(values.gateway_names if values else [])])
     except ValueError as error:
         problems.append(f"{h.name}: {error}: the certificate names the gateway's ssh_hostname "
                         "as clients use it; set ssh_hostname to an address or DNS name")
@@ -279,7 +279,7 @@ def _the_gateway(inventory, settings):
     cert, key = data.get("gateway_tls_cert_file"), data.get("gateway_tls_key_file")
     if values and cert and key:
         try:
-            gateway_tls.operator_pair(Path(cert).expanduser(), Path(key).expanduser(), names)
+            tls.operator_pair(Path(cert).expanduser(), Path(key).expanduser(), names)
         except (OSError, ValueError) as error:
             problems.append(f"{h.name}: gateway_tls_cert_file/gateway_tls_key_file: {error}")
     backends = []

@@ -34,8 +34,8 @@ from shlex import quote as q
 from pyinfra import host as context_host
 from pyinfra.api import StringCommand, operation
 
-from thorfleet import pyinfra_hooks
-from thorfleet.runstate import run_state
+from thorfleet.run import pyinfra_hooks
+from thorfleet.run.runstate import run_state
 
 MARK = "@@thorfleet-read"
 

@@ -1,0 +1,1 @@
+"""The command line beyond a deploy: `python -m thorfleet pin|check|status` (pin, resolve, status)."""
