@@ -28,7 +28,7 @@ from thorfleet.gateway.config import (
     haproxy_word,
     nft_word,
 )
-from thorfleet.settings import layout
+from thorfleet.settings import hosts, layout
 from thorfleet.settings.hosts import SettingsError, settings_for_inventory
 from thorfleet.settings.roles import gateway_of, is_gateway, is_thor, thors
 from thorfleet.settings.schema import check_gateway
@@ -666,3 +666,18 @@ def api_key(tmp_path):
     key.write_text("sk-test\n")
     key.chmod(0o600)
     return key
+
+
+@pytest.mark.parametrize("gateway_data, refused", [
+    ({}, True),  # the ssh_* data put in the Thors' group alone
+    ({"ssh_user": "admin"}, False),
+])
+def test_a_gateway_left_without_the_thors_ssh_user_is_named(tmp_path, gateway_data, refused):
+    inv = inventory(tmp_path, thor_hosts=[("thor-1", {"ssh_hostname": "10.0.0.1",
+                                                       "ssh_user": "ubuntu"})],
+                    gateway_hosts=[("gw-1", {"ssh_hostname": "10.0.0.9", **gateway_data})])
+    found = [p for p in hosts.ssh_file_problems(inv) if "ssh_user" in p]
+    assert found == ([
+        "gw-1: no ssh_user, while the Thors log in as 'ubuntu': set ssh_user (and ssh_key, "
+        "ssh_known_hosts_file) in gw-1's group data too; the Thors' group data does not reach it"]
+        if refused else [])

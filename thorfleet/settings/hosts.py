@@ -142,7 +142,19 @@ def ssh_file_problems(inventory) -> list[str]:
             if isinstance(value, str) and not Path(value).expanduser().exists():
                 found.append(f"{h.name}: {key}={value!r} does not exist on this machine: "
                              f"{fix.replace('FILE', value)}")
-    return found
+    return found + _ssh_user_left_behind(inventory)
+
+
+def _ssh_user_left_behind(inventory) -> list[str]:
+    """A gateway or monitor with no ssh_user while the Thors have one: their group's data does not
+    reach it, so pyinfra would log in as this laptop's user and fail only once the run started."""
+    users = sorted({h.data.dict().get("ssh_user") for h in thors(inventory)} - {None})
+    if not users:
+        return []  # nobody names a user: ~/.ssh/config decides for every host alike
+    return [f"{h.name}: no ssh_user, while the Thors log in as {', '.join(map(repr, users))}: set "
+            f"ssh_user (and ssh_key, ssh_known_hosts_file) in {h.name}'s group data too; the Thors' "
+            "group data does not reach it" for h in inventory
+            if not is_thor(h) and not h.data.dict().get("ssh_user")]
 
 
 def settings_for_inventory(inventory):
