@@ -1,8 +1,8 @@
 """What a converged, idle box costs the machine: each box's CPU time over a window with no request
 and no run, as a share of one core: its own container's cgroup (cpuacct: systemd, the watchdog,
 the box's Docker engine, the memory model) and the cgroups of the containers the box's Docker
-runs (the vLLM server). Those sit beside the box's under the host's docker/ group, not under it
-(the box's engine uses the host's cgroupfs), so each is read on its own and added.
+runs (the vLLM server). Those sit beside the box's, not under it (the box's engine uses the host's
+cgroupfs: bench/cgroups.py), so each is read on its own and added.
 
     python -m sim up --hosts 2 --inventory /tmp/sim.py && pyinfra -y /tmp/sim.py deploy.py
     python -m bench.idle --seconds 60 --json bench/results/idle-box.json
@@ -21,17 +21,16 @@ from pathlib import Path
 
 import docker
 
+from bench import cgroups
 from sim import fleet
 
 
 def cpu_seconds(container_id: str) -> float:
-    """A container's cgroup CPU time so far, in seconds. Read from the cgroup itself (v1,
-    Docker's cgroupfs driver, as this machine runs it): Docker's own stats answer 0 for it here."""
-    usage = Path("/sys/fs/cgroup/cpuacct/docker") / container_id / "cpuacct.usage"
-    if not usage.exists():
-        raise SystemExit(f"{usage} is missing: this reads cgroup v1's cpuacct, as Docker's "
-                         "cgroupfs driver lays it out")
-    return int(usage.read_text()) / 1e9
+    """A container's cgroup CPU time so far, in seconds (bench/cgroups.py: where each sits)."""
+    path = cgroups.containers().get(container_id)
+    if path is None:
+        raise SystemExit(f"no cgroup for container {container_id[:12]} under {cgroups.root()}")
+    return cgroups.usage_s(path)
 
 
 def inner_containers(container) -> dict[str, str]:

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: sim/operator.py
+# This process's time in deploy runs (bench/ci_cost.py reads each story group's, through
+# tests/conftest.py).
+SPENT = {"deploy_s": 0.0}
 
 
 @dataclass
@@ -49,6 +52,13 @@ def deploy(inventory, *args, as_json=True, timeout=1800, env=None, root=ROOT, ti
     argv = [sys.executable, "-m", "pyinfra", "-y", *(["--json"] if as_json else []), *args,
             str(inventory), "deploy.py"]
     started = time.monotonic()
+    try:
+        return _run(argv, root, env, timeout, timed, started)
+    finally:
+        SPENT["deploy_s"] += time.monotonic() - started
+
+
+def _run(argv, root, env, timeout, timed, started):
     if not timed:
         done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=timeout,
                               env=env, stdin=subprocess.DEVNULL, check=False)

@@ -13,7 +13,10 @@ another, while the stories on other boxes run beside them. Knobs for a developer
     THORFLEET_SIM_STATE=DIR    where keys, disks and caches live (default /var/tmp/thorfleet-sim)
 """
 
+import dataclasses
+import json
 import os
+import resource
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +24,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from sim import fleet
+from sim import fleet, operator
 
 # Which boxes (1-based, `thor-<i>`) each fleet module acts on. Modules that share a box share a
 # group, so they never run at the same time; the rest run in parallel.
@@ -36,6 +39,7 @@ BOXES = {
     "test_watch": (10, 11, 12),  # and gw-1's Prometheus
     "test_bases": (13, 14, 15),  # the newer base
 }
+GATEWAY_MODULES = ("test_gateway", "test_watch")  # the modules that use gw-1 too
 # Longest first (seconds each took in a 4-worker clean-clone .ci/run, 12ed7de: logs/groups.log),
 # so the longest start at once and the short ones fill in: xdist hands groups out in this order
 # (--no-loadscope-reorder), one at a time.
@@ -135,13 +139,17 @@ def pytest_runtest_teardown(item, nextitem):
     group = _xdist_group(item)
     if nextitem is not None and _xdist_group(nextitem) == group:
         return
-    # when each group ended and how long it took: what GROUP_ORDER is balanced by (.ci/run prints it)
-    took = time.monotonic() - _group_started.pop(group, time.monotonic())
+    # when each group ended and how long it took: what GROUP_ORDER is balanced by (.ci/run prints
+    # it), and what bench/ci_cost.py reads each group's window and laptop side from
+    began = _group_started.pop(group, None) or _Began.now()
+    took = time.time() - began.time
     if item.get_closest_marker("fast") is None:
         logs = fleet.state_dir() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with (logs / "groups.log").open("a") as out:
             out.write(f"{time.strftime('%H:%M:%S')} {group} ended, {took:.0f}s\n")
+        with (logs / "groups.jsonl").open("a") as out:
+            out.write(json.dumps(began.record(group, _boxes_of(group, item))) + "\n")
     if (not group.startswith("thor-") or "sim_fleet" not in item.fixturenames
             or os.environ.get("THORFLEET_SIM_KEEP") == "1"):
         return
@@ -149,11 +157,49 @@ def pytest_runtest_teardown(item, nextitem):
                  [fleet.host_name(int(i)) for i in group[len("thor-"):].split("+")])
 
 
-_group_started: dict[str, float] = {}  # this process's groups, by when their first test began
+_FLEET_UP_S = [0.0]  # this process's time bringing the fleet up or attaching to it
+
+
+@dataclasses.dataclass
+class _Began:
+    """A group's start, as its worker saw it: the time and the counters its end is measured by."""
+    time: float
+    cpu_s: float
+    children_cpu_s: float
+    deploy_s: float
+    fleet_up_s: float
+    tests: int = 0
+
+    @classmethod
+    def now(cls):
+        own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                               resource.RUSAGE_CHILDREN))
+        return cls(time.time(), own.ru_utime + own.ru_stime,
+                   children.ru_utime + children.ru_stime, operator.SPENT["deploy_s"],
+                   _FLEET_UP_S[0])
+
+    def record(self, group: str, boxes: list[str]) -> dict:
+        end = _Began.now()
+        return {"group": group, "boxes": boxes, "tests": self.tests, "started": self.time,
+                "ended": end.time, "worker_cpu_s": round(end.cpu_s - self.cpu_s, 1),
+                "children_cpu_s": round(end.children_cpu_s - self.children_cpu_s, 1),
+                "deploy_s": round(end.deploy_s - self.deploy_s, 1),
+                "fleet_up_s": round(end.fleet_up_s - self.fleet_up_s, 1)}
+
+
+_group_started: dict[str, _Began] = {}  # this process's groups, from their first test
+
+
+def _boxes_of(group: str, item) -> list[str]:
+    if not group.startswith("thor-"):
+        return []
+    boxes = [fleet.host_name(int(i)) for i in group[len("thor-"):].split("+")]
+    return boxes + [fleet.GATEWAY_HOST] * any(
+        m in GATEWAY_MODULES for m, _ in BOXES.items() if _group_of(m) == group)
 
 
 def pytest_runtest_setup(item):
-    _group_started.setdefault(_xdist_group(item), time.monotonic())
+    _group_started.setdefault(_xdist_group(item), _Began.now()).tests += 1
 
 
 def _xdist_group(item) -> str:
@@ -193,7 +239,11 @@ def sim_fleet(request):
     `.cut(host)`, `.heal(host)` (a host may be the gateway),
     `.write_inventory(path, hosts, extra_data, gateway)` (gateway=sim_fleet.gateway adds it)."""
     hosts = int(os.environ.get("THORFLEET_SIM_HOSTS", max(max(b) for b in BOXES.values())))
-    return fleet.up_for_run(hosts, _run_id(request.config))
+    started = time.monotonic()
+    try:
+        return fleet.up_for_run(hosts, _run_id(request.config))
+    finally:
+        _FLEET_UP_S[0] += time.monotonic() - started
 
 
 @pytest.fixture(scope="module")

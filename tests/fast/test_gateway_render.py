@@ -677,7 +677,7 @@ def test_a_gateway_left_without_the_thors_ssh_user_is_named(tmp_path, gateway_da
                                                        "ssh_user": "ubuntu"})],
                     gateway_hosts=[("gw-1", {"ssh_hostname": "10.0.0.9", **gateway_data})])
     found = [p for p in hosts.ssh_file_problems(inv) if "ssh_user" in p]
-    assert found == ([
-        "gw-1: no ssh_user, while the Thors log in as 'ubuntu': set ssh_user (and ssh_key, "
-        "ssh_known_hosts_file) in gw-1's group data too; the Thors' group data does not reach it"]
-        if refused else [])
+    expected = ("gw-1: no ssh_user, while the Thors log in as 'ubuntu': set ssh_user (and ssh_key, "
+                "ssh_known_hosts_file) in gw-1's group data too; the Thors' group data does not "
+                "reach it")
+    assert found == ([expected] if refused else [])
