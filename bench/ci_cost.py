@@ -96,6 +96,8 @@ def sample(out: Path) -> None:
                 existed = now - state["started"] < INTERVAL_S  # there before sampling began
                 entry = seen[cid] = {"kind": kind, "box": box, "first": round(now, 1),
                                      "from_s": round(cpu, 2) if existed else 0.0}
+            elif entry["kind"].startswith("other containers") and entry["box"]:
+                entry["kind"] = _kind_in_box(path)  # first seen starting (runc init): look again
             entry["cpu_s"], entry["last"] = round(cpu, 2), round(now, 1)
         if stop or now - last_write > 30:
             state["root_cpu_s"].append([time.time(), cgroups.usage_s(base)])
@@ -121,15 +123,16 @@ def _at(series: list, t: float) -> float:
 
 
 def _window(samples: dict, start: float, end: float, boxes: list[str] | None) -> dict:
-    """CPU seconds by kind of what was first seen in [start, end) (on `boxes`, or off every box
-    when None), with each box's residual: what its containers spent unseen."""
+    """CPU seconds by kind of what was first seen in [start, end) on `boxes`, or, without boxes,
+    on this host's own Docker (a docker-tier group: shared with any other running beside it),
+    with each box's residual: what its containers spent unseen."""
     kinds: dict[str, float] = {}
     starts = 0
     for entry in samples["containers"].values():
         if not start <= entry["first"] < end:
             continue
-        if (boxes is None) != (entry["box"] is None) or (boxes and entry["box"] not in boxes):
-            continue
+        if entry["box"] not in (boxes or [None]):
+            continue  # a box group counts its boxes'; a group without boxes, this host's
         spent = entry["cpu_s"] - entry["from_s"]
         kinds[entry["kind"]] = kinds.get(entry["kind"], 0.0) + spent
         starts += entry["kind"] == "vLLM server"
