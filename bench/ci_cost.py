@@ -99,6 +99,8 @@ def sample(out: Path) -> None:
             elif entry["kind"].startswith("other containers") and entry["box"]:
                 entry["kind"] = _kind_in_box(path)  # first seen starting (runc init): look again
             entry["cpu_s"], entry["last"] = round(cpu, 2), round(now, 1)
+            if entry["kind"].startswith("box system"):  # lives across groups: kept over time
+                entry.setdefault("series", []).append([round(now, 1), round(cpu, 2)])
         if stop or now - last_write > 30:
             state["root_cpu_s"].append([time.time(), cgroups.usage_s(base)])
             tmp = out.with_suffix(".tmp")
@@ -129,7 +131,11 @@ def _window(samples: dict, start: float, end: float, boxes: list[str] | None) ->
     kinds: dict[str, float] = {}
     starts = 0
     for entry in samples["containers"].values():
-        if not start <= entry["first"] < end:
+        if "series" in entry and entry["box"] in (boxes or []):
+            spent = _at(entry["series"], end) - _at(entry["series"], start)  # a box's own, by time
+            kinds[entry["kind"]] = kinds.get(entry["kind"], 0.0) + spent
+            continue
+        if not start <= entry["first"] < end or "series" in entry:
             continue
         if entry["box"] not in (boxes or [None]):
             continue  # a box group counts its boxes'; a group without boxes, this host's
