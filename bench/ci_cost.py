@@ -28,6 +28,7 @@ import docker
 from bench import cgroups
 
 INTERVAL_S = 2.0
+BOX_SYSTEM = "box system (systemd, sshd, its Docker, the deploy's commands)"  # a box's own
 
 
 # ------------------------------------------------------------------------------------ sampling
@@ -54,8 +55,9 @@ def _host_container(client, cid: str, path: Path) -> tuple[str, str | None]:
     except docker.errors.NotFound:
         return "this host's containers (gone before a look)", None
     name = container.name
-    if name.startswith("thorfleet-") and (name[len("thorfleet-"):].startswith(("thor-", "gw-"))):
-        return "box system (systemd, sshd, its Docker, the deploy's commands)", name[10:]
+    host = name.removeprefix("thorfleet-")
+    if host != name and host.startswith(("thor-", "gw-")):
+        return BOX_SYSTEM, host
     if "registry" in name or "hub" in name:
         return f"sim {name.removeprefix('thorfleet-')}", None
     command = " ".join(container.attrs["Config"].get("Cmd") or [])
@@ -99,7 +101,7 @@ def sample(out: Path) -> None:
             elif entry["kind"].startswith("other containers") and entry["box"]:
                 entry["kind"] = _kind_in_box(path)  # first seen starting (runc init): look again
             entry["cpu_s"], entry["last"] = round(cpu, 2), round(now, 1)
-            if entry["kind"].startswith("box system"):  # lives across groups: kept over time
+            if entry["kind"] == BOX_SYSTEM:  # lives across groups: kept over time
                 entry.setdefault("series", []).append([round(now, 1), round(cpu, 2)])
         if stop or now - last_write > 30:
             state["root_cpu_s"].append([time.time(), cgroups.usage_s(base)])
@@ -149,7 +151,7 @@ def _window(samples: dict, start: float, end: float, boxes: list[str] | None) ->
         total = _at(series, end) - _at(series, start)
         inside = sum(e["cpu_s"] - e["from_s"] for e in samples["containers"].values()
                      if e["box"] == box and start <= e["first"] < end
-                     and not e["kind"].startswith("box system"))
+                     and e["kind"] != BOX_SYSTEM)
         if total - inside > 0.5:
             key = "short-lived containers (under the interval)"
             kinds[key] = kinds.get(key, 0.0) + total - inside

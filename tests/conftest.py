@@ -195,7 +195,7 @@ def _boxes_of(group: str, item) -> list[str]:
         return []
     boxes = [fleet.host_name(int(i)) for i in group[len("thor-"):].split("+")]
     return boxes + [fleet.GATEWAY_HOST] * any(
-        m in GATEWAY_MODULES for m, _ in BOXES.items() if _group_of(m) == group)
+        m in GATEWAY_MODULES for m in BOXES if _group_of(m) == group)
 
 
 def pytest_runtest_setup(item):
