@@ -17,6 +17,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -230,8 +231,10 @@ def box_data_dir(index: int) -> Path:
     return state_dir() / "boxes" / host_name(index) / "docker"
 
 
-def _start_box(client, image: str, index: int) -> None:
+def _start_box(client, image: str, index: int, warm: Path | None = None) -> None:
     data = box_data_dir(index)
+    if warm is not None and not data.exists():
+        _seed_disk(warm, data)
     data.mkdir(parents=True, exist_ok=True)
     subprocess.run([
         "docker", "run", "--detach", "--name", box_name(index), "--hostname", host_name(index),
@@ -255,6 +258,62 @@ def _start_gateway(client, image: str) -> None:
         "-v", f"{state_dir() / 'authorized_keys'}:/etc/ssh/authorized_keys:ro",
         image,
     ], check=True, stdout=subprocess.DEVNULL)
+
+
+# A warm box's disk holds the base image already, as on a Thor where the operator pulled it
+# beforehand: its first install builds the derived image but pulls no base. Pulled once per sim
+# state by a box's own Docker (a box container that is never a host), then shared by hard links:
+# a pull here is 27-31 CPU-seconds of a box's Docker, a linked copy a fraction of one.
+# Only the image store is shared: Docker writes its metadata by rename (a new inode) and never
+# writes an image layer's files (overlayfs copies up into the container's own layer); the engine's
+# own files (engine-id, the network and build databases) are each box's, made at its first start.
+WARM_PARTS = ("image", "overlay2")
+WARM_BOX = "thorfleet-warm"
+
+
+def warm_disk(client, image: str, image_base: str) -> Path:
+    """A box disk holding `image_base`, pulled by a box of `image`: made once, then kept."""
+    key = hashlib.sha256(f"{client.images.get(image).id} {image_base}".encode()).hexdigest()[:16]
+    root = state_dir() / "warm" / key
+    if (root / "ready").exists():
+        return root / "docker"
+    with locked("warm"):
+        if (root / "ready").exists():
+            return root / "docker"
+        subprocess.run(["rm", "-rf", str(state_dir() / "warm")], check=False)
+        (root / "docker").mkdir(parents=True)
+        log(f"warm disk: {image_base} pulled once by a box's own Docker, for the warm boxes")
+        subprocess.run(["docker", "rm", "-f", WARM_BOX], capture_output=True, check=False)
+        subprocess.run([
+            "docker", "run", "--detach", "--name", WARM_BOX, "--hostname", "thor-warm",
+            "--network", NETWORK, "--label", "thorfleet.sim=warm",
+            "--label", f"{STATE_LABEL}={state_dir()}",
+            *[flag for flag in BOX_RUN_FLAGS if flag not in ("--restart", "unless-stopped")],
+            "-v", f"{root / 'docker'}:/var/lib/docker", image,
+        ], check=True, stdout=subprocess.DEVNULL)
+        try:
+            _in_warm_box("until docker info >/dev/null 2>&1; do sleep 1; done", timeout=180)
+            _in_warm_box(f"docker pull -q {shlex.quote(image_base)}", timeout=900)
+            _in_warm_box("systemctl stop docker.socket docker.service", timeout=120)
+        finally:
+            subprocess.run(["docker", "rm", "-f", WARM_BOX], capture_output=True, check=False)
+        (root / "ready").touch()
+    return root / "docker"
+
+
+def _in_warm_box(command: str, timeout: float) -> None:
+    done = subprocess.run(["docker", "exec", WARM_BOX, "sh", "-c", command], capture_output=True,
+                          text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"warm disk: `{command}` failed ({done.returncode}):\n"
+                           f"{done.stdout}{done.stderr}")
+
+
+def _seed_disk(warm: Path, data: Path) -> None:
+    """A box's new disk: the warm disk's image store, hard-linked (directories are its own)."""
+    data.mkdir(parents=True)
+    for part in WARM_PARTS:
+        subprocess.run(["cp", "-al", str(warm / part), str(data / part)], check=True)
 
 
 def remove_box(container, index: int) -> None:
@@ -542,14 +601,15 @@ class Fleet:
 
 def up(hosts: int = 2, inventory: Path | None = None, client=None,
        leave_existing: bool = False, gateway: bool = False,
-       gateway_in_inventory: bool | None = None) -> Fleet:
+       gateway_in_inventory: bool | None = None, warm: tuple[int, ...] = ()) -> Fleet:
     """Bring the fleet to `hosts` booted boxes plus registry, base image and hub; write the
     inventory. Quick when nothing changed: images are cached, current boxes are kept.
     leave_existing=True starts, waits for and heals only new boxes: stories running on the
     others may have cut or be rebooting theirs on purpose.
     gateway=True brings the gateway box up too; the inventory lists it (group `gateway`) when
     gateway_in_inventory says so (default: as gateway). Without it a gateway box that exists is
-    left as it is (a story may be using it) and the inventory has none."""
+    left as it is (a story may be using it) and the inventory has none.
+    The boxes numbered in `warm`, when started on a new disk, hold the base image (warm_disk)."""
     client = client or docker.from_env()
     inventory = Path(inventory or state_dir() / "inventory.py")
     with locked("fleet"):
@@ -576,10 +636,13 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None,
                     remove_box(container, index)
                 existing.pop(index)
         started_now = []
+        new_warm = {i for i in warm if i <= hosts} - set(existing)
+        seed = warm_disk(client, image, image_base) if new_warm else None
         for index in range(1, hosts + 1):
             if index not in existing:
-                log(f"starting {host_name(index)} on 127.0.0.1:{ssh_port(index)}")
-                _start_box(client, image, index)
+                log(f"starting {host_name(index)} on 127.0.0.1:{ssh_port(index)}"
+                    + (" (warm: the base pulled)" if index in warm else ""))
+                _start_box(client, image, index, seed if index in warm else None)
                 started_now.append(index)
             elif leave_existing:
                 continue
@@ -674,7 +737,7 @@ def attach(client=None) -> Fleet:
                  data.get("image_base"), data.get("hub"), data.get("gateway"))
 
 
-def up_for_run(hosts: int, run: str, gateway: bool = True) -> Fleet:
+def up_for_run(hosts: int, run: str, gateway: bool = True, warm: tuple[int, ...] = ()) -> Fleet:
     """The fleet for one test run: the first of the run's processes brings it up, the others
     (pytest-xdist workers) attach to it, so no box is healed or rewritten under a running story.
     The gateway box is up for every run (sshd and systemd: small); a story that wants it in an
@@ -683,7 +746,7 @@ def up_for_run(hosts: int, run: str, gateway: bool = True) -> Fleet:
     with locked("run"):
         if marker.exists() and marker.read_text() == run:
             return attach()
-        sim = up(hosts, gateway=gateway, gateway_in_inventory=False)
+        sim = up(hosts, gateway=gateway, gateway_in_inventory=False, warm=warm)
         _replace(marker, run)
         return sim
 

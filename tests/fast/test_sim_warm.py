@@ -1,0 +1,40 @@
+"""A warm box's disk (sim/fleet.py warm_disk): the base's image store shared by hard links, the
+engine's own files each box's (temp folders, no Docker).
+
+A box started on it holds the base as if pulled (tests/fleet stories on boxes outside conftest's
+COLD); the cold boxes' first installs are what prove the pull.
+"""
+
+import os
+
+from sim import fleet
+
+
+def engine_disk(root):
+    """The files a box's Docker leaves in /var/lib/docker after pulling one image and stopping."""
+    files = {"image/overlay2/repositories.json": "{}",
+             "image/overlay2/imagedb/content/sha256/a": "{}",
+             "overlay2/abc/diff/opt/venv/bin/python3": "#!", "overlay2/abc/link": "XYZ",
+             "engine-id": "one-engine", "network/files/local-kv.db": "bolt",
+             "buildkit/metadata_v2.db": "bolt", "volumes/metadata.db": "bolt"}
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (root / "overlay2" / "l").mkdir()
+    os.symlink("../abc/diff", root / "overlay2" / "l" / "XYZ")  # overlay2's short lower names
+    return root
+
+
+def test_a_warm_disk_shares_the_image_store_and_nothing_of_the_engines_own(tmp_path):
+    warm = engine_disk(tmp_path / "warm")
+    box = tmp_path / "box" / "docker"
+    fleet._seed_disk(warm, box)
+    layer = "overlay2/abc/diff/opt/venv/bin/python3"
+    assert os.path.samefile(warm / layer, box / layer)  # linked, not copied: no CPU, no disk
+    assert (box / "overlay2/l/XYZ").is_symlink()
+    assert (box / "image/overlay2/repositories.json").read_text() == "{}"
+    # what each engine writes in place, or names itself by, is never shared
+    assert sorted(p.name for p in box.iterdir()) == sorted(fleet.WARM_PARTS)
+    # a box that removes the base (or prunes) takes nothing from the others
+    (box / layer).unlink()
+    assert (warm / layer).read_text() == "#!"
