@@ -78,3 +78,27 @@ def command_of(cgroup: Path) -> str:
             lines.append(raw.replace(b"\0", b" ").decode(errors="replace").strip())
         break
     return " | ".join(line for line in lines if line)
+
+
+ENGINE = ("dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2", "docker-proxy")
+
+
+def host_engine_s(proc: Path = Path("/proc")) -> float:
+    """CPU seconds of this host's own Docker engine (dockerd, containerd, the shims and port
+    proxies, with the children they reaped: runc, each `docker exec`'s setup): not in any
+    container's cgroup, so the container sampling above never sees them. A box's engine of the
+    same names is in its box's cgroup, and skipped."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            cgroup = (stat.parent / "cgroup").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        name = text[text.index("(") + 1:text.rindex(")")]
+        if name not in ENGINE or "/docker/" in cgroup or BOX_PARENT in cgroup:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        total += sum(int(f) for f in fields[11:15]) / ticks  # utime stime cutime cstime
+    return total

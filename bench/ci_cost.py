@@ -72,7 +72,7 @@ def sample(out: Path) -> None:
     base = cgroups.root()
     state = {"interval_s": INTERVAL_S, "root": str(base), "started": time.time(),
              "root_cpu_s": [[time.time(), cgroups.usage_s(base)]], "containers": {},
-             "parents": {}}
+             "parents": {}, "engine_cpu_s": [[time.time(), cgroups.host_engine_s()]]}
     seen = state["containers"]
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
@@ -105,6 +105,7 @@ def sample(out: Path) -> None:
                 entry.setdefault("series", []).append([round(now, 1), round(cpu, 2)])
         if stop or now - last_write > 30:
             state["root_cpu_s"].append([time.time(), cgroups.usage_s(base)])
+            state["engine_cpu_s"].append([time.time(), cgroups.host_engine_s()])
             tmp = out.with_suffix(".tmp")
             tmp.write_text(json.dumps(state))
             tmp.replace(out)
@@ -159,14 +160,31 @@ def _window(samples: dict, start: float, end: float, boxes: list[str] | None) ->
             "vllm_server_starts": starts}
 
 
+def _starts_by_test(samples: dict, group: dict) -> dict:
+    """{test: vLLM server starts on the group's boxes} by the test running when each was first
+    seen (a module fixture's converge counts to its first test, its teardown to its last)."""
+    marks = sorted(group.get("marks", []), key=lambda mark: mark[1])
+    counted: dict[str, int] = {}
+    for entry in samples["containers"].values():
+        if (entry["kind"] != "vLLM server" or entry["box"] not in group["boxes"]
+                or not group["started"] <= entry["first"] < group["ended"]):
+            continue
+        running = [name for name, began in marks if began <= entry["first"]]
+        name = running[-1] if running else "(before the first test)"
+        counted[name] = counted.get(name, 0) + 1
+    return dict(sorted(counted.items(), key=lambda kv: -kv[1]))
+
+
 def report(samples: dict, groups: list[dict], phases: list[dict]) -> dict:
     out = {"interval_s": samples["interval_s"], "cgroup_root": samples["root"], "phases": [],
            "groups": []}
     root = samples["root_cpu_s"]
     for phase in phases:
         start, end = phase["start"], phase["end"]
+        engine = samples.get("engine_cpu_s", [])
         out["phases"].append({"phase": phase["name"], "wall_s": round(end - start),
-                              "machine_cpu_s": round(_at(root, end) - _at(root, start))})
+                              "machine_cpu_s": round(_at(root, end) - _at(root, start)),
+                              "host_engine_cpu_s": round(_at(engine, end) - _at(engine, start))})
     for group in sorted(groups, key=lambda g: g["started"]):
         start, end = group["started"], group["ended"]
         boxes = group["boxes"]
@@ -182,6 +200,7 @@ def report(samples: dict, groups: list[dict], phases: list[dict]) -> dict:
                         "laptop: pyinfra runs and other child processes": group["children_cpu_s"],
                         "laptop: the test process": group["worker_cpu_s"]}
         row["cpu_total_s"] = round(sum(row["cpu_s"].values()))
+        row["vllm_server_starts_by_test"] = _starts_by_test(samples, group)
         out["groups"].append(row)
     if phases:
         off = _window(samples, phases[0]["start"], phases[-1]["end"], None)
@@ -192,7 +211,8 @@ def report(samples: dict, groups: list[dict], phases: list[dict]) -> dict:
 def _print(result: dict) -> None:
     for phase in result["phases"]:
         print(f"{phase['phase']:<16} {phase['wall_s']:>6} s wall, "
-              f"{phase['machine_cpu_s']:>7} CPU-s on the machine")
+              f"{phase['machine_cpu_s']:>7} CPU-s on the machine, "
+              f"{phase['host_engine_cpu_s']} of them this host's Docker engine")
     for row in sorted(result["groups"], key=lambda r: -r["cpu_total_s"]):
         top = ", ".join(f"{k} {v:.0f}" for k, v in list(row["cpu_s"].items())[:4])
         print(f"{row['group']:<18} {row['wall_s']:>5} s wall, {row['cpu_total_s']:>5} CPU-s, "

@@ -173,6 +173,8 @@ class _Began:
     deploy_s: float
     fleet_up_s: float
     tests: int = 0
+    # each test's start ([module::test, epoch s]): what bench/ci_cost.py charges a server start to
+    marks: list = dataclasses.field(default_factory=list)
 
     @classmethod
     def now(cls):
@@ -188,7 +190,7 @@ class _Began:
                 "ended": end.time, "worker_cpu_s": round(end.cpu_s - self.cpu_s, 1),
                 "children_cpu_s": round(end.children_cpu_s - self.children_cpu_s, 1),
                 "deploy_s": round(end.deploy_s - self.deploy_s, 1),
-                "fleet_up_s": round(end.fleet_up_s - self.fleet_up_s, 1)}
+                "fleet_up_s": round(end.fleet_up_s - self.fleet_up_s, 1), "marks": self.marks}
 
 
 _group_started: dict[str, _Began] = {}  # this process's groups, from their first test
@@ -203,7 +205,9 @@ def _boxes_of(group: str, item) -> list[str]:
 
 
 def pytest_runtest_setup(item):
-    _group_started.setdefault(_xdist_group(item), _Began.now()).tests += 1
+    began = _group_started.setdefault(_xdist_group(item), _Began.now())
+    began.tests += 1
+    began.marks.append([f"{item.module.__name__.rsplit('.', 1)[-1]}::{item.name}", time.time()])
 
 
 def _xdist_group(item) -> str:

@@ -42,3 +42,21 @@ def test_the_image_moved_to_each_box_is_read_from_the_senders_last_line():
     assert rollout.image_moved(SimpleNamespace(stderr="\n".join(lines))) == {
         "thor-14": {"bytes": 1288490188, "image_bytes": 1288000000},
         "thor-15": {"bytes": 99, "image_bytes": 98}}
+
+
+def test_ci_cost_charges_each_server_start_to_the_test_running_when_it_was_first_seen():
+    from bench.ci_cost import _starts_by_test
+
+    server = {"kind": "vLLM server", "box": "thor-3"}
+    samples = {"containers": {
+        "a": {**server, "first": 101.0},  # the module fixture's converge, in the first test
+        "b": {**server, "first": 102.0},
+        "c": {**server, "first": 205.0},
+        "d": {**server, "first": 206.0, "box": "thor-9"},  # another group's box
+        "e": {"kind": "image self-check", "box": "thor-3", "first": 207.0},
+        "f": {**server, "first": 400.0},  # after the group ended
+    }}
+    group = {"boxes": ["thor-3"], "started": 100.0, "ended": 300.0,
+             "marks": [["test_rollout::test_two", 200.0], ["test_rollout::test_one", 100.0]]}
+    assert _starts_by_test(samples, group) == {"test_rollout::test_one": 2,
+                                               "test_rollout::test_two": 1}
