@@ -325,7 +325,8 @@ def remove_box(container, index: int) -> None:
 def retire(client, hosts) -> None:
     """Remove boxes whose stories are done, with their disks. A converged box holds its base
     image (1.8 GB; the newer-base boxes hold three bases), and fifteen of them at once outgrow a
-    CI machine's free disk. `up` starts a bare box again in its place if asked for it."""
+    CI machine's free disk. `up` starts a bare box again in its place if asked for it, but an
+    `up` that leaves the fleet as it is (leave_existing) does not: its stories are done."""
     with locked("fleet"):
         found = boxes(client)
         for host in hosts:
@@ -333,6 +334,15 @@ def retire(client, hosts) -> None:
             if index in found:
                 log(f"retiring {host_name(index)}: its stories are done")
                 remove_box(found[index], index)
+        _replace(_retired_file(), json.dumps(sorted(set(_retired()) | {index_of(h) for h in hosts})))
+
+
+def _retired_file() -> Path:
+    return state_dir() / "retired.json"
+
+
+def _retired() -> list[int]:
+    return json.loads(_retired_file().read_text()) if _retired_file().exists() else []
 
 
 def renew(client, host) -> None:
@@ -635,10 +645,17 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None,
                 else:
                     remove_box(container, index)
                 existing.pop(index)
+        # A box retired by its finished stories stays retired for an `up` that leaves the fleet
+        # as it is (a story growing the fleet while others retire theirs); a full `up` revives it.
+        retired = set(_retired()) if leave_existing else set()
+        if not leave_existing:
+            _retired_file().unlink(missing_ok=True)
         started_now = []
-        new_warm = {i for i in warm if i <= hosts} - set(existing)
+        new_warm = {i for i in warm if i <= hosts} - set(existing) - retired
         seed = warm_disk(client, image, image_base) if new_warm else None
         for index in range(1, hosts + 1):
+            if index in retired and index not in existing:
+                continue
             if index not in existing:
                 log(f"starting {host_name(index)} on 127.0.0.1:{ssh_port(index)}"
                     + (" (warm: the base pulled)" if index in warm else ""))
@@ -781,7 +798,9 @@ def down(client=None, keep_registry: bool = False) -> None:
         hub = importlib.util.find_spec("sim.hub") and importlib.import_module("sim.hub")
         if hub and hasattr(hub, "stop"):
             hub.stop(client)
-        for name in ("thorfleet-hub",) if keep_registry else ("thorfleet-hub", registry.NAME):
+        # the warm disk's box too, if a killed `up` left it (warm_disk removes it itself)
+        for name in (("thorfleet-hub", WARM_BOX) if keep_registry
+                     else ("thorfleet-hub", WARM_BOX, registry.NAME)):
             try:
                 client.containers.get(name).remove(force=True)
                 log(f"removed {name}")

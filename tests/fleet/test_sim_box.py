@@ -480,7 +480,13 @@ def test_up_adds_a_box_and_pyinfra_reaches_it_beside_the_others(sim_fleet, box, 
     sim.write_inventory(grown.inventory, grown.hosts)
     try:
         after = {c.name: c.id for c in sim.boxes(sim_fleet.client).values()}
-        assert {name: after[name] for name in before} == before, "existing boxes were recreated"
+        # a box another group retired meanwhile is gone, not revived (CI run of 16e4482: thor-9
+        # retired by the faults group between `before` and this `up`, and started again)
+        gone = {sim.box_name(i) for i in sim._retired()}
+        assert {name: after[name] for name in before if name not in gone} == \
+            {name: before[name] for name in before if name not in gone}, \
+            "existing boxes were recreated"
+        assert not gone & set(after), "a retired box was started again"
         run = subprocess.run(["pyinfra", str(grown.inventory), "exec", "--",
                               "systemctl", "is-system-running"],
                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
