@@ -5,7 +5,10 @@ that fails stops the rollout, puts the failed host back on its last good version
 others serving what they had. A prober inside every box watches /health all the while. At the end a
 report names every host, even one that dropped out early and one that could not be reached.
 
-Uses the boxes beyond the first two (the deploy and drift stories use those), at most three.
+Uses the boxes beyond the first two (the deploy and drift stories use those), at most three. They
+are converged when the module starts and left as its last story leaves them: the story after these
+(tests/fleet/test_shared_image.py) rolls them onto a new image itself, so going back first would
+cost CI a rolling restart of three boxes for nothing.
 """
 
 import json
@@ -30,7 +33,7 @@ def hosts(sim_fleet, my_boxes):
 @pytest.fixture(scope="module")
 def roll(sim_fleet, hosts, tmp_path_factory):
     """roll(name, hosts=..., canary=[...], **group_data) -> (run, report): one deploy as the
-    operator runs it. The module's boxes start converged and are left converged."""
+    operator runs it. The module's boxes start converged (whatever an earlier story left)."""
     workdir = tmp_path_factory.mktemp("rollout")
 
     def run(name, on=None, canary=(), **group_data):
@@ -47,9 +50,7 @@ def roll(sim_fleet, hosts, tmp_path_factory):
 
     first, _ = run("converge")
     assert first.returncode == 0, first.stderr[-4000:]
-    yield run
-    last, _ = run("leave-converged")
-    assert last.returncode == 0, last.stderr[-4000:]
+    return run
 
 
 def batches(done):
