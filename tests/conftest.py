@@ -44,19 +44,19 @@ GATEWAY_MODULES = ("test_gateway", "test_watch")  # the modules that use gw-1 to
 # first run, the air-gapped box) or never install (9). The others start warm, their disks
 # holding the base already (sim/fleet.py warm_disk): their stories are about what comes after.
 COLD = (1, 6, 7, 9)
-# Longest first (seconds each took in a 4-worker clean-clone .ci/run, 12ed7de: logs/groups.log),
-# so the longest start at once and the short ones fill in: xdist hands groups out in this order
-# (--no-loadscope-reorder), one at a time.
+# Longest first (seconds each took in a 4-worker clean-clone .ci/run of d5050d2, images cached:
+# bench/results/ci-cost-7.json), so the longest start at once and the short ones fill in: xdist
+# hands groups out in this order (--no-loadscope-reorder), one at a time.
 GROUP_ORDER = [
-    "thor-13+14+15",  # 2006: the newer bases (0.26.0 through a canary, 0.33.0 on one box)
-    "thor-10+11+12",  # 1659: the gateway, the watchdog and Prometheus
-    "thor-3+4+5",  # 2135: rollout, benchmark, shared image
-    "thor-8",  # 1494: says no
-    "thor-1+7",  # 1058: deploy, drift, disk hygiene, security (+ the weights copy)
-    "thor-2+9",  # 1040: faults
-    "test_base_standin",  # 855
-    "thor-6",  # 718: air-gapped, drain, the bare box
-    "test_patches",  # 490 (the rest, 37 to 103 s each, after these)
+    "thor-10+11+12",  # 1182: the gateway, the watchdog and Prometheus
+    "thor-3+4+5",  # 1005: rollout, benchmark, shared image
+    "thor-13+14+15",  # 852: the newer bases (0.26.0 through a canary, 0.33.0 on one box)
+    "thor-1+7",  # 659: deploy, drift, disk hygiene, security (+ the weights copy)
+    "thor-8",  # 615: says no
+    "thor-2+9",  # 385: faults
+    "thor-6",  # 320: air-gapped, drain, the bare box
+    "test_patches",  # 248
+    "test_base_standin",  # 150 (the rest, 24 to 82 s each, after these)
 ]
 
 
@@ -123,7 +123,7 @@ def pytest_xdist_make_scheduler(config, log):
             if self._pending_of(work) > 1:
                 return
             if not any(done for unit in work.values() for done in unit.values()):
-                # a one-test group just handed out (thor-13+14+15, the longest) needs its next
+                # a one-test group just handed out (thor-13+14+15) needs its next
                 # group before it can start: the queue's last, a short one, not the next long
                 # one (thor-1+7 once waited 31 min behind it and ended 3 min after the rest)
                 self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
