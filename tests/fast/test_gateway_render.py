@@ -7,7 +7,9 @@ Fast: no Docker, no SSH; haproxy and nft from Debian's packages (.ci/setup insta
 
 import contextlib
 import fcntl
+import hashlib
 import json
+import os
 import shutil
 import socket
 import ssl
@@ -17,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from pyinfra.api import Inventory
@@ -176,9 +179,12 @@ def test_a_rule_added_by_hand_is_seen_as_drift_not_only_a_changed_mark(tmp_path)
 
 # --- the inventory's gateway, checked before connecting ------------------------------------------
 
+BOX_KEY = "sk-test-the-boxes-own-0123456789"  # a bearer token: the door may send it on
+
+
 def inventory(tmp_path, gateway_data=None, gateway_hosts=None, thor_hosts=None):
     key = tmp_path / "api_key"
-    key.write_text("sk-test\n")
+    key.write_text(BOX_KEY + "\n")
     key.chmod(0o600)
     thor_hosts = thor_hosts or [("thor-1", {"ssh_hostname": "10.0.0.1"}),
                                 ("thor-2", {"ssh_hostname": "10.0.0.2"})]
@@ -324,7 +330,13 @@ class _Box(BaseHTTPRequestHandler):
     """A Thor as the gateway sees one: the watchdog's /healthy and vLLM's routes, answering 200."""
 
     def do_GET(self):
-        body = json.dumps({"box": self.server.server_address[0], "path": self.path}).encode()
+        self.server.asked = getattr(self.server, "asked", 0) + 1
+        if "slow" in self.path:  # an answer that takes a while, as a long generation does
+            time.sleep(2)
+        seen = {"box": self.server.server_address[0], "path": self.path}
+        if self.headers["Authorization"]:  # what the door sent on (its own key, with clients)
+            seen["auth"] = self.headers["Authorization"]
+        body = json.dumps(seen).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -377,11 +389,13 @@ def test_a_gateway_that_dials_a_family_its_firewall_source_is_not_is_refused(tmp
 
 
 @contextlib.contextmanager
-def running_door(tmp_path, thors=1):
+def running_door(tmp_path, thors=1, gateway_data=None, servers_out=None):
     """HAProxy itself on the rendered config of a gateway at ::1 in front of `thors` Thors at ::1
     (stand-ins answering on their vLLM and watchdog ports): yields (the door's port, its settings,
     the running HAProxy)."""
     servers = [_Server6(("::1", 0), _Box) for _ in range(2 * thors)]
+    if servers_out is not None:
+        servers_out.extend(servers)
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
     door = _free_port()
@@ -392,10 +406,15 @@ def running_door(tmp_path, thors=1):
         **({"weights_source": "hub", "image_source": "build"} if thors > 1 else {})})
         for n in range(thors)],
         gateway_hosts=[("gw-1", {"ssh_hostname": "::1"})],
-        gateway_data={"gateway_port": door})
+        gateway_data={"gateway_port": door, **(gateway_data or {})})
     g = settings_for_inventory(inv)["gw-1"]
     (tmp_path / "gateway.pem").write_text(g.pem)
     config = g.config_text.replace(layout.GATEWAY_PEM, str(tmp_path / "gateway.pem"))
+    for path, text in ((layout.GATEWAY_CLIENTS_MAP, "clients_map_text"),
+                       (layout.GATEWAY_BOX_KEY_MAP, "box_key_map_text")):
+        if g.gateway_clients:  # the maps the deploy writes beside the config
+            (tmp_path / path.rsplit("/", 1)[1]).write_text(getattr(g, text))
+            config = config.replace(path, str(tmp_path / path.rsplit("/", 1)[1]))
     config = config.replace(layout.GATEWAY_ADMIN_SOCKET, str(tmp_path / "admin.sock"))
     config = config.replace(layout.GATEWAY_SERVER_STATE, str(tmp_path / "server-state"))
     config = config.replace("    log /dev/log local0\n", "").replace("    chroot /var/lib/haproxy\n", "")
@@ -681,3 +700,124 @@ def test_a_gateway_left_without_the_thors_ssh_user_is_named(tmp_path, gateway_da
                 "ssh_known_hosts_file) in gw-1's group data too; the Thors' group data does not "
                 "reach it")
     assert found == ([expected] if refused else [])
+
+
+# --- a key per client at the door (gateway_clients) -----------------------------------------------
+
+def client_files(tmp_path, **keys):
+    """{name: path} of client key files holding `keys` (0600); a key of None: no file yet."""
+    folder = tmp_path / "clients"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for name, key in keys.items():
+        if key is not None:
+            (folder / f"{name}.key").write_text(key + "\n")
+            (folder / f"{name}.key").chmod(0o600)
+    return {name: str(folder / f"{name}.key") for name in keys}
+
+
+def ask(door, g, path, key=None, headers=None):
+    """(status, JSON body) of a GET through the door, with `key` as the bearer; `headers`, a
+    dict, gets the answer's (names in lower case)."""
+    request = urllib.request.Request(f"https://[::1]:{door}{path}", headers={
+        "Authorization": f"Bearer {key}"} if key else {})
+    context = ssl.create_default_context(cafile=g.ca_file)
+    try:
+        answer = urllib.request.urlopen(request, timeout=10, context=context)
+        got = answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        answer, got = error, (error.code, json.loads(error.read()))
+    if headers is not None:
+        headers.update({name.lower(): value for name, value in answer.headers.items()})
+    return got
+
+
+def test_each_client_opens_the_door_with_its_own_key_and_the_boxes_get_the_doors(tmp_path,
+                                                                                 capsys):
+    alice = "alice-key-0123456789abcdef"
+    clients = client_files(tmp_path, alice=alice, bob=None)  # bob's key is made by the run
+    boxes = []
+    with running_door(tmp_path, gateway_data={"gateway_clients": clients},
+                      servers_out=boxes) as (door, g, _):
+        made = capsys.readouterr().err
+        bob = (tmp_path / "clients" / "bob.key").read_text().strip()
+        assert f"made a key for client bob at {tmp_path / 'clients' / 'bob.key'}" in made
+        assert (tmp_path / "clients" / "bob.key").stat().st_mode & 0o777 == 0o600
+        assert bob not in made
+        for key in (alice, bob):
+            status, body = ask(door, g, "/v1/models", key)
+            assert status == 200 and body["auth"] == f"Bearer {BOX_KEY}", body
+        asked = boxes[0].asked
+        # no key, a key nobody holds, the boxes' own key, a key's digest: 401 at the door
+        for key in (None, "mallory-key-0123456789abcdef", BOX_KEY,
+                    hashlib.sha256(alice.encode()).hexdigest()):
+            status, body = ask(door, g, "/v1/models", key)
+            assert status == 401 and body["error"]["type"] == "invalid_api_key", (key, body)
+        assert boxes[0].asked == asked  # ...and no box was asked
+        assert ask(door, g, "/health")[0] == 200  # liveness needs no key
+    # the door holds digests, never a key
+    assert alice not in g.config_text + g.clients_map_text and bob not in g.clients_map_text
+    assert hashlib.sha256(alice.encode()).hexdigest() in g.clients_map_text
+
+
+def test_without_clients_the_door_is_as_before(tmp_path):
+    g = gateway_settings(tmp_path)
+    assert "txn.client" not in g.config_text and "401" not in g.config_text
+
+
+@pytest.mark.parametrize("keys, mode, fix", [
+    ({"alice": "alice-key-0123456789abcdef"}, 0o644, "chmod 600"),
+    ({"alice": "short"}, 0o600, "holds no key"),
+    ({"alice": "has a space 0123456789abcdef"}, 0o600, "holds no key"),
+    ({"alice": BOX_KEY}, 0o600, "holds the boxes' own key"),
+    ({"alice": "same-key-0123456789abcdef", "bob": "same-key-0123456789abcdef"}, 0o600,
+     "same key as client 'alice'"),
+])
+def test_a_client_key_the_door_cannot_trust_is_refused_naming_its_file(tmp_path, keys, mode, fix):
+    clients = client_files(tmp_path, **keys)
+    for path in clients.values():
+        os.chmod(path, mode)
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inventory(tmp_path, gateway_data={"gateway_clients": clients}))
+    said = "\n".join(error.value.problems)
+    assert fix in said and "gateway_clients[" in said, said
+    assert not any(key in said for key in keys.values() if key != BOX_KEY or "boxes'" not in fix)
+
+
+@pytest.mark.parametrize("clients, fix", [
+    ({"Alice": "/k"}, "not a client name"),
+    ({"a b": "/k"}, "not a client name"),
+    ({"alice\nx": "/k"}, "not a client name"),
+    ({}, "gateway_clients is empty"),
+])
+def test_a_client_name_that_would_break_out_is_refused(tmp_path, clients, fix):
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inventory(tmp_path, gateway_data={"gateway_clients": clients}))
+    assert any(fix in p for p in error.value.problems), error.value.problems
+
+
+def test_a_client_over_its_limits_gets_429_and_another_is_still_served(tmp_path):
+    clients = client_files(tmp_path, alice="alice-key-0123456789abcdef",
+                           bob="bob-key-0123456789abcdef")
+    keys = {name: Path(path).read_text().strip() for name, path in clients.items()}
+    limits = {"gateway_clients": clients, "gateway_client_max_inflight": 1,
+              "gateway_client_requests_per_minute": 4}
+    with running_door(tmp_path, gateway_data=limits) as (door, g, _):
+        slow = []
+        first = threading.Thread(target=lambda: slow.append(ask(door, g, "/v1/slow",
+                                                                keys["alice"])))
+        first.start()
+        time.sleep(0.5)
+        headers = {}
+        status, body = ask(door, g, "/v1/models", keys["alice"], headers)  # her second at once
+        assert (status, headers["retry-after"]) == (429, str(g.gateway_retry_after_s)), body
+        assert body["error"]["type"] == "rate_limit_exceeded"
+        assert "gateway_client_max_inflight" in body["error"]["message"]
+        assert ask(door, g, "/v1/models", keys["bob"])[0] == 200  # bob is served meanwhile
+        first.join(10)
+        assert slow[0][0] == 200
+        # alice has started 2 this minute: the 5th is one too many
+        answers = [ask(door, g, "/v1/models", keys["alice"], headers) for _ in range(3)]
+        assert [status for status, _ in answers] == [200, 200, 429], answers
+        assert headers["retry-after"] == "60"
+        assert "gateway_client_requests_per_minute" in answers[-1][1]["error"]["message"]
+        assert ask(door, g, "/v1/models", keys["bob"])[0] == 200

@@ -16,7 +16,10 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import os
 import re
+import secrets
+import sys
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -86,6 +89,21 @@ _HAPROXY = _environment(haproxy_word)
 _NFT = _environment(nft_word)
 
 
+# A client key, as a bearer token goes (RFC 6750's b64token): letters, digits and -._~+/=, and
+# long enough that nobody guesses it.
+CLIENT_KEY = re.compile(r"[A-Za-z0-9._~+/-]{16,512}=*")
+
+
+def client_key(name, file: Path) -> str:
+    """Client `name`'s key from `file`, or ValueError naming the file (never the key)."""
+    key = file.read_text().strip()
+    if not CLIENT_KEY.fullmatch(key):
+        raise ValueError(f"client {name}'s key file {file} holds no key: one line of 16 to 512 "
+                         "letters, digits and -._~+/= (a bearer token); make one with "
+                         f"(umask 077; openssl rand -hex 24 > {file})")
+    return key
+
+
 def firewall_script(ports, *sources: str) -> tuple[str, str]:
     """(script, mark) of a Thor's nftables table: its `ports` (vLLM's, the watchdog's) answer
     the `sources` (the gateway's IP, a monitor host's) and the box itself only. The last rule's
@@ -133,10 +151,11 @@ class Backend:
 class GatewaySettings(Checked):
     """The gateway host's checked settings (`g.gateway_port`, ...) and what is rendered from them."""
 
-    def __init__(self, values, name: str, address: str, backends: list[Backend]):
+    def __init__(self, values, name: str, address: str, backends: list[Backend], box_key=None):
         super().__init__(values, name)
         self.address = address  # how the laptop reaches it (ssh_hostname): a name clients use
         self.backends = backends
+        self.box_key = box_key  # the boxes' service key: the door's own, with gateway_clients
         self.health_path = HEALTH_PATH
         self.monitor_role = None  # MonitorSettings when Prometheus runs here (settings.py)
 
@@ -165,10 +184,26 @@ class GatewaySettings(Checked):
                   self.gateway_retry_after_s),
             504: ("gateway_timeout", "the box did not answer in time", None),
         }
+        if self.gateway_clients:
+            said[401] = ("invalid_api_key", ("no client key, or one this door does not know: "
+                                             "send yours as Authorization: Bearer <key>"), None)
         return [{"status": status, "retry_after": retry,
                  "body": json.dumps({"error": {"message": message, "type": kind, "param": None,
                                                "code": status}}, separators=(",", ":"))}
-                for status, (kind, message, retry) in said.items()]
+                for status, (kind, message, retry) in sorted(said.items())]
+
+    @property
+    def limit_bodies(self) -> dict:
+        """The door's 429s, as OpenAI's rate-limit errors read: over a client's requests at once
+        (gateway_client_max_inflight), or over its requests a minute."""
+        said = {"inflight": f"this client has {self.gateway_client_max_inflight} requests at the "
+                            "door already (gateway_client_max_inflight); try again later",
+                "rate": f"this client started {self.gateway_client_requests_per_minute} requests "
+                        "in the last minute (gateway_client_requests_per_minute); try again later"}
+        return {reason: json.dumps({"error": {"message": message, "type": "rate_limit_exceeded",
+                                              "param": None, "code": 429}},
+                                   separators=(",", ":"))
+                for reason, message in said.items()}
 
     @property
     def ipv6_clients(self) -> bool:
@@ -209,6 +244,35 @@ class GatewaySettings(Checked):
             tls.ensure_fleet_ca(ca_dir)
             pair = tls.gateway_pair(ca_dir, self.name, self.names)
         return tls.haproxy_pem(*pair).decode()
+
+    @cached_property
+    def client_keys(self) -> dict[str, str]:
+        """{client name: its key} from the laptop's key files (gateway_clients); a missing file is
+        made (0600, in a 0700 folder) and said on stderr, for the operator to hand over."""
+        keys = {}
+        for name, path in sorted((self.gateway_clients or {}).items()):
+            file = Path(path).expanduser()
+            if not file.exists():
+                file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                descriptor = os.open(f"{file}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(descriptor, "w") as handle:
+                    handle.write(secrets.token_hex(24) + "\n")
+                os.replace(f"{file}.tmp", file)
+                print(f"thorfleet: made a key for client {name} at {file} (0600): hand it to "
+                      "them; it opens the gateway's door", file=sys.stderr)
+            keys[name] = client_key(name, file)
+        return keys
+
+    @property
+    def clients_map_text(self) -> str:
+        """HAProxy's map of the door's clients: the SHA-256 (hex) of each key, and its name."""
+        return "".join(f"{haproxy_word(hashlib.sha256(key.encode()).hexdigest())} "
+                       f"{haproxy_word(name)}\n" for name, key in self.client_keys.items())
+
+    @property
+    def box_key_map_text(self) -> str:
+        """HAProxy's map of the one key the door sends the boxes (the boxes' service key)."""
+        return f"box {haproxy_word(self.box_key)}\n"
 
     @cached_property
     def config_text(self) -> str:

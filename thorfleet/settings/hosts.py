@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from thorfleet.gateway import tls
-from thorfleet.gateway.config import SERVER_NAME, Backend, GatewaySettings
+from thorfleet.gateway.config import CLIENT_KEY, SERVER_NAME, Backend, GatewaySettings, client_key
 from thorfleet.gateway.monitor import MonitorSettings, Target, label_value, target
 from thorfleet.run.peers import (
     dial_host,
@@ -312,9 +312,45 @@ def _the_gateway(inventory, settings):
         checked.gateway = source if is_ip_address(source) else None
         backends.append(Backend(t.name, target, checked.service_port, _max_num_seqs(checked),
                                 checked.watchdog_port))
+    box_key = None
+    if values and values.gateway_clients:
+        box_keys = {settings[t.name].api_key for t in [*backs, *([h] if is_thor(h) else [])]
+                    if t.name in settings}
+        box_key = next(iter(box_keys)) if len(box_keys) == 1 else None
+        problems += [f"{h.name}: {p}" for p in client_problems(values.gateway_clients, box_keys)]
     if problems:
         return {}, problems
-    return {h.name: GatewaySettings(values, h.name, address, backends)}, []
+    return {h.name: GatewaySettings(values, h.name, address, backends, box_key=box_key)}, []
+
+
+def client_problems(clients, box_keys) -> list[str]:
+    """What is wrong with the door's client keys (gateway_clients) and the key it sends the
+    boxes, each naming the file or setting (never a key). A key file not there yet is made by the
+    deploy (GatewaySettings.client_keys)."""
+    problems, seen = [], {}
+    if len(box_keys) != 1 or not CLIENT_KEY.fullmatch(next(iter(box_keys)) or ""):
+        problems.append("gateway_clients: the door sends the boxes one key of its own, their "
+                        "service_api_key_file's: give every Thor the same one, of 16 to 512 "
+                        "letters, digits and -._~+/= (openssl rand -hex 24)")
+    for name, path in sorted(clients.items()):
+        key_name = f"gateway_clients[{name!r}]"
+        problems += private_file_problems(key_name, path)
+        file = Path(path).expanduser()
+        if not file.exists():
+            continue
+        try:
+            key = client_key(name, file)
+        except (OSError, ValueError) as error:
+            problems.append(f"{key_name}: {getattr(error, 'strerror', None) or error}")
+            continue
+        if key in box_keys:
+            problems.append(f"{key_name}: {file} holds the boxes' own key (service_api_key_file): "
+                            "a client key must be one no box takes; make it another")
+        if key in seen:
+            problems.append(f"{key_name}: {file} holds the same key as client {seen[key]!r}: "
+                            "each client needs a key of its own, or a revocation locks out both")
+        seen.setdefault(key, name)
+    return problems
 
 
 def _family_problems(name, who, target, source, key) -> list[str]:

@@ -88,12 +88,15 @@ BOX_OWN_NAMES = (CLOCKS_UNIT.removesuffix(".service"), FIREWALL_UNIT.removesuffi
 # --- the gateway (Debian's haproxy package) ------------------------------------------------------
 GATEWAY_CONFIG = "/etc/haproxy/haproxy.cfg"  # the package's unit reads this one
 GATEWAY_PEM = "/etc/haproxy/thorfleet/gateway.pem"  # certificate chain and key, root-only
+GATEWAY_CLIENTS_MAP = "/etc/haproxy/thorfleet/clients.map"  # SHA-256 of each client key -> its name
+GATEWAY_BOX_KEY_MAP = "/etc/haproxy/thorfleet/box-key.map"  # the key the door sends the boxes
 GATEWAY_ADMIN_SOCKET = "/run/haproxy/admin.sock"  # the runtime API: drain, ready, sessions
 GATEWAY_SERVER_STATE = "/var/lib/haproxy/server-state"  # the boxes' states HAProxy starts with
 GATEWAY_STATE_LOCK = f"{GATEWAY_SERVER_STATE}.lock"  # held while a state is set and saved
 GATEWAY_STATE_DROPIN = f"{BOX_UNIT_DIR}/haproxy.service.d/thorfleet-state.conf"
 GATEWAY_ROTATION = "/usr/local/sbin/thorfleet-rotation"  # drain/ready a box through that API
 GATEWAY_BACKEND = "thors"  # HAProxy's backend of the Thors' vLLM ports
+GATEWAY_CLIENT_TABLE = "clients"  # HAProxy's stick table of each client's requests (gateway_clients)
 
 
 def box_unit(service):

@@ -267,6 +267,25 @@ def _client_names(names):
     return names
 
 
+# A client's name at the door: a HAProxy map value, a Prometheus label value and a file name,
+# plain in each.
+CLIENT_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+
+
+def _clients(clients):
+    if clients is None:
+        return None
+    problems = [f"gateway_clients has {name!r}, not a client name: lower-case letters, digits, "
+                "'-' and '_', starting with a letter, 32 at most" for name in clients
+                if not CLIENT_NAME.fullmatch(name)]
+    if not clients:
+        problems.append("gateway_clients is empty: list at least one client (yourself), or set "
+                        "it to None to keep the one fleet key")
+    if problems:
+        _refuse(*problems)
+    return clients
+
+
 def _extra_env(env):
     problems = []
     secrets = sorted(name for name in env if name in SECRET_ENV)
@@ -599,6 +618,17 @@ class Schema(BaseModel):
     gateway_fleet_address: Annotated[StrictStr, AfterValidator(_ip)] | None = setting(
         None, "IP address the boxes see the gateway connect from (None: its ssh_hostname)",
         "must be an IP address (the boxes' firewall lets only it in), or None")
+    gateway_clients: Annotated[dict[StrictStr, Annotated[StrictStr, Field(min_length=1)]],
+                               AfterValidator(_clients)] | None = setting(
+        None, "{client name: laptop path of its key file (chmod 600, made when missing)}: only "
+        "these keys open the door (None: the fleet's one key, service_api_key_file)",
+        "must be a dict of client name: key file path, or None")
+    gateway_client_max_inflight: Annotated[StrictInt, Field(ge=1, le=10000)] = setting(
+        4, "with gateway_clients: most requests one client has at the door at once (answering or "
+        "queued); over it, 429", "must be a whole number from 1 to 10000")
+    gateway_client_requests_per_minute: Annotated[StrictInt, Field(ge=1, le=1000000)] = setting(
+        120, "with gateway_clients: most requests one client starts in any minute; over it, 429",
+        "must be a whole number from 1 to 1000000")
     gateway_queue_timeout_s: Annotated[StrictInt, Field(ge=1, le=86400)] = setting(
         120, "how long a request waits at the gateway for a free box before a 503",
         "must be a whole number of seconds from 1 to 86400")
