@@ -28,6 +28,8 @@ from thorfleet.settings.layout import (
     GATEWAY_BOX_KEY_MAP,
     GATEWAY_CLIENTS_MAP,
     GATEWAY_CONFIG,
+    GATEWAY_DOOR_USAGE,
+    GATEWAY_DOOR_USAGE_UNIT,
     GATEWAY_PEM,
     GATEWAY_ROTATION,
     GATEWAY_STATE_DROPIN,
@@ -70,6 +72,7 @@ def run(g, lock=True):
                      unit=HAPROXY_UNIT,
                      _if=lambda: config.did_change() or pem.did_change() or keys())
     system.running(name="HAProxy is running", unit=HAPROXY_UNIT)
+    _door_usage(g)
 
 
 CLIENT_MAPS = ((GATEWAY_CLIENTS_MAP, "the clients' key digests", "clients_map_text"),
@@ -92,6 +95,30 @@ def _no_client_maps(g):
     if not g.gateway_clients:
         for path, what, _ in CLIENT_MAPS:
             files.absent(name=f"No gateway_clients: no map of {what}", path=path)
+
+
+def _door_usage(g):
+    """With gateway_clients, each client's counts served to Prometheus on loopback
+    (files/bin/thorfleet-door-usage, from HAProxy's table of them); without, none of it."""
+    unit_path = f"{BOX_UNIT_DIR}/{GATEWAY_DOOR_USAGE_UNIT}"
+    if not g.gateway_clients:
+        system.stopped(name="No gateway_clients: no usage exporter", unit=GATEWAY_DOOR_USAGE_UNIT)
+        files.absent(name="No gateway_clients: no usage exporter at boot",
+                     path=f"{BOX_UNIT_DIR}/multi-user.target.wants/{GATEWAY_DOOR_USAGE_UNIT}")
+        files.absent(name="No gateway_clients: no usage exporter unit", path=unit_path)
+        files.absent(name="No gateway_clients: no usage exporter tool", path=GATEWAY_DOOR_USAGE)
+        return
+    tool = files.whole_file(name="Install the usage exporter (each client's counts, read only)",
+                            src=str(FILES / "bin" / "thorfleet-door-usage"),
+                            path=GATEWAY_DOOR_USAGE, mode="755")
+    unit = files.whole_file(name="Install its unit (127.0.0.1:9106, for Prometheus)",
+                            src=str(FILES / "systemd" / GATEWAY_DOOR_USAGE_UNIT), path=unit_path,
+                            mode="644")
+    systemd.daemon_reload(name="systemd reads the usage exporter's unit", _if=unit.did_change)
+    files.unit_enabled(name="Enable the usage exporter at boot", unit=GATEWAY_DOOR_USAGE_UNIT)
+    system.reloaded(name="Restart the usage exporter for its new code", unit=GATEWAY_DOOR_USAGE_UNIT,
+                    restart=True, _if=lambda: tool.did_change() or unit.did_change())
+    system.running(name="The usage exporter is running", unit=GATEWAY_DOOR_USAGE_UNIT)
 
 
 @deploy("Firewall")

@@ -14,6 +14,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -31,7 +32,7 @@ from thorfleet.gateway.config import (
     haproxy_word,
     nft_word,
 )
-from thorfleet.settings import hosts, layout
+from thorfleet.settings import hosts, layout, schema
 from thorfleet.settings.hosts import SettingsError, settings_for_inventory
 from thorfleet.settings.roles import gateway_of, is_gateway, is_thor, thors
 from thorfleet.settings.schema import check_gateway
@@ -821,3 +822,64 @@ def test_a_client_over_its_limits_gets_429_and_another_is_still_served(tmp_path)
         assert headers["retry-after"] == "60"
         assert "gateway_client_requests_per_minute" in answers[-1][1]["error"]["message"]
         assert ask(door, g, "/v1/models", keys["bob"])[0] == 200
+
+
+# --- each client's usage at the door: files/bin/thorfleet-door-usage on HAProxy's own table -----
+
+USAGE = layout.FILES / "bin" / "thorfleet-door-usage"
+
+
+def usage_tool():
+    from importlib.machinery import SourceFileLoader
+    from importlib.util import module_from_spec, spec_from_loader
+
+    loader = SourceFileLoader("thorfleet_door_usage", str(USAGE))
+    module = module_from_spec(spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_the_usage_tool_reads_where_the_deploy_puts_things():
+    tool = usage_tool()
+    unit = (layout.FILES / "systemd" / layout.GATEWAY_DOOR_USAGE_UNIT).read_text()
+    host, port = layout.GATEWAY_DOOR_USAGE_LISTEN
+    assert (tool.SOCKET, tool.TABLE) == (layout.GATEWAY_ADMIN_SOCKET, layout.GATEWAY_CLIENT_TABLE)
+    assert f"{layout.GATEWAY_DOOR_USAGE} serve --listen {host}:{port}" in unit
+    assert tool.CLIENT.pattern == schema.CLIENT_NAME.pattern
+
+
+def test_each_clients_usage_is_counted_at_the_door_and_exported(tmp_path):
+    clients = client_files(tmp_path, alice="alice-key-0123456789abcdef",
+                           bob="bob-key-0123456789abcdef")
+    keys = {name: Path(path).read_text().strip() for name, path in clients.items()}
+    limits = {"gateway_clients": clients, "gateway_client_max_inflight": 1}
+    with running_door(tmp_path, gateway_data=limits) as (door, g, _):
+        slow = threading.Thread(target=ask, args=(door, g, "/v1/slow", keys["alice"]))
+        slow.start()
+        time.sleep(0.5)
+        assert ask(door, g, "/v1/models", keys["alice"])[0] == 429  # over her limit
+        shown = subprocess.run([sys.executable, str(USAGE), "show", "--socket",
+                                str(tmp_path / "admin.sock")], capture_output=True, text=True,
+                               check=True, timeout=30)
+        slow.join(10)
+        assert ask(door, g, "/v1/nothing-here", keys["bob"])[0] == 200  # the stand-in answers all
+        text = usage_tool().ask(str(tmp_path / "admin.sock"), "show table clients")
+    usage = json.loads(shown.stdout)["clients"]
+    assert usage["alice"] == {"requests": 2, "answers_4xx": 0, "answers_5xx": 0,
+                              "refused": {"in_flight": 1, "rate": 0}, "in_flight": 1}, usage
+    assert set(usage) == {"alice"}  # bob had not asked yet
+    tool = usage_tool()
+    exported = tool.metrics(tool.rows(text))
+    assert 'thorfleet_door_requests_total{client="alice"} 2' in exported, exported
+    assert 'thorfleet_door_refused_total{client="alice",reason="in_flight"} 1' in exported
+    assert 'thorfleet_door_requests_total{client="bob"} 1' in exported
+    assert exported.count("# TYPE ") == 4 and len(exported.splitlines()) == 4 * 2 + 6 * 2
+
+
+def test_prometheus_scrapes_the_doors_usage_only_where_it_runs_beside_it(tmp_path):
+    clients = client_files(tmp_path, alice="alice-key-0123456789abcdef")
+    with_clients = settings_for_inventory(inventory(tmp_path, gateway_data={
+        "gateway_clients": clients}))["gw-1"].monitor_role.config_text
+    assert "job_name: door" in with_clients and "127.0.0.1:9106" in with_clients, with_clients
+    without = settings_for_inventory(inventory(tmp_path))["gw-1"].monitor_role.config_text
+    assert "door" not in without

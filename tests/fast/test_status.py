@@ -451,3 +451,21 @@ def test_the_command_as_an_operator_runs_it(inventory, boxes, tmp_path):
     assert [words[:3] for words in lines if words and words[0].startswith("thor-")] == [
         ["thor-1", "3f2a9c0d1e4b", "stale"], ["thor-2", "3f2a9c0d1e4b", "stale"],
         ["thor-3", "3f2a9c0d1e4b", "stale"]]
+
+
+def test_the_doors_clients_are_a_line_each_or_one_line_saying_why_not():
+    answer = status.Reply({"clients": {"alice": {
+        "requests": 12, "answers_4xx": 1, "answers_5xx": 0,
+        "refused": {"in_flight": 2, "rate": 0}, "in_flight": 1}}})
+    assert status.client_lines(answer) == [
+        "clients at the door (counted since HAProxy last started):",
+        "  alice: 12 requests, 1 at the door now; answers 4xx 1, 5xx 0; refused over its limits: "
+        "2 at once, 0 a minute"]
+    assert status.client_lines(status.Reply({"clients": {}}))[-1] == "  none has asked yet"
+    gone = status.reply(1, "", "sudo: /usr/local/sbin/thorfleet-door-usage: command not found",
+                        what="thorfleet-door-usage show")
+    assert status.client_lines(gone) == [
+        "clients at the door: unknown (thorfleet-door-usage show failed (exit 1): sudo: "
+        "/usr/local/sbin/thorfleet-door-usage: command not found (no thorfleet-door-usage on "
+        "the box: deploy first))"]
+    assert status.door_command() == f"sudo -n {layout.GATEWAY_DOOR_USAGE} show"

@@ -21,13 +21,15 @@ import http.client
 import json
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from urllib.parse import urlparse
 
 import pytest
 
-from tests.helpers import SERVICE, box, changed_on, deploy, outcome
+from tests.helpers import ROOT, SERVICE, box, changed_on, deploy, outcome
 
 GATEWAY = "gw-1"
 COMPLETION = {"model": "/model", "prompt": "def fib(n):", "temperature": 0}
@@ -47,6 +49,7 @@ def front(sim_fleet, my_boxes, tmp_path_factory):
             gateway=(GATEWAY, gateway_data) if gateway_data else GATEWAY,
             extra_data={"rollout_report_path": str(report_path), **group_data})
         run = deploy(inventory)
+        run.inventory = inventory  # for `thorfleet status` on the same inventory
         report = json.loads(report_path.read_text()) if report_path.exists() else {}
         return run, report
 
@@ -253,6 +256,22 @@ def test_each_client_has_a_key_and_a_limit_of_its_own_and_a_revoked_key_is_refus
         assert status == 401 and json.loads(text)["error"]["type"] == "invalid_api_key", text
     assert backend_sessions(sim_fleet) == sent
 
+    # each client's usage: a line each in `thorfleet status`, and series in Prometheus
+    shown = subprocess.run([sys.executable, "-m", "thorfleet", "status", str(run.inventory)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert "  alice: 1 requests, 0 at the door now" in shown.stdout, shown.stdout + shown.stderr
+    assert "  bob: 1 requests" in shown.stdout, shown.stdout
+
+    def series():
+        found = json.loads(box(sim_fleet, GATEWAY, "curl -s 'http://127.0.0.1:9090/api/v1/query?"
+                                                   "query=thorfleet_door_requests_total'"))
+        return {r["metric"]["client"]: r["value"][1] for r in found["data"]["result"]}
+
+    deadline = time.monotonic() + 60  # a scrape every monitor_scrape_interval_s (15 s)
+    while set(series()) != {"alice", "bob"} and time.monotonic() < deadline:
+        time.sleep(3)
+    assert series() == {"alice": "1", "bob": "1"}, series()
+
     # bob revoked while alice streams: her stream ends whole, bob's next request is refused
     streamed = []
     stream = threading.Thread(target=lambda: streamed.append(
@@ -285,6 +304,7 @@ def test_each_client_has_a_key_and_a_limit_of_its_own_and_a_revoked_key_is_refus
     assert run.returncode == 0, outcome(run, GATEWAY)
     assert front.request("GET", "/v1/models")[0] == 200
     assert box(sim_fleet, GATEWAY, "ls /etc/haproxy/thorfleet") == "gateway.pem"
+    assert box(sim_fleet, GATEWAY, "systemctl is-active thorfleet-door-usage || true") != "active"
 
 
 def test_a_rolling_change_under_load_fails_no_request(sim_fleet, front):

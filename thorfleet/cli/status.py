@@ -3,6 +3,7 @@
     replies = collect(hosts, commands)   # {host name: Reply}: one SSH round trip per box, all at once
     table = rows(replies, rendered)      # pure: one row per host (ROW_FIELDS), from the box's JSON
     ok, why = serving(row)               # what the exit status and stderr say of a host
+    client_lines(reply)                  # with gateway_clients: one line per client at the door
 
 Each Thor is asked one command, the box's watchdog (`layout.BOX_WATCHDOG status`, under `sudo -n`),
 which prints one JSON object: what the server, its watchdog and the box's readings say now. The
@@ -76,8 +77,9 @@ def command(settings) -> str:
                        "--service", settings.service_name, "--port", str(settings.service_port)])
 
 
-def reply(code: int, out: str, err: str) -> Reply:
-    """The box's answer to `command`, read: one JSON object on stdout, or why not."""
+def reply(code: int, out: str, err: str, what: str = "watchdog status") -> Reply:
+    """The box's answer to `command` (`what` it runs), read: one JSON object on stdout, or why
+    not."""
     try:
         found = json.loads(out)
     except ValueError:
@@ -88,20 +90,20 @@ def reply(code: int, out: str, err: str) -> Reply:
     if "password is required" in said:
         said += " (ssh_user needs passwordless sudo, as for a deploy)"
     elif "command not found" in said or "No such file" in said:
-        said += " (no watchdog on the box: deploy first)"
-    return Reply(None, f"watchdog status failed (exit {code}): {said}")
+        said += f" (no {what.split()[0]} on the box: deploy first)"
+    return Reply(None, f"{what} failed (exit {code}): {said}")
 
 
-def _ask(host, line, run, timeout) -> Reply:
+def _ask(host, line, run, timeout, what="watchdog status") -> Reply:
     try:
-        return reply(*run(host, line, timeout))
+        return reply(*run(host, line, timeout), what=what)
     except TimeoutError:
         return Reply(None, f"unreachable: no answer within {timeout:g} s")
     except Exception as error:  # noqa: BLE001 - one box's failure is its row, never the others'
         return Reply(None, f"unreachable: {error or type(error).__name__}")
 
 
-def collect(hosts, commands, run=None, timeout=TIMEOUT_S) -> dict:
+def collect(hosts, commands, run=None, timeout=TIMEOUT_S, what="watchdog status") -> dict:
     """{host name: Reply} of every host in `hosts` (each with .name), all asked at once, one
     thread each. `commands`: {name: command line}; `run(host, command, timeout) -> (exit status,
     stdout, stderr)`, by default over the deploy's own SSH connection."""
@@ -111,7 +113,8 @@ def collect(hosts, commands, run=None, timeout=TIMEOUT_S) -> dict:
     if not hosts:
         return {}
     with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
-        asked = {h.name: pool.submit(_ask, h, commands[h.name], run, timeout) for h in hosts}
+        asked = {h.name: pool.submit(_ask, h, commands[h.name], run, timeout, what)
+                 for h in hosts}
         return {name: future.result() for name, future in asked.items()}
 
 
@@ -284,6 +287,42 @@ def table(found: list[dict], width: int | None = None, at: float | None = None):
     return grid
 
 
+# --- the door's clients (gateway_clients) -----------------------------------------------------------
+
+def door_command() -> str:
+    """What the gateway runs for each client's counts (files/bin/thorfleet-door-usage)."""
+    return shlex.join(["sudo", "-n", layout.GATEWAY_DOOR_USAGE, "show"])
+
+
+def client_lines(answer: Reply) -> list[str]:
+    """One line per client from the gateway's answer to door_command; one line saying why not."""
+    clients = (answer.status or {}).get("clients")
+    if not isinstance(clients, dict):
+        return [f"clients at the door: unknown ({answer.error or 'no clients in the answer'})"]
+    lines = ["clients at the door (counted since HAProxy last started):"]
+    for name, c in clients.items():
+        refused = c.get("refused", {})
+        lines.append(f"  {name}: {c.get('requests', '?')} requests, {c.get('in_flight', '?')} "
+                     f"at the door now; answers 4xx {c.get('answers_4xx', '?')}, 5xx "
+                     f"{c.get('answers_5xx', '?')}; refused over its limits: "
+                     f"{refused.get('in_flight', '?')} at once, {refused.get('rate', '?')} a minute")
+    if not clients:
+        lines.append("  none has asked yet")
+    return lines
+
+
+def _door(inventory, settings, run, timeout) -> list[str]:
+    from thorfleet.settings.roles import gateway_of
+
+    gateway = gateway_of(inventory)
+    role = getattr(settings.get(gateway.name), "gateway_role", None) if gateway else None
+    if role is None or not role.gateway_clients:
+        return []
+    answers = collect([gateway], {gateway.name: door_command()}, run=run, timeout=timeout,
+                      what="thorfleet-door-usage show")
+    return client_lines(answers[gateway.name])
+
+
 # --- the command --------------------------------------------------------------------------------------
 
 
@@ -326,6 +365,8 @@ def show(inventory, settings, *, as_json=False, watch=None, timeout=TIMEOUT_S, r
         screen.file.write(json.dumps(found, indent=2) + "\n")
     else:
         screen.print(table(found, screen.width))
+        for line in _door(inventory, settings, run, timeout):
+            screen.print(line, highlight=False)
     for line in problems(found):
         print(line, file=err)
     return exit_status(found)

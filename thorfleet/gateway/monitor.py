@@ -1,7 +1,8 @@
 """Prometheus on the monitor host, rendered on the laptop: its scrape config and its arguments.
 
     m = MonitorSettings(values, name, targets)   # settings.py makes it, checked
-    m.config_text     # /etc/prometheus/prometheus.yml: every Thor's vLLM and box exporter
+    m.config_text     # /etc/prometheus/prometheus.yml: every Thor's vLLM and box exporter (and
+                      # the gateway's usage per client, with gateway_clients)
     m.defaults_text   # /etc/default/prometheus: where it listens, how long it keeps samples
     prometheus_config(m), defaults_text(retention)   # the same, as functions
 
@@ -31,7 +32,7 @@ PROMETHEUS_DEFAULTS = "/etc/default/prometheus"
 # Prometheus's own default port, on loopback only: the laptop reaches it through SSH
 # (ssh -L 9090:127.0.0.1:9090 <monitor host>); nothing else on the network does.
 LISTEN = "127.0.0.1:9090"
-VLLM_JOB, BOX_JOB = "vllm", "thorfleet"
+VLLM_JOB, BOX_JOB, DOOR_JOB = "vllm", "thorfleet", "door"
 METRICS_PATH = "/metrics"
 # Prometheus's default scrape timeout (10s) may not exceed the scrape interval (config check:
 # "scrape timeout greater than scrape interval").
@@ -92,6 +93,10 @@ def prometheus_config(m) -> str:
         "scrape_configs": [job(VLLM_JOB, lambda t: t.service_port),
                            job(BOX_JOB, lambda t: t.watchdog_port)],
     }
+    door = getattr(m, "door_usage", None)
+    if door:  # each client's series carry their own `client` label
+        config["scrape_configs"].append({"job_name": DOOR_JOB, "metrics_path": METRICS_PATH,
+                                         "static_configs": [{"targets": [door]}]})
     head = "# thorfleet's: rendered from the inventory on every run (edits here are replaced)\n"
     return head + yaml.safe_dump(config, sort_keys=False, allow_unicode=True, width=1000)
 
@@ -124,6 +129,9 @@ class MonitorSettings(Checked):
         super().__init__(values, name)
         self.targets = targets
         self.gateway_role = None  # a monitor of its own is no gateway
+        # host:port of the gateway's usage per client, when the monitor is the gateway with
+        # gateway_clients (settings/hosts.py): job `door`
+        self.door_usage = None
 
     @property
     def monitor_role(self):

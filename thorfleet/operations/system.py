@@ -42,6 +42,16 @@ def running(unit, *, active):
     yield sh("systemctl", "start", unit)
 
 
+@reads(active=lambda unit, **_: (facts.UnitActive, {"unit": unit}))
+@operation()
+def stopped(unit, *, active):
+    """A systemd unit not running now (one whose role the inventory no longer gives the host)."""
+    if active != "active":
+        host.noop(f"{unit} is not running")
+        return
+    yield sh("systemctl", "stop", unit)
+
+
 @operation(is_idempotent=False)
 def reloaded(unit, restart=False):
     """`unit` made to read its files again: reloaded (e.g. Debian's prometheus.service:

@@ -25,6 +25,7 @@ from thorfleet.run.peers import (
     image_copy,
     peer_address_problems,
 )
+from thorfleet.settings.layout import GATEWAY_DOOR_USAGE_LISTEN
 from thorfleet.settings.render import Settings, image_files_hash
 from thorfleet.settings.roles import (
     is_gateway,
@@ -196,6 +197,9 @@ def settings_for_inventory(inventory):
         else:
             settings[name] = gateway
     for name, monitor in monitors.items():
+        door = gateways.get(name)  # the gateway's usage per client, on its loopback
+        if door is not None and door.gateway_clients:
+            monitor.door_usage = target(*GATEWAY_DOOR_USAGE_LISTEN)
         if name in settings:  # the gateway (or a gateway that is a Thor too) is the monitor
             settings[name].monitor_role = monitor
         else:

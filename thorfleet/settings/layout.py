@@ -83,7 +83,8 @@ FETCH_CONTAINER = "thorfleet-fetch"  # the weights fetch's containers: thorfleet
 # server (service_name) may take none of them, since its unit file and `docker rm -f` would
 # replace theirs. tests/fast/test_settings.py holds it to files/systemd and the names above.
 BOX_OWN_NAMES = (CLOCKS_UNIT.removesuffix(".service"), FIREWALL_UNIT.removesuffix(".service"),
-                 WATCHDOG_UNIT.removesuffix(".service"), FETCH_CONTAINER, PEER_USER, IMAGE_USER)
+                 WATCHDOG_UNIT.removesuffix(".service"), FETCH_CONTAINER, PEER_USER, IMAGE_USER,
+                 "thorfleet-door-usage")  # GATEWAY_DOOR_USAGE_UNIT's: a Thor may be the gateway
 
 # --- the gateway (Debian's haproxy package) ------------------------------------------------------
 GATEWAY_CONFIG = "/etc/haproxy/haproxy.cfg"  # the package's unit reads this one
@@ -95,6 +96,9 @@ GATEWAY_SERVER_STATE = "/var/lib/haproxy/server-state"  # the boxes' states HAPr
 GATEWAY_STATE_LOCK = f"{GATEWAY_SERVER_STATE}.lock"  # held while a state is set and saved
 GATEWAY_STATE_DROPIN = f"{BOX_UNIT_DIR}/haproxy.service.d/thorfleet-state.conf"
 GATEWAY_ROTATION = "/usr/local/sbin/thorfleet-rotation"  # drain/ready a box through that API
+GATEWAY_DOOR_USAGE = "/usr/local/sbin/thorfleet-door-usage"  # each client's counts (gateway_clients)
+GATEWAY_DOOR_USAGE_UNIT = "thorfleet-door-usage.service"  # ...served to Prometheus on loopback
+GATEWAY_DOOR_USAGE_LISTEN = ("127.0.0.1", 9106)  # files/systemd/thorfleet-door-usage.service
 GATEWAY_BACKEND = "thors"  # HAProxy's backend of the Thors' vLLM ports
 GATEWAY_CLIENT_TABLE = "clients"  # HAProxy's stick table of each client's requests (gateway_clients)
 
