@@ -459,13 +459,13 @@ def test_the_doors_clients_are_a_line_each_or_one_line_saying_why_not():
         "refused": {"in_flight": 2, "rate": 0}, "in_flight": 1}}})
     assert status.client_lines(answer) == [
         "clients at the door (counted since HAProxy last started):",
-        "  alice: 12 requests, 1 at the door now; answers 4xx 1, 5xx 0; refused over its limits: "
-        "2 at once, 0 a minute"]
+        ("  alice: 12 requests, 1 at the door now; answers 4xx 1, 5xx 0; refused over its "
+         "limits: 2 at once, 0 a minute")]
     assert status.client_lines(status.Reply({"clients": {}}))[-1] == "  none has asked yet"
     gone = status.reply(1, "", "sudo: /usr/local/sbin/thorfleet-door-usage: command not found",
                         what="thorfleet-door-usage show")
     assert status.client_lines(gone) == [
-        "clients at the door: unknown (thorfleet-door-usage show failed (exit 1): sudo: "
-        "/usr/local/sbin/thorfleet-door-usage: command not found (no thorfleet-door-usage on "
-        "the box: deploy first))"]
+        ("clients at the door: unknown (thorfleet-door-usage show failed (exit 1): sudo: "
+         "/usr/local/sbin/thorfleet-door-usage: command not found (no thorfleet-door-usage on "
+         "the box: deploy first))")]
     assert status.door_command() == f"sudo -n {layout.GATEWAY_DOOR_USAGE} show"
