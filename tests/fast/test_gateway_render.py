@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import Inventory
 
+from tests.helpers import box_program
 from thorfleet.gateway.config import (
     Backend,
     GatewaySettings,
@@ -830,13 +831,7 @@ USAGE = layout.FILES / "bin" / "thorfleet-door-usage"
 
 
 def usage_tool():
-    from importlib.machinery import SourceFileLoader
-    from importlib.util import module_from_spec, spec_from_loader
-
-    loader = SourceFileLoader("thorfleet_door_usage", str(USAGE))
-    module = module_from_spec(spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
+    return box_program("thorfleet-door-usage")
 
 
 def test_the_usage_tool_reads_where_the_deploy_puts_things():

@@ -11,8 +11,6 @@ than Docker's (the real folder names), no whole retry after a refused layers-onl
 """
 
 import hashlib
-import importlib.machinery
-import importlib.util
 import io
 import json
 import os
@@ -23,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import box_program
 from thorfleet.settings.layout import FILES
 
 TOOL = FILES / "bin" / "thorfleet-image"
@@ -101,10 +100,7 @@ exec "$@"
 
 def image_tool():
     """The box tool as a module, for its pure functions."""
-    loader = importlib.machinery.SourceFileLoader("thorfleet_image_tool", str(TOOL))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
+    return box_program("thorfleet-image")
 
 
 @pytest.fixture

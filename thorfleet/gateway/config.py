@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-import os
 import re
 import secrets
 import sys
@@ -92,6 +91,12 @@ _NFT = _environment(nft_word)
 # A client key, as a bearer token goes (RFC 6750's b64token): letters, digits and -._~+/=, and
 # long enough that nobody guesses it.
 CLIENT_KEY = re.compile(r"[A-Za-z0-9._~+/-]{16,512}=*")
+
+
+def error_body(status, kind, message) -> str:
+    """The door's own answer as an OpenAI client reads an error: one line of JSON."""
+    return json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                 "code": status}}, separators=(",", ":"))
 
 
 def client_key(name, file: Path) -> str:
@@ -187,9 +192,7 @@ class GatewaySettings(Checked):
         if self.gateway_clients:
             said[401] = ("invalid_api_key", ("no client key, or one this door does not know: "
                                              "send yours as Authorization: Bearer <key>"), None)
-        return [{"status": status, "retry_after": retry,
-                 "body": json.dumps({"error": {"message": message, "type": kind, "param": None,
-                                               "code": status}}, separators=(",", ":"))}
+        return [{"status": status, "retry_after": retry, "body": error_body(status, kind, message)}
                 for status, (kind, message, retry) in sorted(said.items())]
 
     @property
@@ -200,9 +203,7 @@ class GatewaySettings(Checked):
                             "door already (gateway_client_max_inflight); try again later",
                 "rate": f"this client started {self.gateway_client_requests_per_minute} requests "
                         "in the last minute (gateway_client_requests_per_minute); try again later"}
-        return {reason: json.dumps({"error": {"message": message, "type": "rate_limit_exceeded",
-                                              "param": None, "code": 429}},
-                                   separators=(",", ":"))
+        return {reason: error_body(429, "rate_limit_exceeded", message)
                 for reason, message in said.items()}
 
     @property
@@ -252,12 +253,9 @@ class GatewaySettings(Checked):
         keys = {}
         for name, path in sorted((self.gateway_clients or {}).items()):
             file = Path(path).expanduser()
-            if not file.exists():
-                file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                descriptor = os.open(f"{file}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(descriptor, "w") as handle:
-                    handle.write(secrets.token_hex(24) + "\n")
-                os.replace(f"{file}.tmp", file)
+            if not file.exists():  # written as the fleet CA's keys are: 0600, whole or not at all
+                tls.private_dir(file.parent)
+                tls.write_whole(file, (secrets.token_hex(24) + "\n").encode())
                 print(f"thorfleet: made a key for client {name} at {file} (0600): hand it to "
                       "them; it opens the gateway's door", file=sys.stderr)
             keys[name] = client_key(name, file)

@@ -87,7 +87,7 @@ def ensure_fleet_ca(ca_dir: Path) -> Path:
         key = _readable_key(key_file)
         if key is None:
             key = ec.generate_private_key(ec.SECP256R1())
-            _write_whole(key_file, _key_pem(key))  # key first: the cert's presence means both
+            write_whole(key_file, _key_pem(key))  # key first: the cert's presence means both
         cert = _certificate("thorfleet fleet CA", key.public_key(), None, key, 365 * CA_YEARS, [
             # path_length=0: it signs gateways' certificates, never another CA
             (x509.BasicConstraints(ca=True, path_length=0), True),
@@ -95,7 +95,7 @@ def ensure_fleet_ca(ca_dir: Path) -> Path:
                            key_encipherment=False, data_encipherment=False, key_agreement=False,
                            key_cert_sign=True, crl_sign=True, encipher_only=False,
                            decipher_only=False), True)])
-        _write_whole(cert_file, cert.public_bytes(serialization.Encoding.PEM))
+        write_whole(cert_file, cert.public_bytes(serialization.Encoding.PEM))
         return cert_file
 
 
@@ -119,7 +119,7 @@ def gateway_pair(ca_dir: Path, gateway: str, names: list[str]) -> tuple[bytes, b
     with _locked(ca_dir):
         ca_cert = x509.load_pem_x509_certificate(ca_cert_file.read_bytes())
         ca_key = serialization.load_pem_private_key((ca_dir / "fleet-ca.key").read_bytes(), None)
-        folder = _private_dir(ca_dir / "gateways")
+        folder = private_dir(ca_dir / "gateways")
         cert_file, key_file = folder / f"{gateway}.pem", folder / f"{gateway}.key"
         if cert_file.exists() and key_file.exists():
             cert_pem, key_pem = cert_file.read_bytes(), key_file.read_bytes()
@@ -138,8 +138,8 @@ def gateway_pair(ca_dir: Path, gateway: str, names: list[str]) -> tuple[bytes, b
             until=ca_cert.not_valid_after_utc)
         cert_pem, key_pem = cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
         # Key first: a cut between the two leaves an old cert that fails _still_good's key match.
-        _write_whole(key_file, key_pem)
-        _write_whole(cert_file, cert_pem)
+        write_whole(key_file, key_pem)
+        write_whole(cert_file, cert_pem)
         return cert_pem, key_pem
 
 
@@ -252,19 +252,19 @@ def _now() -> datetime.datetime:
 
 @contextlib.contextmanager
 def _locked(ca_dir: Path):
-    with open(_private_dir(ca_dir) / ".lock", "a") as handle:
+    with open(private_dir(ca_dir) / ".lock", "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
         yield
 
 
-def _private_dir(path: Path) -> Path:
+def private_dir(path: Path) -> Path:
     with contextlib.suppress(FileExistsError):  # another deploy may make it first
         path.mkdir(parents=True)
         path.chmod(0o700)  # keys live here; mkdir's mode is cut by the umask
     return path
 
 
-def _write_whole(path: Path, data: bytes) -> None:
+def write_whole(path: Path, data: bytes) -> None:
     """`data` as all of `path` (0600) or nothing: a cut leaves the old file or none, never half."""
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:  # mkstemp makes the file 0600 from the start, so a key is never readable by others

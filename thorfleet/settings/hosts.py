@@ -318,8 +318,7 @@ def _the_gateway(inventory, settings):
                                 checked.watchdog_port))
     box_key = None
     if values and values.gateway_clients:
-        box_keys = {settings[t.name].api_key for t in [*backs, *([h] if is_thor(h) else [])]
-                    if t.name in settings}
+        box_keys = {settings[b.name].api_key for b in backends}
         box_key = next(iter(box_keys)) if len(box_keys) == 1 else None
         problems += [f"{h.name}: {p}" for p in client_problems(values.gateway_clients, box_keys)]
     if problems:
