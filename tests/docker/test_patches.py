@@ -77,6 +77,12 @@ def patched(images, base_image, docker_client):
     return tag, output, earlier
 
 
+@pytest.fixture(scope="module")
+def patched_rendered(patched, docker_client) -> dict:
+    """The patched image's render, read by the stories below (one container importing vLLM)."""
+    return render(docker_client, patched[0])
+
+
 def labels(client, tag: str) -> dict:
     return client.images.get(tag).labels
 
@@ -152,8 +158,8 @@ def test_a_base_with_another_version_string_but_the_same_code_builds(
     assert rendered["high"]["text"].endswith("[THINK]")
 
 
-def test_patched_image_honours_reasoning_effort(docker_client, patched):
-    rendered = render(docker_client, patched[0])
+def test_patched_image_honours_reasoning_effort(patched_rendered):
+    rendered = patched_rendered
     for case in ("absent", "none", "high", "tools", "tools-high"):
         assert rendered[case]["ok"], rendered[case]
     high = rendered["high"]["text"]
@@ -167,8 +173,8 @@ def test_patched_image_honours_reasoning_effort(docker_client, patched):
     assert HIGH_SETTINGS in rendered["tools-high"]["text"]
 
 
-def test_patched_image_refuses_an_unknown_effort_clearly(docker_client, patched):
-    unknown = render(docker_client, patched[0])["unknown"]
+def test_patched_image_refuses_an_unknown_effort_clearly(patched_rendered):
+    unknown = patched_rendered["unknown"]
     assert not unknown["ok"]
     assert "reasoning_effort" in unknown["error"] and "'none' or 'high'" in unknown["error"]
 
