@@ -5,6 +5,7 @@ Shared names (the contract between the sim's parts): the docker network, where s
 
 import contextlib
 import fcntl
+import ipaddress
 import json
 import os
 import subprocess
@@ -47,12 +48,54 @@ def locked(name: str):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# Subnets the sim's network may take, the first that no Docker network and no route of this
+# machine already uses. Docker hands out addresses from the lower half only (DYNAMIC): the upper
+# half is for addresses that must not move, as a LAN's are (the gateways' own, which their
+# keepalived configs name, and their shared one), since a container started again may otherwise
+# get another address.
+SUBNETS = ("172.30.0.0/16", "172.29.0.0/16", "172.28.0.0/16", "10.213.0.0/16", "10.214.0.0/16")
+
+
 def ensure_network(client) -> None:
     """The sim's network, made once: Docker allows two networks of one name, and then neither
     can be named (the registry, the hub and the fleet may each be the first to want it)."""
+    import docker.types
+
     with locked("network"):
-        if not client.networks.list(names=[NETWORK]):
-            client.networks.create(NETWORK, driver="bridge", labels={"thorfleet.sim": "network"})
+        if client.networks.list(names=[NETWORK]):
+            return
+        subnet = _free_subnet(client)
+        dynamic = next(ipaddress.ip_network(subnet).subnets())  # the lower half
+        pool = docker.types.IPAMPool(subnet=subnet, iprange=str(dynamic))
+        client.networks.create(NETWORK, driver="bridge", labels={"thorfleet.sim": "network"},
+                               ipam=docker.types.IPAMConfig(pool_configs=[pool]))
+
+
+def _free_subnet(client) -> str:
+    used = [ipaddress.ip_network(c["Subnet"]) for n in client.networks.list()
+            for c in (n.attrs.get("IPAM") or {}).get("Config") or [] if c.get("Subnet")]
+    routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True,
+                            check=False).stdout.split()
+    used += [ipaddress.ip_network(w, strict=False) for w in routes
+             if "/" in w and w[0].isdigit()]
+    for subnet in map(ipaddress.ip_network, SUBNETS):
+        if not any(subnet.overlaps(other) for other in used if other.version == 4):
+            return str(subnet)
+    raise RuntimeError(f"no free subnet for the sim's network among {', '.join(SUBNETS)}")
+
+
+def network_of(client):
+    """(the sim network's subnet, whether Docker keeps to its lower half: a network made before
+    the sim fixed addresses has no such range)."""
+    pool = client.networks.get(NETWORK).attrs["IPAM"]["Config"][0]
+    return ipaddress.ip_network(pool["Subnet"]), bool(pool.get("IPRange"))
+
+
+def fixed_address(client, index: int) -> str:
+    """The address that never moves of the sim network's `index`th fixed host (1-based): from
+    the top of its upper half, below the gateways' shared one (fleet.virtual_ip)."""
+    network, _ = network_of(client)
+    return str(network.broadcast_address - 16 + index)
 
 
 def log(message: str) -> None:

@@ -18,6 +18,10 @@ def main(argv=None) -> int:
     up.add_argument("--gateway", action="store_true",
                     help="also the gateway box gw-1 (SSH 127.0.0.1:22100, HTTPS "
                          "127.0.0.1:28443), in the inventory's group `gateway`")
+    up.add_argument("--gateways", type=int, choices=(1, 2), default=None,
+                    help="gateway boxes gw-1 and gw-2 (SSH 127.0.0.1:22100 and 22101), both in the "
+                         "group `gateway` sharing gateway_virtual_ip, an address of the sim "
+                         "network this machine reaches (--gateway is --gateways 1)")
     down = commands.add_parser("down", help="remove boxes, gateway, hub, registry and network")
     down.add_argument("--keep-registry", action="store_true",
                       help="leave the registry and the network up (images still being pushed)")
@@ -36,7 +40,8 @@ def main(argv=None) -> int:
 
     client = docker.from_env()
     if args.command == "up":
-        fleet.up(args.hosts, args.inventory, client=client, gateway=args.gateway)
+        fleet.up(args.hosts, args.inventory, client=client, gateway=args.gateway,
+                 gateways=args.gateways)
     elif args.command == "down":
         fleet.down(client, keep_registry=args.keep_registry)
     elif args.command == "status":

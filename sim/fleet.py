@@ -6,6 +6,9 @@ systemd boots again, /run starts empty, the disk (container filesystem, /var/lib
 
 The gateway box (`up(gateway=True)`) is a container `thorfleet-gw-1` (hostname `gw-1`): systemd
 and sshd only, SSH on 127.0.0.1:22100, its HTTPS port 28443 published on 127.0.0.1:28443.
+`up(gateways=N)` brings up gw-1 ... gw-N (SSH on 22100 + i - 1; only gw-1's HTTPS is published):
+two of them share the inventory's gateway_virtual_ip, an address of the sim network that this
+machine reaches through Docker's bridge, held by whichever gateway keepalived says.
 """
 
 import concurrent.futures
@@ -34,9 +37,11 @@ from sim import (
     STATE_LABEL,
     build_image,
     ensure_network,
+    fixed_address,
     foreign,
     locked,
     log,
+    network_of,
     registry,
     state_dir,
 )
@@ -52,7 +57,8 @@ GATEWAY_REPOSITORY = "thorfleet-sim/gateway"
 GATEWAY_BOX_FILES = ("sudoers-thor", "sshd-thorfleet.conf", "ssh-hostkeys.service", "environment")
 GATEWAY_HOST = "gw-1"
 GATEWAY_CONTAINER = "thorfleet-gw-1"
-GATEWAY_SSH_PORT = 22100  # above the Thors' 22000+i
+GATEWAY_SSH_PORT = 22100  # above the Thors' 22000+i; gw-i's is 22100 + i - 1
+GATEWAY_NAME = re.compile(r"(?:thorfleet-)?gw-([1-9][0-9]?)")
 # The same port inside and out, so the gateway's URL on the laptop is the one it serves.
 GATEWAY_HTTPS_PORT = 28443
 BASE_REPO_TAG = "nvidia-ai-iot/vllm:latest-jetson-thor"
@@ -193,17 +199,28 @@ def index_of(host) -> int:
 
 
 def is_gateway(host) -> bool:
-    return str(host) in (GATEWAY_HOST, GATEWAY_CONTAINER)
+    return GATEWAY_NAME.fullmatch(str(host)) is not None
+
+
+def gateway_index(host) -> int:
+    """1 for `gw-1` or `thorfleet-gw-1`, 2 for gw-2, ..."""
+    return int(GATEWAY_NAME.fullmatch(str(host))[1])
+
+
+def gateway_host(index: int) -> str:
+    return f"gw-{index}"
 
 
 def container_of(host) -> str:
-    """The container of a box: `gw-1` the gateway's, any other a Thor's (as index_of reads it)."""
-    return GATEWAY_CONTAINER if is_gateway(host) else box_name(index_of(host))
+    """The container of a box: `gw-<i>` a gateway's, any other a Thor's (as index_of reads it)."""
+    return f"thorfleet-gw-{gateway_index(host)}" if is_gateway(host) else box_name(index_of(host))
 
 
 def ssh_port_of(host) -> int:
-    """The box's SSH port on 127.0.0.1: the gateway's, or a Thor's (as index_of reads it)."""
-    return GATEWAY_SSH_PORT if is_gateway(host) else ssh_port(index_of(host))
+    """The box's SSH port on 127.0.0.1: a gateway's, or a Thor's (as index_of reads it)."""
+    if is_gateway(host):
+        return GATEWAY_SSH_PORT + gateway_index(host) - 1
+    return ssh_port(index_of(host))
 
 
 def boxes(client) -> dict:
@@ -212,12 +229,29 @@ def boxes(client) -> dict:
     return {int(c.labels["thorfleet.index"]): c for c in found}
 
 
-def gateway_container(client):
-    """The gateway box's container, running or not, or None."""
+def gateway_container(client, host=GATEWAY_HOST):
+    """A gateway box's container (gw-1's by default), running or not, or None."""
     try:
-        return client.containers.get(GATEWAY_CONTAINER)
+        return client.containers.get(container_of(host))
     except docker.errors.NotFound:
         return None
+
+
+def gateway_containers(client) -> dict:
+    """{gateway host: container} of the gateway boxes that exist, running or not."""
+    found = client.containers.list(all=True, filters={"label": "thorfleet.sim=gateway"})
+    return {gateway_host(gateway_index(c.name)): c for c in found if is_gateway(c.name)}
+
+
+def _has_fixed_half(client) -> bool:
+    return network_of(client)[1]
+
+
+def virtual_ip(client) -> str:
+    """The address two gateways share in a sim inventory (gateway_virtual_ip): near the top of
+    the sim network, which Docker hands out from the bottom, with the network's prefix."""
+    network, _ = network_of(client)
+    return f"{network.broadcast_address - 5}/{network.prefixlen}"
 
 
 def address(container) -> str | None:
@@ -248,11 +282,17 @@ def _start_box(client, image: str, index: int, warm: Path | None = None) -> None
     ], check=True, stdout=subprocess.DEVNULL)
 
 
-def _start_gateway(client, image: str) -> None:
+def _start_gateway(client, image: str, host: str = GATEWAY_HOST) -> None:
+    # Only gw-1's HTTPS is published: two gateways are reached at their shared address.
+    https = (["--publish", f"127.0.0.1:{GATEWAY_HTTPS_PORT}:{GATEWAY_HTTPS_PORT}"]
+             if host == GATEWAY_HOST else [])
+    # A gateway's address never moves, as a LAN host's does not: its keepalived config names it
+    # and the other's (a network made before the sim fixed them has no upper half: Docker picks).
+    fixed = (["--ip", fixed_address(client, gateway_index(host))]
+             if _has_fixed_half(client) else [])
     subprocess.run([
-        "docker", "run", "--detach", "--name", GATEWAY_CONTAINER, "--hostname", GATEWAY_HOST,
-        "--network", NETWORK, "--publish", f"127.0.0.1:{GATEWAY_SSH_PORT}:22",
-        "--publish", f"127.0.0.1:{GATEWAY_HTTPS_PORT}:{GATEWAY_HTTPS_PORT}",
+        "docker", "run", "--detach", "--name", container_of(host), "--hostname", host,
+        "--network", NETWORK, *fixed, "--publish", f"127.0.0.1:{ssh_port_of(host)}:22", *https,
         "--label", "thorfleet.sim=gateway", "--label", f"{STATE_LABEL}={state_dir()}",
         *GATEWAY_RUN_FLAGS,
         "-v", f"{state_dir() / 'authorized_keys'}:/etc/ssh/authorized_keys:ro",
@@ -443,7 +483,7 @@ def _write_known_hosts(client) -> Path:
                 if line.strip():
                     kept.setdefault(line.split()[0], []).append(line)
         lines = []
-        found = sorted(boxes(client)) + ([GATEWAY_HOST] if gateway_container(client) else [])
+        found = sorted(boxes(client)) + sorted(gateway_containers(client))
         for host in found:
             where = f"[127.0.0.1]:{ssh_port_of(host)}"
             code, out = box_exec(client, host, "cat /etc/ssh/ssh_host_*_key.pub")
@@ -603,22 +643,34 @@ class Fleet:
 
     def write_inventory(self, path, hosts=None, extra_data=None, gateway=None) -> Path:
         """As write_inventory; the gateway's address on the sim network read from Docker now."""
-        if gateway is not None:
-            name, data = (gateway, {}) if isinstance(gateway, str) else gateway
-            gateway = (name, {"gateway_fleet_address": self.ip(name), **data})
+        def live(one):  # a stopped gateway has no address on the network: the last one read
+            name, data = (one, {}) if isinstance(one, str) else one
+            known = _recorded().get("gateways") or {}
+            fixed = (fixed_address(self.client, gateway_index(name))
+                     if _has_fixed_half(self.client) else None)
+            return name, {"gateway_fleet_address": self.ip(name) or known.get(name) or fixed,
+                          **data}
+
+        if isinstance(gateway, list):
+            gateway = [live(g) for g in gateway]
+        elif gateway is not None:
+            gateway = live(gateway)
         return write_inventory(path, self.hosts if hosts is None else hosts, extra_data, gateway)
 
 
 def up(hosts: int = 2, inventory: Path | None = None, client=None,
        leave_existing: bool = False, gateway: bool = False,
-       gateway_in_inventory: bool | None = None, warm: tuple[int, ...] = ()) -> Fleet:
+       gateway_in_inventory: bool | None = None, warm: tuple[int, ...] = (),
+       gateways: int | None = None) -> Fleet:
     """Bring the fleet to `hosts` booted boxes plus registry, base image and hub; write the
     inventory. Quick when nothing changed: images are cached, current boxes are kept.
     leave_existing=True starts, waits for and heals only new boxes: stories running on the
     others may have cut or be rebooting theirs on purpose.
     gateway=True brings the gateway box up too; the inventory lists it (group `gateway`) when
     gateway_in_inventory says so (default: as gateway). Without it a gateway box that exists is
-    left as it is (a story may be using it) and the inventory has none.
+    left as it is (a story may be using it) and the inventory has none. gateways=N brings up
+    gw-1 ... gw-N (gateway=True is gateways=1); two or more in the inventory share
+    gateway_virtual_ip (virtual_ip()).
     The boxes numbered in `warm`, when started on a new disk, hold the base image (warm_disk)."""
     client = client or docker.from_env()
     inventory = Path(inventory or state_dir() / "inventory.py")
@@ -669,8 +721,10 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None,
             else:
                 heal(client, index)  # a box left cut by an interrupted test answers again
                 started_now.append(index)
-        if gateway:
-            started_now += [GATEWAY_HOST] if _ensure_gateway(client, leave_existing) else []
+        count = gateways if gateways is not None else int(gateway)
+        for g in range(1, count + 1):
+            host = gateway_host(g)
+            started_now += [host] if _ensure_gateway(client, leave_existing, host) else []
         if started_now:
             log(f"waiting for {', '.join(map(_host, started_now))} to boot (systemd, sshd)")
         for host in started_now:
@@ -678,15 +732,19 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None,
         _write_known_hosts(client)
 
         names = [host_name(i) for i in range(1, hosts + 1)]
-        found = gateway_container(client)
-        gateway_host = GATEWAY_HOST if found is not None else None
+        # every gateway box there is, asked for or not (an `up` that grows or retires Thors
+        # asks for none, and a story may be using gw-2 meanwhile: its address stays recorded)
+        found = gateway_containers(client)
         _record(names, image_base, hub, own_inventory=inventory == state_dir() / "inventory.py",
-                gateway=gateway_host, gateway_address=found and address(found))
-        in_inventory = gateway if gateway_in_inventory is None else gateway_in_inventory
-        write_inventory(inventory, names, gateway=GATEWAY_HOST if in_inventory else None)
-        log(f"{hosts} box(es){' and the gateway' if gateway else ''} up in "
-            f"{time.monotonic() - started:.0f}s; inventory: {inventory}")
-    return Fleet(client, names, inventory, image_base, hub, gateway_host)
+                gateways={h: address(c) for h, c in found.items()}, virtual=virtual_ip(client))
+        in_inventory = bool(count) if gateway_in_inventory is None else gateway_in_inventory
+        listed = [gateway_host(g) for g in range(1, count + 1)] if in_inventory else []
+        write_inventory(inventory, names, gateway=listed or None)
+        said = {0: "", 1: " and the gateway"}.get(count, f" and {count} gateways")
+        log(f"{hosts} box(es){said} up in {time.monotonic() - started:.0f}s; inventory: "
+            f"{inventory}")
+    first = GATEWAY_HOST if GATEWAY_HOST in found else None
+    return Fleet(client, names, inventory, image_base, hub, first)
 
 
 def stale(container, index: int, hosts: int, current_image: str) -> str | None:
@@ -706,44 +764,51 @@ def _host(host) -> str:
     return host if is_gateway(host) else host_name(index_of(host))
 
 
-def _ensure_gateway(client, leave_existing: bool) -> bool:
-    """Start the gateway box unless it runs the current image; whether it is to be waited for."""
+def _ensure_gateway(client, leave_existing: bool, host: str = GATEWAY_HOST) -> bool:
+    """Start a gateway box unless it runs the current image; whether it is to be waited for."""
     image = ensure_gateway_image(client)
-    found = gateway_container(client)
+    found = gateway_container(client, host)
     why = found is not None and stale(found, 1, 1, client.images.get(image).id)
     if why:
-        log(f"removing {GATEWAY_HOST} ({why})")
+        log(f"removing {host} ({why})")
         found.remove(force=True)
         found = None
     if found is None:
-        log(f"starting {GATEWAY_HOST} on 127.0.0.1:{GATEWAY_SSH_PORT} "
-            f"(HTTPS 127.0.0.1:{GATEWAY_HTTPS_PORT})")
-        _start_gateway(client, image)
+        https = f" (HTTPS 127.0.0.1:{GATEWAY_HTTPS_PORT})" if host == GATEWAY_HOST else ""
+        log(f"starting {host} on 127.0.0.1:{ssh_port_of(host)}{https}")
+        _start_gateway(client, image, host)
     elif leave_existing:
         return False
     elif found.status != "running":
         found.start()
     else:
-        heal(client, GATEWAY_HOST)  # left cut by an interrupted test
+        heal(client, host)  # left cut by an interrupted test
     return True
 
 
 def _record(names: list, image_base: str | None, hub: dict | None, own_inventory: bool,
-            gateway: str | None = None, gateway_address: str | None = None) -> None:
+            gateways: dict | None = None, virtual: str | None = None) -> None:
     """fleet.json, what every inventory's group data is written from (sim_group_data): the base
     image and the hub as this `up` found them, whatever inventory it writes (the hub's published
     port may have moved). The host list is the fleet's own, attach()'s: only an `up` that writes
     the fleet's own inventory replaces it, not a story's view of the fleet. The gateway box as
-    it is now, and its address on the sim network (the last one read, while it restarts)."""
+    it is now, and its address on the sim network (the last one read, while it restarts); each
+    gateway box's, by host, under `gateways`."""
     path = state_dir() / "fleet.json"
     record = json.loads(path.read_text()) if path.exists() else {}
     if own_inventory or "hosts" not in record:
         record["hosts"] = names
+    gateways = gateways or {}
+    gateway = GATEWAY_HOST if GATEWAY_HOST in gateways else None
+    record["virtual_ip"] = virtual
     record.update(image_base=image_base, hub=hub, gateway=gateway)
+    kept = record.get("gateways", {})
+    # an address read while a gateway restarts is None: the last one read stands
+    record["gateways"] = {h: a or kept.get(h) for h, a in gateways.items()}
     if gateway is None:
         record.pop("gateway_address", None)
-    elif gateway_address:
-        record["gateway_address"] = gateway_address
+    elif record["gateways"].get(GATEWAY_HOST):
+        record["gateway_address"] = record["gateways"][GATEWAY_HOST]
     _replace(path, json.dumps(record, indent=2) + "\n")
 
 
@@ -754,16 +819,16 @@ def attach(client=None) -> Fleet:
                  data.get("image_base"), data.get("hub"), data.get("gateway"))
 
 
-def up_for_run(hosts: int, run: str, gateway: bool = True, warm: tuple[int, ...] = ()) -> Fleet:
+def up_for_run(hosts: int, run: str, gateways: int = 1, warm: tuple[int, ...] = ()) -> Fleet:
     """The fleet for one test run: the first of the run's processes brings it up, the others
     (pytest-xdist workers) attach to it, so no box is healed or rewritten under a running story.
-    The gateway box is up for every run (sshd and systemd: small); a story that wants it in an
-    inventory asks write_inventory(..., gateway=sim_fleet.gateway)."""
+    The gateway boxes (gw-1 ... gw-<gateways>) are up for every run (sshd and systemd: small); a
+    story that wants one in an inventory asks write_inventory(..., gateway=sim_fleet.gateway)."""
     marker = state_dir() / "run"
     with locked("run"):
         if marker.exists() and marker.read_text() == run:
             return attach()
-        sim = up(hosts, gateway=gateway, gateway_in_inventory=False, warm=warm)
+        sim = up(hosts, gateways=gateways, gateway_in_inventory=False, warm=warm)
         _replace(marker, run)
         return sim
 
@@ -788,10 +853,9 @@ def down(client=None, keep_registry: bool = False) -> None:
         for index, container in sorted(boxes(client).items()):
             log(f"removing {host_name(index)}")
             removals.append(lambda c=container, i=index: remove_box(c, i))
-        gateway = gateway_container(client)
-        if gateway is not None:
-            log(f"removing {GATEWAY_HOST}")
-            removals.append(lambda: gateway.remove(force=True))
+        for host, gateway in sorted(gateway_containers(client).items()):
+            log(f"removing {host}")
+            removals.append(lambda g=gateway: g.remove(force=True))
         # all at once: each waits for its systemd to shut down, then a box's disk is deleted
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(removals))) as pool:
             list(pool.map(lambda remove: remove(), removals))
@@ -819,14 +883,13 @@ def status(client=None) -> list[str]:
             state = box_exec(client, index, "systemctl is-system-running")[1].strip()
             state += ", ssh cut" if is_cut(client, index) else ""
         lines.append(f"{host_name(index)}  127.0.0.1:{ssh_port(index)}  {state}")
-    gateway = gateway_container(client)
-    if gateway is not None:
+    for host, gateway in sorted(gateway_containers(client).items()):
         state = gateway.status
         if state == "running":
-            state = box_exec(client, GATEWAY_HOST, "systemctl is-system-running")[1].strip()
-            state += ", ssh cut" if is_cut(client, GATEWAY_HOST) else ""
-        lines.append(f"{GATEWAY_HOST}  127.0.0.1:{GATEWAY_SSH_PORT}  "
-                     f"https://127.0.0.1:{GATEWAY_HTTPS_PORT}  {state}")
+            state = box_exec(client, host, "systemctl is-system-running")[1].strip()
+            state += ", ssh cut" if is_cut(client, host) else ""
+        https = f"https://127.0.0.1:{GATEWAY_HTTPS_PORT}  " if host == GATEWAY_HOST else ""
+        lines.append(f"{host}  127.0.0.1:{ssh_port_of(host)}  {https}{state}")
     for name in (registry.NAME, "thorfleet-hub"):
         try:
             container = client.containers.get(name)
@@ -914,7 +977,9 @@ def write_inventory(path, hosts, extra_data: dict | None = None, gateway=None) -
     data; a key set to None is left out (a test can drop a setting to see the deploy's default).
     gateway: `gw-1` or (`gw-1`, host_data): the gateway box, its own group and data
     (sim_gateway_data); host_data overrides it, e.g. another gateway_port. Its address on the sim
-    network is the one the last `up` recorded unless host_data gives gateway_fleet_address.
+    network is the one the last `up` recorded unless host_data gives gateway_fleet_address. A
+    list of them: several gateways in the group, which then shares gateway_virtual_ip (the sim
+    network's, virtual_ip()) unless the group data below says otherwise.
     """
     entries = []
     for host in hosts:
@@ -926,12 +991,16 @@ def write_inventory(path, hosts, extra_data: dict | None = None, gateway=None) -
         entries.append(f"        ({name!r}, {data!r}),")
     group = {**sim_group_data(), **(extra_data or {})}
     groups = _group_text("sim_thors", entries, group)
-    if gateway is not None:
-        groups += _group_text("gateway", [f"        {_gateway_entry(gateway)!r},"],
-                              sim_gateway_data())
+    listed = [] if gateway is None else gateway if isinstance(gateway, list) else [gateway]
+    if listed:
+        data = sim_gateway_data()
+        if len(listed) > 1:
+            data["gateway_virtual_ip"] = _recorded().get("virtual_ip")
+        groups += _group_text("gateway", [f"        {_gateway_entry(g)!r}," for g in listed], data)
+    said = {0: "", 1: " and the gateway box"}.get(len(listed), f" and {len(listed)} gateway boxes")
     text = "\n".join([
-        (f"# Written by `python -m sim up`: {len(entries)} simulated Thors"
-         f"{' and the gateway box' if gateway is not None else ''}. Rewritten by every `up`."),
+        (f"# Written by `python -m sim up`: {len(entries)} simulated Thors{said}. Rewritten by "
+         "every `up`."),
         *groups,
         "",
     ])
@@ -944,13 +1013,16 @@ def write_inventory(path, hosts, extra_data: dict | None = None, gateway=None) -
 def _gateway_entry(gateway) -> tuple:
     name, data = (gateway, {}) if isinstance(gateway, str) else gateway
     if not is_gateway(name):
-        raise ValueError(f"gateway={name!r}: the sim's gateway box is {GATEWAY_HOST!r}")
-    data = {"ssh_hostname": "127.0.0.1", "ssh_port": GATEWAY_SSH_PORT,
-            "gateway_fleet_address": _recorded().get("gateway_address"), **data}
+        raise ValueError(f"gateway={name!r}: the sim's gateway boxes are gw-1, gw-2, ...")
+    name = gateway_host(gateway_index(name))
+    recorded = _recorded()
+    known = recorded.get("gateways") or {GATEWAY_HOST: recorded.get("gateway_address")}
+    data = {"ssh_hostname": "127.0.0.1", "ssh_port": ssh_port_of(name),
+            "gateway_fleet_address": known.get(name), **data}
     if data["gateway_fleet_address"] is None:
-        raise RuntimeError(f"{GATEWAY_HOST}: no address recorded (is it up?): "
-                           "`python -m sim up --gateway`")
-    return GATEWAY_HOST, data
+        raise RuntimeError(f"{name}: no address recorded (is it up?): "
+                           "`python -m sim up --gateways N`")
+    return name, data
 
 
 def _group_text(name: str, entries: list, group: dict) -> list:

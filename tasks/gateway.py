@@ -5,6 +5,11 @@ packages, the certificate (the fleet CA's or the operator's), the config checked
 before it goes live, and a reload that drops no connection. Each box takes max_num_seqs requests
 at a time, the rest queue at the gateway; a box that refuses a connection is skipped.
 
+With gateway_virtual_ip (two gateways, or one that may get a second): keepalived from the
+distribution's packages holds the address on one of them, and checks that HAProxy runs there and
+that the gateway is level with the other (it never takes the address with what a run it missed
+has replaced). Both carry one config, one certificate, the same client keys.
+
 On each Thor: with a gateway in the inventory, an nftables table lets only the gateway (and the
 box itself) reach the vLLM port, now and at every boot; without one, no table (the port answers
 as it did). The drain around a restart is the verification step's (operations/verification.py).
@@ -16,9 +21,11 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
+from thorfleet import facts
 from thorfleet.gateway.config import firewall_script
 from thorfleet.operations import files, gateway, preflight, system
 from thorfleet.run.runstate import run_state
+from thorfleet.run.snapshot import read
 from thorfleet.settings.layout import (
     BOX_FIREWALL,
     BOX_UNIT_DIR,
@@ -28,11 +35,15 @@ from thorfleet.settings.layout import (
     GATEWAY_BOX_KEY_MAP,
     GATEWAY_CLIENTS_MAP,
     GATEWAY_CONFIG,
+    GATEWAY_DOOR_CHECK,
     GATEWAY_DOOR_USAGE,
     GATEWAY_DOOR_USAGE_UNIT,
+    GATEWAY_PEER_LEVEL,
     GATEWAY_PEM,
     GATEWAY_ROTATION,
     GATEWAY_STATE_DROPIN,
+    KEEPALIVED_CONFIG,
+    KEEPALIVED_UNIT,
 )
 
 HAPROXY_UNIT = "haproxy.service"
@@ -55,6 +66,7 @@ def run(g, lock=True):
                      src=str(FILES / "bin" / "thorfleet-rotation"), path=GATEWAY_ROTATION,
                      mode="755")
     keys = _client_maps(g)  # before the config: `haproxy -c` reads the maps it names
+    level = _level(g)  # before the config too: it names the level file
     config = files.whole_file(
         name=f"Write HAProxy's config: {len(g.backends)} box(es), queue "
              f"{g.gateway_queue_timeout_s}s (haproxy -c checks it before it goes live)",
@@ -70,9 +82,50 @@ def run(g, lock=True):
     files.unit_enabled(name="Enable HAProxy at boot", unit=HAPROXY_UNIT)
     gateway.haproxy_reloaded(name="Reload HAProxy for its new config (no connection dropped)",
                      unit=HAPROXY_UNIT,
-                     _if=lambda: config.did_change() or pem.did_change() or keys())
+                     _if=lambda: config.did_change() or pem.did_change() or keys() or level())
     system.running(name="HAProxy is running", unit=HAPROXY_UNIT)
     _door_usage(g)
+    _shared_address(g)
+
+
+def _level(g):
+    """With gateway_virtual_ip: what this run sets here, recorded for the other gateway to read
+    (a digest, dated by the run that first set it). Returns whether it changed."""
+    if not g.gateway_virtual_ip:
+        return lambda: False
+    op = gateway.level_recorded(name="Record what this run sets here (the other gateway reads it)",
+                                since=run_state(host.state).started, digest=g.level_digest)
+    return op.did_change
+
+
+def _shared_address(g):
+    """gateway_virtual_ip held by keepalived on one gateway at a time; without it, no keepalived
+    of thorfleet's."""
+    if not g.gateway_virtual_ip:
+        gateway.no_shared_address(name="No gateway_virtual_ip: no keepalived of thorfleet's")
+        return
+    system.packages(name="Install keepalived and curl (the distribution's packages)",
+                    packages=gateway.SHARED_ADDRESS_PACKAGES)
+    files.whole_file(name="Install keepalived's check (HAProxy runs; this gateway is level)",
+                     src=str(FILES / "bin" / "thorfleet-door-check"), path=GATEWAY_DOOR_CHECK,
+                     mode="755")
+    files.directory(name="Create the folder of what the other gateway last said",
+                    path=GATEWAY_PEER_LEVEL.rsplit("/", 1)[0], mode="700")
+    interface = read(facts.InterfaceOf, address=g.own_address)
+    if interface is None:
+        gateway.holds_address(name=f"{g.own_address} is on an interface here",
+                              address=g.own_address)
+        return
+    held_by = " or ".join(name for name, _ in g.pair)
+    config = files.whole_file(
+        name=f"Write keepalived's config: {g.gateway_virtual_ip} held by {held_by} "
+             "(keepalived -t checks it)",
+        src=StringIO(g.keepalived_text(interface)), path=KEEPALIVED_CONFIG, mode="644",
+        check=("keepalived", "--config-test", "-f"))
+    files.unit_enabled(name="Enable keepalived at boot", unit=KEEPALIVED_UNIT)
+    system.reloaded(name="Reload keepalived for its new config (the address stays put)",
+                    unit=KEEPALIVED_UNIT, _if=config.did_change)
+    system.running(name="keepalived is running", unit=KEEPALIVED_UNIT)
 
 
 CLIENT_MAPS = ((GATEWAY_CLIENTS_MAP, "the clients' key digests", "clients_map_text"),
@@ -136,11 +189,12 @@ def box(settings):
         systemd.daemon_reload(name="Reload systemd after the drop-in went", _if=gone.did_change)
         return
     ports = (settings.service_port, settings.watchdog_port)
-    script, mark = firewall_script(ports, settings.gateway, settings.monitor_source)
+    script, mark = firewall_script(ports, *settings.gateway, settings.monitor_source)
     monitor = f" and {settings.monitor_source} (the monitor)" if settings.monitor_source else ""
+    gateways = " and ".join(settings.gateway)
     files.whole_file(name=f"Write the firewall: ports {ports[0]} (vLLM) and {ports[1]} (the "
-                          f"watchdog) answer {settings.gateway} (the gateway){monitor} and the "
-                          "box only",
+                          f"watchdog) answer {gateways} (the gateway"
+                          f"{'s' if len(settings.gateway) > 1 else ''}){monitor} and the box only",
                      src=StringIO(script), path=BOX_FIREWALL, mode="644")
     unit = files.whole_file(name="Install the unit that loads it at every boot",
                             src=str(FILES / "systemd" / FIREWALL_UNIT), path=unit_path, mode="644")

@@ -18,8 +18,10 @@ from thorfleet.settings.layout import (
     BOX_SECRETS_ENV,
     BOX_SERVE,
     BOX_STATE,
+    BOX_UNIT_DIR,
     BOX_VLLM_CACHE,
     FILES,
+    START_LIMIT_DROPIN,
     box_unit,
     layout_env_text,
 )
@@ -50,7 +52,15 @@ def run(settings):
     unit = files.whole_file(name=f"Write the {settings.service_name} unit",
                             src=StringIO(settings.unit_text),
                             path=box_unit(settings.service_name), mode="644")
-    systemd.daemon_reload(name="Reload systemd after the unit changed", _if=unit.did_change)
+    dropin_dir = f"{BOX_UNIT_DIR}/{settings.service_name}.service.d"
+    files.directory(name="Create the server unit's drop-in folder", path=dropin_dir, mode="755")
+    limit = files.whole_file(
+        name=f"Bound the server's own restarts: {2 * settings.watchdog_max_restarts_per_hour + 4} "
+             "starts an hour (a drop-in: a new cap restarts no server)",
+        src=StringIO(settings.start_limit_text), path=f"{dropin_dir}/{START_LIMIT_DROPIN}",
+        mode="644")
+    systemd.daemon_reload(name="Reload systemd after the unit or its drop-in changed",
+                          _if=lambda: unit.did_change() or limit.did_change())
     # Enabled only: starting it is the verification step's job, which proves what it starts.
     files.unit_enabled(name=f"Enable {settings.service_name} at boot",
                        unit=f"{settings.service_name}.service")

@@ -19,7 +19,7 @@ from pyinfra.api import deploy
 from thorfleet.operations import files, verification
 from thorfleet.run import rollout
 from thorfleet.settings.layout import BOX_BENCH, FILES
-from thorfleet.settings.roles import gateway_of, is_thor
+from thorfleet.settings.roles import gateways, is_thor
 
 
 @deploy("Verification")
@@ -29,8 +29,8 @@ def run(settings):
     service = {"service": settings.service_name, "port": settings.service_port,
                "fingerprint": settings.fingerprint,
                "health_timeout": settings.service_health_timeout_s,
-               # with a gateway, a restart is drained there first (the gateway host's name)
-               "gateway": getattr(gateway_of(inventory), "name", None),
+               # with gateways, a restart is drained on each first (the gateway hosts' names)
+               "gateway": tuple(h.name for h in gateways(inventory)) or None,
                "drain_timeout": settings.rollout_drain_timeout_s,
                # at most rollout_batch boxes out for a restart, whichever runs restart them
                "restart_slots": settings.rollout_batch,

@@ -38,12 +38,15 @@ BOXES = {
     "test_gateway": (10, 11, 12),  # and the gateway box, gw-1
     "test_watch": (10, 11, 12),  # and gw-1's Prometheus
     "test_bases": (13, 14, 15),  # the newer base
+    "test_gateway_pair": (2, 9),  # after the faults: and the gateway boxes gw-2 and gw-3
 }
-GATEWAY_MODULES = ("test_gateway", "test_watch")  # the modules that use gw-1 too
+# The gateway boxes a module uses besides its Thors (the sim brings up gw-1 ... gw-3).
+GATEWAYS = {"test_gateway": ("gw-1",), "test_watch": ("gw-1",),
+            "test_gateway_pair": ("gw-2", "gw-3")}
 # The boxes whose stories prove a first install from nothing (the base pulled: test_deploy's
-# first run, the air-gapped box) or never install (9). The others start warm, their disks
-# holding the base already (sim/fleet.py warm_disk): their stories are about what comes after.
-COLD = (1, 6, 7, 9)
+# first run, the air-gapped box). The others start warm, their disks holding the base already
+# (sim/fleet.py warm_disk): their stories are about what comes after.
+COLD = (1, 6, 7)
 # Longest first (seconds each took in a 4-worker clean-clone .ci/run of d5050d2, images cached:
 # bench/results/ci-cost-7.json), so the longest start at once and the short ones fill in: xdist
 # hands groups out in this order (--no-loadscope-reorder), one at a time.
@@ -53,7 +56,7 @@ GROUP_ORDER = [
     "thor-13+14+15",  # 852: the newer bases (0.26.0 through a canary, 0.33.0 on one box)
     "thor-1+7",  # 659: deploy, drift, disk hygiene, security (+ the weights copy)
     "thor-8",  # 615: says no
-    "thor-2+9",  # 385: faults
+    "thor-2+9",  # 385: faults (+ ~240: two gateways, one address)
     "thor-6",  # 320: air-gapped, drain, the bare box
     "test_patches",  # 248
     "test_base_standin",  # 150 (the rest, 24 to 82 s each, after these)
@@ -200,8 +203,7 @@ def _boxes_of(group: str, item) -> list[str]:
     if not group.startswith("thor-"):
         return []
     boxes = [fleet.host_name(int(i)) for i in group[len("thor-"):].split("+")]
-    return boxes + [fleet.GATEWAY_HOST] * any(
-        m in GATEWAY_MODULES for m in BOXES if _group_of(m) == group)
+    return boxes + sorted({g for m in BOXES if _group_of(m) == group for g in GATEWAYS.get(m, ())})
 
 
 def pytest_runtest_setup(item):
@@ -250,7 +252,8 @@ def sim_fleet(request):
     started = time.monotonic()
     try:
         warm = tuple(sorted({i for boxes in BOXES.values() for i in boxes} - set(COLD)))
-        return fleet.up_for_run(hosts, _run_id(request.config), warm=warm)
+        gateways = max(int(g.removeprefix("gw-")) for names in GATEWAYS.values() for g in names)
+        return fleet.up_for_run(hosts, _run_id(request.config), warm=warm, gateways=gateways)
     finally:
         _FLEET_UP_S[0] += time.monotonic() - started
 

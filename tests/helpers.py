@@ -9,6 +9,21 @@ from sim.operator import ROOT, Run, deploy, edited_checkout  # noqa: F401 - re-e
 
 SERVICE = "thorfleet-vllm"
 SHARD = "consolidated-{:05d}-of-00013.safetensors"
+# The server change the gateway's rolling story makes on boxes 10-12 (vLLM's default level, so
+# nothing else differs). The watch stories, next on those boxes, converge with it too: their
+# converge then restarts only the watchdog, not three servers (issue 32).
+ROLLED_ENV = {"VLLM_LOGGING_LEVEL": "INFO"}
+
+
+def wait_for(what, timeout, every=0.5):
+    """`what()` once it is true, polled every `every` s for `timeout` s; else its last answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(every)
+    return what()
 
 
 def changed_on(run, host):

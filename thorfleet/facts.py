@@ -26,6 +26,7 @@ from thorfleet.settings.layout import (
     FILES,
     FIREWALL_TABLE,
     GATEWAY_ADMIN_SOCKET,
+    GATEWAY_LEVEL,
 )
 
 
@@ -403,6 +404,46 @@ class FirewallMark(FactBase[str]):
     def process(self, output):
         lines = [line.strip() for line in output if line.strip()]
         return lines[0] if lines else UNMARKED
+
+
+class InterfaceOf(FactBase[str | None]):
+    """The network interface that holds IPv4 `address` (`ip -o -4 addr show`: "2: eth0 inet
+    172.18.0.5/16 brd ..."), where keepalived adds the gateways' shared address; None when none
+    does."""
+
+    requires_command = "ip"
+
+    def command(self, address):
+        return ("ip -o -4 addr show | awk -v a=" + q(address)
+                + " '$3 == \"inet\" { split($4, p, \"/\"); if (p[1] == a) print $2 }'")
+
+    def process(self, output):
+        names = [line.strip().split("@")[0] for line in output if line.strip()]
+        return names[0] if names else None
+
+
+class FirstLine(FactBase[str | None]):
+    """The first line of a file (None when there is none): whose a config file is, by its
+    header."""
+
+    def command(self, path):
+        return f"head -n 1 {q(path)} 2>/dev/null || true"
+
+    def process(self, output):
+        return output[0] if output else None
+
+
+class DoorLevel(FactBase[tuple[int, str] | None]):
+    """What the last run set on this gateway (layout.GATEWAY_LEVEL): (since, digest), or None
+    when no run has, or the file is not one line of `<digits> <hex>`."""
+
+    def command(self):
+        return f"cat {q(GATEWAY_LEVEL)} 2>/dev/null || true"
+
+    def process(self, output):
+        lines = [line.strip() for line in output if line.strip()]
+        found = re.fullmatch(r"([0-9]+) ([0-9a-f]+)", lines[0]) if len(lines) == 1 else None
+        return (int(found[1]), found[2]) if found else None
 
 
 # srv_admin_state is a bit field (HAProxy's include/haproxy/server-t.h, SRV_ADMF_*): FMAINT 0x01,

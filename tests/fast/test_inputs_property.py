@@ -77,6 +77,7 @@ VALID = {
     "gateway_tls_key_file": ["~/.config/thorfleet/gateway.key"],
     "gateway_ca_dir": ["~/.config/thorfleet/fleet-ca"],
     "gateway_fleet_address": ["10.0.0.5", "fd00::5"],
+    "gateway_virtual_ip": ["10.0.0.50/24", "192.168.1.250/16"],
     "monitor_fleet_address": ["10.0.0.6", "fd00::6"],
     "monitor_retention": ["15d", "1w2d", "90m", "1y2w3d4h5m6s7ms"],
 }

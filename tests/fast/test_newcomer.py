@@ -164,8 +164,10 @@ class _Engine:
 
         class Containers:
             def list(self, all=False, filters=None):
+                kind = (filters or {}).get("label", "").removeprefix("thorfleet.sim=")
+                prefix = {"box": "thorfleet-thor-", "gateway": "thorfleet-gw-"}[kind]
                 return [Container(n, {"thorfleet.index": n.rpartition("-")[2]})
-                        for n in names if n.startswith("thorfleet-thor-")]
+                        for n in names if n.startswith(prefix)]
 
             def get(self, name):
                 if name not in names or name in engine.removed:

@@ -18,6 +18,7 @@ BASE = "thorfleet-registry:5000/nvidia-ai-iot/vllm@sha256:" + "c" * 64
 HUB = {"endpoint_in_sim": "http://thorfleet-hub:8000", "endpoint_local": "http://127.0.0.1:4711",
        "revisions": {fleet.MODEL_REPO: "a" * 40, fleet.DRAFT_REPO: "b" * 40}}
 ADDRESS = "172.30.0.9"
+VIRTUAL = "172.30.255.250/16"
 THORS = ["thor-1", ("thor-2", {"service_port": 8001})]
 
 
@@ -26,7 +27,7 @@ def state(tmp_path, monkeypatch):
     """A sim state whose last `up` had two Thors and the gateway box at ADDRESS."""
     monkeypatch.setenv("THORFLEET_SIM_STATE", str(tmp_path / "state"))
     fleet._record(["thor-1", "thor-2"], BASE, HUB, own_inventory=True,
-                  gateway=fleet.GATEWAY_HOST, gateway_address=ADDRESS)
+                  gateways={fleet.GATEWAY_HOST: ADDRESS}, virtual=VIRTUAL)
     return tmp_path / "state"
 
 
@@ -83,8 +84,8 @@ def test_an_inventory_with_a_gateway_that_is_not_up_is_refused(state, tmp_path):
 
 
 def test_fleet_json_keeps_the_gateways_address_while_it_restarts_and_drops_it_when_gone(state):
-    fleet._record(["thor-1"], BASE, HUB, own_inventory=False, gateway="gw-1",
-                  gateway_address=None)  # stopped: Docker shows no address
+    fleet._record(["thor-1"], BASE, HUB, own_inventory=False,
+                  gateways={"gw-1": None})  # stopped: Docker shows no address
     assert json.loads((state / "fleet.json").read_text())["gateway_address"] == ADDRESS
     assert fleet.attach(client=object()).gateway == "gw-1"
     fleet._record(["thor-1"], BASE, HUB, own_inventory=False)
@@ -101,6 +102,8 @@ def test_gw_1_is_the_gateways_container_and_port_and_no_thor():
     assert fleet.container_of("gw-1") == fleet.container_of("thorfleet-gw-1") == "thorfleet-gw-1"
     assert fleet.container_of("thor-3") == fleet.container_of(3) == "thorfleet-thor-3"
     assert fleet.ssh_port_of("gw-1") == 22100
+    assert fleet.container_of("gw-2") == "thorfleet-gw-2" and fleet.ssh_port_of("gw-2") == 22101
+    assert fleet.is_gateway("thorfleet-gw-3") and not fleet.is_gateway("gw-0")
     assert fleet.ssh_port_of("thor-3") == 22003
 
 
@@ -118,13 +121,30 @@ def test_the_gateway_image_is_built_from_the_account_files_and_no_thor_stand_in(
         assert stand_in not in " ".join(copied) and not enabled, stand_in
 
 
-@pytest.mark.parametrize("argv, gateway", [(["up"], False), (["up", "--gateway"], True)])
-def test_up_brings_the_gateway_only_when_asked(argv, gateway, monkeypatch):
+@pytest.mark.parametrize("argv, gateway, gateways", [
+    (["up"], False, None), (["up", "--gateway"], True, None), (["up", "--gateways", "2"], False, 2)])
+def test_up_brings_the_gateways_only_when_asked(argv, gateway, gateways, monkeypatch):
     calls = []
     monkeypatch.setattr(sim_cli.docker, "from_env", lambda: "client")
     monkeypatch.setattr(sim_cli.fleet, "up", lambda *a, **kw: calls.append(kw))
     assert sim_cli.main(argv) == 0
-    assert calls == [{"client": "client", "gateway": gateway}]
+    assert calls == [{"client": "client", "gateway": gateway, "gateways": gateways}]
+
+
+def test_two_gateways_are_one_group_sharing_the_sims_virtual_address(state, tmp_path):
+    fleet._record(["thor-1"], BASE, HUB, own_inventory=False,
+                  gateways={"gw-1": ADDRESS, "gw-2": "172.30.0.10"}, virtual=VIRTUAL)
+    path = fleet.write_inventory(tmp_path / "sim.py", ["thor-1"], gateway=["gw-1", "gw-2"])
+    hosts, group = runpy.run_path(str(path))["gateway"]
+    assert hosts == [("gw-1", {"ssh_hostname": "127.0.0.1", "ssh_port": 22100,
+                               "gateway_fleet_address": ADDRESS}),
+                     ("gw-2", {"ssh_hostname": "127.0.0.1", "ssh_port": 22101,
+                               "gateway_fleet_address": "172.30.0.10"})]
+    assert group["gateway_virtual_ip"] == VIRTUAL
+    # one gateway: no shared address
+    _, group = runpy.run_path(str(fleet.write_inventory(tmp_path / "one.py", ["thor-1"],
+                                                        gateway="gw-1")))["gateway"]
+    assert "gateway_virtual_ip" not in group
 
 
 def test_known_hosts_has_the_gateways_keys_and_keeps_them_while_it_cannot_be_read(state,
@@ -132,7 +152,7 @@ def test_known_hosts_has_the_gateways_keys_and_keeps_them_while_it_cannot_be_rea
     keys = {"thorfleet-thor-1": "ssh-ed25519 AAAAthor1 root@thor-1",
             "thorfleet-gw-1": "ssh-ed25519 AAAAgw1 root@gw-1"}
     monkeypatch.setattr(fleet, "boxes", lambda client: {1: "thor-1's container"})
-    monkeypatch.setattr(fleet, "gateway_container", lambda client: "gw-1's container")
+    monkeypatch.setattr(fleet, "gateway_containers", lambda client: {"gw-1": "its container"})
     monkeypatch.setattr(fleet, "box_exec", lambda client, host, command: (
         (0, keys[fleet.container_of(host)] + "\n") if fleet.container_of(host) in keys else (1, "")))
     path = fleet._write_known_hosts(client=None)

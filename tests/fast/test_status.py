@@ -469,3 +469,29 @@ def test_the_doors_clients_are_a_line_each_or_one_line_saying_why_not():
          "/usr/local/sbin/thorfleet-door-usage: command not found (no thorfleet-door-usage on "
          "the box: deploy first))")]
     assert status.door_command() == f"sudo -n {layout.GATEWAY_DOOR_USAGE} show"
+
+
+HELD, BACKUP = status.Reply({"holds": True}), status.Reply({"holds": False})
+GONE = status.Reply(None, "unreachable: no answer within 10 s")
+
+
+@pytest.mark.parametrize("answers, line, reachable", [
+    ({"gw-1": HELD, "gw-2": BACKUP}, "held by gw-1 (gw-2: backup)", True),
+    ({"gw-1": GONE, "gw-2": HELD}, "held by gw-2 (gw-1: unreachable: no answer within 10 s)", True),
+    ({"gw-1": BACKUP, "gw-2": BACKUP},
+     "held by no gateway (gw-1: backup; gw-2: backup): clients cannot reach the fleet", False),
+    ({"gw-1": HELD, "gw-2": HELD}, "held by gw-1 and gw-2 at once: the LAN sees it twice", False),
+])
+def test_two_gateways_status_says_which_holds_the_doors_address(answers, line, reachable):
+    lines, ok = status.address_lines("10.0.0.50", answers)
+    assert len(lines) == 1 and lines[0].startswith(f"the door's address 10.0.0.50: {line}"), lines
+    assert ok is reachable
+
+
+def test_the_holder_is_asked_by_its_interfaces_with_the_address_quoted():
+    command = status.holds_command("10.0.0.50")
+    assert shlex.split(command)[:2] == ["sh", "-c"]
+    for address, holds in (("127.0.0.1", True), ("10.0.0.50", False)):  # on lo here, or not
+        done = subprocess.run(status.holds_command(address), shell=True, capture_output=True,
+                              text=True, check=False)
+        assert json.loads(done.stdout) == {"holds": holds}, done.stderr

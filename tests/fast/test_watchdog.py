@@ -679,8 +679,12 @@ def test_the_servers_own_restarts_are_bounded_too():
     s = watchdog_unit(watchdog_max_restarts_per_hour=3)
     entries = {(section, key): value for section, key, value in unit_entries(s.unit_text)}
     assert entries[("Service", "Restart")] == "on-failure"
-    assert (entries[("Unit", "StartLimitIntervalSec")], entries[("Unit", "StartLimitBurst")]) == \
+    limit = {(section, key): value for section, key, value in unit_entries(s.start_limit_text)}
+    assert (limit[("Unit", "StartLimitIntervalSec")], limit[("Unit", "StartLimitBurst")]) == \
         ("3600", "10")  # the reset before a deploy's restart: tests/fast/test_thorfleet_serve.py
+    # in a drop-in, not the unit: a new cap restarts no server (the watch stories' converge,
+    # after the gateway's on the same boxes, restarted three for it)
+    assert watchdog_unit(watchdog_max_restarts_per_hour=10).fingerprint == s.fingerprint
 
 
 def test_the_unit_runs_the_tool_with_the_settings_and_needs_no_server():

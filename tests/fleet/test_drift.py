@@ -52,7 +52,12 @@ DRIFTS = [
     Drift("clocks unlocked", "rm -rf /run/jetson_clocks/*", {"Lock clocks with jetson_clocks"}),
     Drift("unit file edited", f"sed -i 's/RestartSec=10/RestartSec=99/' "
           f"/etc/systemd/system/{SERVICE}.service",
-          {f"Write the {SERVICE} unit", "Reload systemd after the unit changed"}),
+          {f"Write the {SERVICE} unit", "Reload systemd after the unit or its drop-in changed"}),
+    # the bound on the server's own restarts is a drop-in: put back with a reload, no restart
+    Drift("restart bound edited",
+          f"sed -i 's/StartLimitBurst=.*/StartLimitBurst=99/' "
+          f"/etc/systemd/system/{SERVICE}.service.d/thorfleet-start-limit.conf",
+          {"Bound the server's own restarts", "Reload systemd after the unit or its drop-in"}),
     Drift("runtime config edited",
           "sed -i 's/max_num_seqs: 1/max_num_seqs: 8/' /etc/thorfleet/vllm/vllm.yaml",
           {"Write the vLLM runtime config"}),
@@ -77,7 +82,7 @@ DRIFTS = [
     Drift("unit file replaced by a link to a copy",
           f"cp /etc/systemd/system/{SERVICE}.service /root/unit-copy && "
           f"ln -sf /root/unit-copy /etc/systemd/system/{SERVICE}.service",
-          {f"Write the {SERVICE} unit", "Reload systemd after the unit changed"},
+          {f"Write the {SERVICE} unit", "Reload systemd after the unit or its drop-in changed"},
           may_redo={f"Enable {SERVICE} at boot"}),
     Drift("runtime config replaced by a link to a copy",
           "cp /etc/thorfleet/vllm/vllm.yaml /root/config-copy && "
@@ -96,7 +101,7 @@ DRIFTS = [
     Drift("service masked and stopped",
           f"systemctl stop {SERVICE} && rm /etc/systemd/system/{SERVICE}.service && "
           f"systemctl mask {SERVICE}",
-          {f"Write the {SERVICE} unit", "Reload systemd after the unit changed", VERIFY},
+          {f"Write the {SERVICE} unit", "Reload systemd after the unit or its drop-in changed", VERIFY},
           may_redo={f"Enable {SERVICE} at boot"}, restart=True),
     Drift("service stopped", f"systemctl stop {SERVICE}", {VERIFY}, restart=True),
 ]

@@ -32,7 +32,7 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT, SERVICE, box, deploy, outcome
+from tests.helpers import ROLLED_ENV, ROOT, SERVICE, box, deploy, outcome, wait_for
 
 GATEWAY = "gw-1"
 # Short, so a story takes minutes: checks every 5 s, a verdict after 3 failed ones (15 s plus
@@ -40,7 +40,8 @@ GATEWAY = "gw-1"
 # host data), 10 on the others (a story re-run within the hour still has restarts left).
 WATCHDOG = {"watchdog_interval_s": 5, "watchdog_failures": 3, "watchdog_timeout_s": 5,
             "watchdog_restart_backoff_s": 0, "watchdog_max_restarts_per_hour": 10,
-            "monitor_scrape_interval_s": 5}
+            "monitor_scrape_interval_s": 5,
+            "service_extra_env": ROLLED_ENV}  # as the gateway's stories left the servers
 CAP = 2
 WATCHDOG_UNIT = "thorfleet-watchdog"
 # A verdict (3 checks, each up to interval + timeout) and a start of the server (the stand-in
@@ -123,13 +124,7 @@ class Watched:
         return json.loads(box(self.sim, GATEWAY, f"curl -s 'http://127.0.0.1:9090{path}'"))
 
     def wait(self, what, timeout, every=3):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = what()
-            if found:
-                return found
-            time.sleep(every)
-        return what()
+        return wait_for(what, timeout, every)
 
     def serves(self, host, timeout=RESTART_S):
         def answers():

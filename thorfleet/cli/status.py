@@ -4,6 +4,7 @@
     table = rows(replies, rendered)      # pure: one row per host (ROW_FIELDS), from the box's JSON
     ok, why = serving(row)               # what the exit status and stderr say of a host
     client_lines(reply)                  # with gateway_clients: one line per client at the door
+    address_lines(address, answers)      # two gateways: which one holds the shared address
 
 Each Thor is asked one command, the box's watchdog (`layout.BOX_WATCHDOG status`, under `sudo -n`),
 which prints one JSON object: what the server, its watchdog and the box's readings say now. The
@@ -323,6 +324,44 @@ def _door(inventory, settings, run, timeout) -> list[str]:
     return client_lines(answers[gateway.name])
 
 
+# --- two gateways: who holds the door's address ------------------------------------------------------
+
+def holds_command(address: str) -> str:
+    """What each gateway of a pair runs: whether the shared address is on one of its interfaces."""
+    script = (f"if ip -o -4 addr show | grep -qw {shlex.quote(address)}; then "
+              "echo '{\"holds\": true}'; else echo '{\"holds\": false}'; fi")
+    return shlex.join(["sh", "-c", script])
+
+
+def address_lines(address: str, answers: dict) -> tuple[list[str], bool]:
+    """(lines, whether clients can reach the door) from each gateway's answer to holds_command:
+    one gateway holds the address, or none (the door is down), or two (the LAN sees it twice)."""
+    holders = [name for name, a in answers.items() if a.status and a.status.get("holds")]
+    rest = "; ".join(f"{name}: {'backup' if a.status else a.error}"
+                     for name, a in answers.items() if name not in holders)
+    if len(holders) == 1:
+        return [f"the door's address {address}: held by {holders[0]} ({rest})"], True
+    if not holders:
+        return [(f"the door's address {address}: held by no gateway ({rest}): clients cannot "
+                "reach the fleet; see each gateway's `journalctl -u keepalived`")], False
+    return [(f"the door's address {address}: held by {' and '.join(holders)} at once: the LAN "
+            "sees it twice (VRRP between them is cut: check gateway_vrrp_router_id and the "
+            "path between the gateways)")], False
+
+
+def _pair(inventory, settings, run, timeout) -> tuple[list[str], bool]:
+    from thorfleet.settings.roles import gateways
+
+    found = gateways(inventory)
+    role = getattr(settings.get(found[0].name), "gateway_role", None) if found else None
+    if role is None or not role.gateway_virtual_ip:
+        return [], True
+    address = role.gateway_virtual_ip.split("/")[0]
+    answers = collect(found, {h.name: holds_command(address) for h in found}, run=run,
+                      timeout=timeout, what="ip addr show")
+    return address_lines(address, answers)
+
+
 # --- the command --------------------------------------------------------------------------------------
 
 
@@ -367,9 +406,15 @@ def show(inventory, settings, *, as_json=False, watch=None, timeout=TIMEOUT_S, r
         screen.print(table(found, screen.width))
         for line in _door(inventory, settings, run, timeout):
             screen.print(line, highlight=False)
+    door, reachable = _pair(inventory, settings, run, timeout)
+    for line in door:
+        if reachable:
+            screen.print(line, highlight=False)
+        else:
+            print(line, file=err)
     for line in problems(found):
         print(line, file=err)
-    return exit_status(found)
+    return exit_status(found) or int(not reachable)
 
 
 def _watch(screen, found, again, every):

@@ -84,8 +84,19 @@ def _environment(finalize):
                               finalize=finalize)
 
 
+def keepalived_word(value):
+    """A word of keepalived's config: plain (letters, digits and _.:/@+=-), since a space, '#',
+    '!', a quote or a brace would end it or start something else; anything else is refused."""
+    text = str(value)
+    if _KEEPALIVED_PLAIN.fullmatch(text):
+        return text
+    raise ValueError(f"{text!r} cannot be one keepalived word")
+
+
+_KEEPALIVED_PLAIN = re.compile(r"[A-Za-z0-9_.:/@+=-]+")
 _HAPROXY = _environment(haproxy_word)
 _NFT = _environment(nft_word)
+_KEEPALIVED = _environment(keepalived_word)
 
 
 # A client key, as a bearer token goes (RFC 6750's b64token): letters, digits and -._~+/=, and
@@ -156,9 +167,16 @@ class Backend:
 class GatewaySettings(Checked):
     """The gateway host's checked settings (`g.gateway_port`, ...) and what is rendered from them."""
 
-    def __init__(self, values, name: str, address: str, backends: list[Backend], box_key=None):
+    def __init__(self, values, name: str, address: str, backends: list[Backend], box_key=None,
+                 names=None, pair=None):
         super().__init__(values, name)
         self.address = address  # how the laptop reaches it (ssh_hostname): a name clients use
+        # Every name clients use for the door, the certificate's: the virtual address first (two
+        # gateways), then each gateway's inventory address, then gateway_names.
+        self.names = tls.check_names(names or [address, *self.gateway_names])
+        # [(gateway host, the address it connects from)] of every gateway, this one included, in
+        # inventory order (the first is the one keepalived prefers).
+        self.pair = pair or [(name, address)]
         self.backends = backends
         self.box_key = box_key  # the boxes' service key: the door's own, with gateway_clients
         self.health_path = HEALTH_PATH
@@ -169,11 +187,46 @@ class GatewaySettings(Checked):
         """What the gateway's deploy renders from (a Thor that is the gateway too has its own)."""
         return self
 
+    @property
+    def own_address(self) -> str:
+        """The address this gateway connects from (gateway_fleet_address, else ssh_hostname)."""
+        return dict(self.pair)[self.name]
+
+    @property
+    def vrrp_priority(self) -> int:
+        """keepalived's priority: the inventory's first gateway is preferred."""
+        return 150 if self.pair[0][0] == self.name else 100
+
+    def check_command(self, kind) -> list[str]:
+        """keepalived's check of this gateway (files/bin/thorfleet-door-check): `up` (HAProxy
+        runs) or `level` (not behind the other gateway)."""
+        if kind == "up":
+            return [layout.GATEWAY_DOOR_CHECK, "up"]
+        urls = [f"http://{target(address, layout.GATEWAY_LEVEL_PORT)}/"
+                for _, address in self.peers]
+        return [layout.GATEWAY_DOOR_CHECK, "level", layout.GATEWAY_LEVEL,
+                layout.GATEWAY_PEER_LEVEL, *urls]
+
+    def keepalived_text(self, interface: str) -> str:
+        """keepalived's config on this gateway, holding gateway_virtual_ip on `interface` (the
+        one that has this gateway's own address)."""
+        return _KEEPALIVED.get_template("keepalived.conf.j2").render(g=self, interface=interface)
+
     @cached_property
-    def names(self) -> list[str]:
-        """Every name clients use for the gateway: its inventory address first, then
-        gateway_names; the certificate names each."""
-        return tls.check_names([self.address, *self.gateway_names])
+    def level_digest(self) -> str:
+        """What must be alike on both gateways before either may hold the address: the config,
+        the certificate, the client keys' maps (a digest: none of it in clear)."""
+        digest = hashlib.sha256()
+        for part in (self.config_text, self.pem,
+                     *((self.clients_map_text, self.box_key_map_text)
+                       if self.gateway_clients else ())):
+            digest.update(hashlib.sha256(part.encode()).digest())
+        return digest.hexdigest()[:32]
+
+    @property
+    def peers(self) -> list[tuple[str, str]]:
+        """[(host, address)] of the other gateway sharing gateway_virtual_ip (none alone)."""
+        return [(name, source) for name, source in self.pair if name != self.name]
 
     @property
     def error_responses(self) -> list[dict]:
@@ -243,7 +296,8 @@ class GatewaySettings(Checked):
         else:
             ca_dir = Path(self.gateway_ca_dir).expanduser()
             tls.ensure_fleet_ca(ca_dir)
-            pair = tls.gateway_pair(ca_dir, self.name, self.names)
+            # one certificate for the door: kept under the first gateway's name, for each
+            pair = tls.gateway_pair(ca_dir, self.pair[0][0], self.names)
         return tls.haproxy_pem(*pair).decode()
 
     @cached_property

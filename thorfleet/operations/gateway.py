@@ -13,13 +13,18 @@ from thorfleet.settings.layout import (
     FIREWALL_TABLE,
     FIREWALL_UNIT,
     GATEWAY_ADMIN_SOCKET,
+    GATEWAY_LEVEL,
     GATEWAY_ROTATION,
     GATEWAY_SERVER_STATE,
     GATEWAY_STATE_LOCK,
+    KEEPALIVED_CONFIG,
+    KEEPALIVED_UNIT,
 )
 
 # HAProxy, and socat to speak to its runtime API (Debian's haproxy suggests, not depends on it).
 GATEWAY_PACKAGES = ("haproxy", "socat")
+# With gateway_virtual_ip: keepalived holds it; curl reads the other gateway's level.
+SHARED_ADDRESS_PACKAGES = ("keepalived", "curl")
 
 
 @operation(is_idempotent=False)
@@ -60,3 +65,44 @@ def no_firewall(*, live):
         host.noop("no thorfleet firewall table")
         return
     yield sh("nft", "delete", "table", *FIREWALL_TABLE)
+
+
+@reads(live=lambda **_: (facts.DoorLevel, {}))
+@operation()
+def level_recorded(since, digest, *, live):
+    """The gateway says what this run set on it: `digest` (GatewaySettings.level_digest) and
+    `since`, when a run first set it (this run's start, the same on both gateways). A re-run that
+    sets the same keeps the date: only a change dates it again, so the other gateway, reading
+    a later date and another digest, knows it holds what this one missed."""
+    if live is not None and live[1] == digest:
+        host.noop(f"level: {digest[:12]} set since {live[0]}")
+        return
+    tmp = f"{GATEWAY_LEVEL}.tmp"
+    yield (f"umask 077 && printf '%s %s\\n' {sh(since, digest)} > {sh(tmp)} && "
+           f"mv {sh(tmp, GATEWAY_LEVEL)}")
+
+
+@reads(interface=lambda address, **_: (facts.InterfaceOf, {"address": address}))
+@operation()
+def holds_address(address, *, interface):
+    """This gateway has `address` (gateway_fleet_address) on an interface, where keepalived adds
+    gateway_virtual_ip; a gateway without it fails, saying so."""
+    if interface is not None:
+        host.noop(f"{address} is on {interface}")
+        return
+    yield fail_host(f"no interface of this gateway has {address} (gateway_fleet_address, else "
+                    "ssh_hostname): keepalived adds gateway_virtual_ip beside it; set "
+                    "gateway_fleet_address to this gateway's own address on the LAN the "
+                    "gateways share")
+
+
+@reads(header=lambda **_: (facts.FirstLine, {"path": KEEPALIVED_CONFIG}))
+@operation()
+def no_shared_address(*, header):
+    """No gateway_virtual_ip: keepalived stopped and thorfleet's config of it removed, so the
+    address goes; a keepalived config of the operator's own (no thorfleet header) is left alone."""
+    if not header or not header.startswith("# Managed by thorfleet"):
+        host.noop("no keepalived config of thorfleet's")
+        return
+    yield (f"systemctl disable --now {sh(KEEPALIVED_UNIT)} 2>/dev/null || true; "
+           f"rm -f {sh(KEEPALIVED_CONFIG)}")

@@ -43,8 +43,9 @@ def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
     + earlier: the hosts whose batch comes before this host's (rollout.Plan.before)
     + canaries: the canary group's hosts (rollout.Plan.canaries)
     + first_install: the first installs' step, before the batches
-    + gateway: the gateway host's name, if the inventory has one: a restart of a box in its
-      rotation is drained there first and put back once proven; a failed proof leaves it out
+    + gateway: the gateway hosts' names (one, or the two sharing gateway_virtual_ip), if the
+      inventory has any: a restart of a box in their rotation is drained on each first and put
+      back once proven; a failed proof leaves it out
     + drain_timeout: how long the gateway waits for the box's sessions (rollout_drain_timeout_s)
     + restart_slots: how many boxes may be out for a restart at once, counted at the gateway
       across every run (rollout_batch)
@@ -70,6 +71,7 @@ def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
                         "--timeout", health_timeout, *extra)
 
     # Where the box stands at the gateway (None: no gateway, or not one of its servers yet).
+    gateway = _names(gateway)
     admin = gateway_admin(gateway, host.name) if gateway else None
     rotation = Rotation(gateway, admin, drain_timeout, restart_slots, lease) if gateway else None
     if decision.action == rollout.NOOP:
@@ -85,6 +87,11 @@ def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
     else:
         yield _record_hold(decision.why)
         yield serve("hold")
+
+
+def _names(gateway) -> tuple[str, ...]:
+    """The gateways as a tuple of host names (one name is one gateway)."""
+    return (gateway,) if isinstance(gateway, str) else tuple(gateway or ())
 
 
 def _turns_before(earlier):
@@ -122,11 +129,12 @@ def _record_hold(why):
 
 @dataclass(frozen=True)
 class Rotation:
-    """The gateway a host is served through: its name, the host's admin state there when planned
-    (None: not one of its servers yet), how long a drain waits for the host's sessions, and the
-    restart slots its drains take there (how many, held how long at most)."""
+    """The gateways a host is served through (their names), the host's admin state there when
+    planned (None: not one of their servers yet), how long a drain waits for the host's
+    sessions, and the restart slots its drains take (how many, held how long at most), counted at
+    the first gateway that answers."""
 
-    gateway: str
+    gateways: tuple[str, ...]
     admin: str | None
     drain_timeout: int
     slots: int = 1
@@ -166,21 +174,36 @@ def _checked(command, first_start=False, rotation=None, restarts=False):
 
 
 def _rotate(state, host, rotation, action, timeout=None, slot=None):
-    """Set `host` to `action` at the gateway; False (the host failed, saying why) if it could not
-    (a restart the gateway did not drain would cut its clients). A drain for a restart takes one
-    of the gateway's restart `slot`s (count, lease, this run), waiting while other runs hold them."""
-    ok, said = on_gateway(state, rotation.gateway,
-                          rotation_command(action, host.name, timeout, slot))
-    if ok:
-        host.log_styled(f"thorfleet: {' '.join(said[-1:])}")
+    """Set `host` to `action` at each gateway; False (the host failed, saying why) if none could
+    (a restart no gateway drained would cut its clients). A drain for a restart takes one of the
+    restart `slot`s at the first gateway that answers, waiting while other runs hold them. A
+    gateway that cannot be reached while another did it is named in the report: it is not level
+    until a run reaches it (its keepalived check keeps it backup meanwhile)."""
+    done, missed = [], []
+    for gateway in rotation.gateways:
+        ok, said = on_gateway(state, gateway, rotation_command(
+            action, host.name, timeout, None if done else slot))
+        if not ok:
+            missed.append((gateway, said))
+            continue
+        done.append(gateway)
+        host.log_styled(f"thorfleet: {gateway}: {' '.join(said[-1:])}")
         if action == "ready" and any("in maintenance (the operator's)" in line for line in said):
             # the operator's: left out, and the report says so
             run_state(state).out_of_rotation[host.name] = "in maintenance (the operator's)"
         elif action == "ready":
             run_state(state).out_of_rotation.pop(host.name, None)
-        return True
-    return run_state(state).fail(host, f"the gateway {rotation.gateway} could not set it "
-                                       f"{action}: {' '.join(said[-2:])}", details=said)
+    if not done:
+        gateway, said = missed[0]
+        return run_state(state).fail(host, f"the gateway {gateway} could not set it {action}: "
+                                           f"{' '.join(said[-2:])}", details=said)
+    for gateway, said in missed:
+        run_state(state).note_error(gateway, f"not level: could not set {host.name} {action} "
+                                             f"here ({' '.join(said[-1:])}); a run that reaches "
+                                             "it brings it level")
+        host.log_styled(f"thorfleet: {gateway} not reached: {host.name} not set {action} there",
+                        fg="yellow")
+    return True
 
 
 # --- the gateway's rotation, around a restart ------------------------------------------------------
@@ -205,20 +228,22 @@ def on_gateway(state, gateway_name, command):
     return ok, output.stdout_lines + output.stderr_lines
 
 
-def rotation_step(action, gateway_name):
-    """A command that sets this host `action` (ready, after an earlier run left it out) in the
-    gateway; one that fails fails the host."""
+def rotation_step(action, gateways):
+    """A command that sets this host `action` (ready, after an earlier run left it out) at the
+    gateways; one that fails fails the host."""
 
     def rotate(state, host):
-        return _rotate(state, host, Rotation(gateway_name, None, 0), action)
+        return _rotate(state, host, Rotation(_names(gateways), None, 0), action)
 
     return FunctionCommand(rotate, (), {})
 
 
-def gateway_admin(gateway_name, server):
-    """This host's admin state at the gateway ("ready", "drain", "maint"), read from the gateway
-    when planning (None: the gateway has no such server yet, as on a first install)."""
-    gateway = host.state.inventory.get_host(gateway_name)
+def gateway_admin(gateways, server):
+    """This host's admin state at the gateway ("ready", "drain", "maint"), read from the first
+    gateway this run has connected when planning (None: it has no such server yet, as on a first
+    install)."""
+    hosts = [host.state.inventory.get_host(name) for name in _names(gateways)]
+    gateway = next((h for h in hosts if h.connected), hosts[0])
     found = read(facts.GatewayServers, gateway, backend=GATEWAY_BACKEND)  # as root: the API is
     return (found.get(server) or {}).get("admin")
 

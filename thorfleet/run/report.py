@@ -136,6 +136,17 @@ def _front_door(state):
     return next((s.gateway_role for s in held.values() if s.gateway_role is not None), None)
 
 
+def _not_level(state, front, recorded) -> dict:
+    """{gateway: why} of the gateways sharing gateway_virtual_ip that this run did not bring level
+    (it failed them, or a drain or ready could not reach them): each one's level check keeps it
+    from taking the address until a run does. One gateway alone: nothing to be level with."""
+    if len(front.pair) < 2:
+        return {}
+    failed = {h.name for h in pyinfra_hooks.failed_hosts(state)}
+    return {name: "; ".join(recorded.errors.get(name, [])) or "this run did not reach it"
+            for name, _ in front.pair if name in failed or name in recorded.errors}
+
+
 def _unreachable(h):
     """Why a host that never connected could not be reached, in a few words."""
     address = h.data.get("ssh_hostname") or h.name
@@ -247,9 +258,14 @@ def write(state, path):
         # What clients use (the URL and the file they trust), and the boxes this run left out
         # of the gateway's rotation (a failed proof), with why.
         report["endpoint"] = front.endpoint
-        report["gateway"] = {"host": front.name, "out_of_rotation": recorded.out_of_rotation}
+        behind = _not_level(state, front, recorded)
+        report["gateway"] = {"host": front.name, "hosts": [name for name, _ in front.pair],
+                             "out_of_rotation": recorded.out_of_rotation, "not_level": behind}
         for name, why in sorted(recorded.out_of_rotation.items()):
             print(f"thorfleet: {name} is out of the gateway's rotation: {why}", file=sys.stderr)
+        for name, why in sorted(behind.items()):
+            print(f"thorfleet: gateway {name} is not level with this run ({why}): it stays out of "
+                  f"gateway_virtual_ip until a run reaches it", file=sys.stderr)
     try:
         replace_file(path, json.dumps(report, indent=2, sort_keys=True))
     except OSError as error:

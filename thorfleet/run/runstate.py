@@ -12,6 +12,7 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -46,6 +47,9 @@ class RunState:
     holder: str = field(default_factory=lambda: (
         f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"))
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # When this run began (epoch seconds): what it sets on the gateways is dated by it, so one
+    # that missed a run can tell it is behind (operations.gateway.level_recorded).
+    started: int = field(default_factory=lambda: int(time.time()))
 
     def note_error(self, host_name, message):
         """Record why `host_name` failed, for the report (without failing it)."""

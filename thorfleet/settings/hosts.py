@@ -263,45 +263,57 @@ def _the_monitor(inventory, settings, gateways):
 
 
 def _the_gateway(inventory, settings):
-    """({name: GatewaySettings}, [problem]) of the inventory's gateway (group `gateway`), and each
-    Thor told where the gateway connects from (Settings.gateway), for its firewall."""
+    """({name: GatewaySettings}, [problem]) of the inventory's gateways (group `gateway`: one
+    host, or two sharing gateway_virtual_ip), and each Thor told where the gateways connect from
+    (Settings.gateway), for its firewall."""
     hosts = [h for h in inventory if is_gateway(h)]
     if not hosts:
         return {}, []
-    if len(hosts) > 1:
-        return {}, [(f"{', '.join(h.name for h in hosts)}: group `gateway` holds one host (two "
-                    "gateways with one shared address are docs/gateway.md's 'Scale' section)")]
-    h = hosts[0]
-    data = h.data.dict()
-    values, problems = check_gateway(data)
-    problems += private_file_problems("gateway_tls_key_file", data.get("gateway_tls_key_file"))
-    problems = [f"{h.name}: {p}" for p in problems]
-    backs = [t for t in thors(inventory) if t is not h]
-    if not backs and not is_thor(h):
-        problems.append(f"{h.name}: the gateway has no Thor behind it: list the boxes in a group "
-                        "of their own")
-    address = data.get("ssh_hostname") or h.name
+    if len(hosts) > 2:
+        return {}, [(f"{', '.join(h.name for h in hosts)}: group `gateway` holds one host, or two "
+                     "that share gateway_virtual_ip (keepalived moves it between them)")]
+    checked = [(h, *check_gateway(h.data.dict())) for h in hosts]
+    problems = [f"{h.name}: {p}" for h, _, found in checked for p in found]
+    problems += [f"{h.name}: {p}" for h, _, _ in checked for p in private_file_problems(
+        "gateway_tls_key_file", h.data.get("gateway_tls_key_file"))]
+    if problems:
+        return {}, problems
+    first = checked[0][1]
+    addresses = [h.data.get("ssh_hostname") or h.name for h in hosts]
+    sources = [values.gateway_fleet_address or address
+               for (_, values, _), address in zip(checked, addresses)]
+    for h, address, source in zip(hosts, addresses, sources):
+        if not is_ip_address(source):
+            problems.append(f"{h.name}: gateway_fleet_address is not set and ssh_hostname "
+                            f"{address!r} is not an IP address: set gateway_fleet_address to the "
+                            "IP the boxes see the gateway connect from (their firewall lets only "
+                            "it in)")
+    problems += _pair_problems(hosts, [values for _, values, _ in checked], sources)
+    virtual = first.gateway_virtual_ip.split("/")[0] if first.gateway_virtual_ip else None
     try:
-        names = tls.check_names([address, *(values.gateway_names if values else [])])
+        # One certificate for the door, on every gateway: the shared address first (the URL
+        # clients use), then each gateway's own, then gateway_names.
+        names = tls.check_names([*([virtual] if virtual else []), *addresses,
+                                 *first.gateway_names])
     except ValueError as error:
-        problems.append(f"{h.name}: {error}: the certificate names the gateway's ssh_hostname "
-                        "as clients use it; set ssh_hostname to an address or DNS name")
+        problems.append(f"{hosts[0].name}: {error}: the certificate names the gateway's "
+                        "ssh_hostname as clients use it; set ssh_hostname to an address or DNS "
+                        "name")
         names = []
-    source = (values.gateway_fleet_address if values else None) or address
-    if not is_ip_address(source):
-        problems.append(f"{h.name}: gateway_fleet_address is not set and ssh_hostname "
-                        f"{address!r} is not an IP address: set gateway_fleet_address to the IP "
-                        "the boxes see the gateway connect from (their firewall lets only it in)")
-    cert, key = data.get("gateway_tls_cert_file"), data.get("gateway_tls_key_file")
-    if values and cert and key:
+    cert, key = first.gateway_tls_cert_file, first.gateway_tls_key_file
+    if cert and key and names:
         try:
             tls.operator_pair(Path(cert).expanduser(), Path(key).expanduser(), names)
         except (OSError, ValueError) as error:
-            problems.append(f"{h.name}: gateway_tls_cert_file/gateway_tls_key_file: {error}")
+            problems.append(f"{hosts[0].name}: gateway_tls_cert_file/gateway_tls_key_file: {error}")
+    backs = [t for t in thors(inventory) if t not in hosts]
+    if not backs and not any(is_thor(h) for h in hosts):
+        problems.append(f"{hosts[0].name}: the gateway has no Thor behind it: list the boxes in a "
+                        "group of their own")
     backends = []
-    for t in [*backs, *([h] if is_thor(h) else [])]:
-        checked = settings.get(t.name)
-        if checked is None:
+    for t in [*backs, *(h for h in hosts if is_thor(h))]:
+        box = settings.get(t.name)
+        if box is None:
             continue  # its own problems are listed already
         target = dial_host(t)  # an IPv6 address whole (its first ':' is no port)
         if not SERVER_NAME.fullmatch(t.name):
@@ -312,18 +324,71 @@ def _the_gateway(inventory, settings):
             problems.append(f"{t.name}: the gateway dials it at {target!r}, not a host name or "
                             "address: set weights_peer_address (the address the other boxes "
                             "and the gateway reach it at)")
-        problems += _family_problems(t.name, "the gateway", target, source, "gateway_fleet_address")
-        checked.gateway = source if is_ip_address(source) else None
-        backends.append(Backend(t.name, target, checked.service_port, _max_num_seqs(checked),
-                                checked.watchdog_port))
+        for source in sources:
+            problems += _family_problems(t.name, "the gateway", target, source,
+                                         "gateway_fleet_address")
+        box.gateway = tuple(s for s in sources if is_ip_address(s)) or None
+        backends.append(Backend(t.name, target, box.service_port, _max_num_seqs(box),
+                                box.watchdog_port))
     box_key = None
-    if values and values.gateway_clients:
+    if first.gateway_clients:
         box_keys = {settings[b.name].api_key for b in backends}
         box_key = next(iter(box_keys)) if len(box_keys) == 1 else None
-        problems += [f"{h.name}: {p}" for p in client_problems(values.gateway_clients, box_keys)]
+        problems += [f"{hosts[0].name}: {p}"
+                     for p in client_problems(first.gateway_clients, box_keys)]
     if problems:
         return {}, problems
-    return {h.name: GatewaySettings(values, h.name, address, backends, box_key=box_key)}, []
+    pair = list(zip((h.name for h in hosts), sources))
+    return {h.name: GatewaySettings(values, h.name, address, backends, box_key=box_key,
+                                    names=names, pair=pair)
+            for (h, values, _), address in zip(checked, addresses)}, []
+
+
+# What the two gateways of a pair must say alike: they render one config, one certificate and one
+# set of client keys, so a failover changes nothing a client sees.
+PAIR_ALIKE = ("gateway_virtual_ip", "gateway_vrrp_router_id", "gateway_port", "gateway_names",
+              "gateway_tls_cert_file", "gateway_tls_key_file", "gateway_ca_dir",
+              "gateway_clients", "gateway_client_max_inflight",
+              "gateway_client_requests_per_minute", "gateway_queue_timeout_s",
+              "gateway_retry_after_s", "gateway_check_interval_s")
+
+
+def _pair_problems(hosts, values, sources) -> list[str]:
+    """What stops two gateways from holding one address: no gateway_virtual_ip, settings that
+    differ between them, or an address of theirs outside the virtual address's network (VRRP
+    needs them on one LAN)."""
+    virtual = values[0].gateway_virtual_ip
+    if len(hosts) == 1:
+        return _on_network(hosts[0].name, sources[0], virtual) if virtual else []
+    names = " and ".join(h.name for h in hosts)
+    if virtual is None:
+        return [(f"{names}: two gateways need gateway_virtual_ip, the one address clients use "
+                 "(keepalived moves it to the other when one fails), like 192.168.1.50/24")]
+    problems = [f"{names}: {key} differs between the two gateways ({getattr(values[0], key)!r} "
+                f"and {getattr(values[1], key)!r}): set it once, in the group `gateway`'s data"
+                for key in PAIR_ALIKE if getattr(values[0], key) != getattr(values[1], key)]
+    if sources[0] == sources[1]:
+        problems.append(f"{names}: both connect from {sources[0]} (gateway_fleet_address or "
+                        "ssh_hostname): two gateways are two machines, each with its own address")
+    for h, source in zip(hosts, sources):
+        problems += _on_network(h.name, source, virtual)
+    return problems
+
+
+def _on_network(name, source, virtual) -> list[str]:
+    """The gateway's own address (`source`) in the virtual address's network, and not it."""
+    network = ipaddress.IPv4Interface(virtual).network
+    address = ipaddress.ip_address(source) if is_ip_address(source) else None
+    if address is None:
+        return []  # said already: not an IP address
+    if address not in network:
+        return [(f"{name}: gateway_virtual_ip {virtual} is not on its network: its address "
+                 f"{source} (gateway_fleet_address, else ssh_hostname) is outside {network}, "
+                 "and keepalived can only hold an address of the LAN the gateways share")]
+    if str(address) == virtual.split("/")[0]:
+        return [(f"{name}: gateway_virtual_ip {virtual} is the gateway's own address: pick a "
+                 "free address of its network, which only the one holding it answers")]
+    return []
 
 
 def client_problems(clients, box_keys) -> list[str]:

@@ -77,6 +77,7 @@ FIREWALL_UNIT = "thorfleet-firewall.service"
 # that differs later is a table edited by hand.
 BOX_FIREWALL_LISTED = f"{BOX_STATE}/firewall.listed"
 FIREWALL_DROPIN = "thorfleet-firewall.conf"  # in the server's <service_name>.service.d
+START_LIMIT_DROPIN = "thorfleet-start-limit.conf"  # there too: its restarts an hour, at most
 FIREWALL_TABLE = ("inet", "thorfleet")
 FETCH_CONTAINER = "thorfleet-fetch"  # the weights fetch's containers: thorfleet-fetch-<revision>
 # Every name thorfleet gives a unit, a container or a user on a box besides the server's own: the
@@ -101,6 +102,13 @@ GATEWAY_DOOR_USAGE_UNIT = "thorfleet-door-usage.service"  # ...served to Prometh
 GATEWAY_DOOR_USAGE_LISTEN = ("127.0.0.1", 9106)  # files/systemd/thorfleet-door-usage.service
 GATEWAY_BACKEND = "thors"  # HAProxy's backend of the Thors' vLLM ports
 GATEWAY_CLIENT_TABLE = "clients"  # HAProxy's stick table of each client's requests (gateway_clients)
+# --- two gateways, one address (gateway_virtual_ip: Debian's keepalived package) -----------------
+KEEPALIVED_CONFIG = "/etc/keepalived/keepalived.conf"  # the package's unit reads this one
+KEEPALIVED_UNIT = "keepalived.service"
+GATEWAY_LEVEL = "/etc/haproxy/thorfleet/level"  # "<since> <digest>" of what the last run set here
+GATEWAY_LEVEL_PORT = 9107  # HAProxy answers the other gateway with this gateway's level there
+GATEWAY_PEER_LEVEL = "/var/lib/thorfleet/peer-level"  # the other gateway's level, as last read
+GATEWAY_DOOR_CHECK = "/usr/local/sbin/thorfleet-door-check"  # keepalived's check: HAProxy, level
 
 
 def box_unit(service):

@@ -74,7 +74,8 @@ def _environment(finalize):
                               finalize=finalize)
 
 
-_templates = {".yaml.j2": _environment(yaml_scalar), ".service.j2": _environment(systemd_word)}
+_templates = {".yaml.j2": _environment(yaml_scalar), ".service.j2": _environment(systemd_word),
+              ".conf.j2": _environment(systemd_word)}  # a unit's drop-in: systemd's words too
 
 
 class Settings:
@@ -85,9 +86,9 @@ class Settings:
         self.api_key = api_key
         self.hf_token = hf_token
         self._image_files = image_files
-        # With a gateway (settings.py sets them): the IP it connects from, which the box's
-        # firewall lets alone reach the vLLM port; and, on a Thor that is the gateway too, its
-        # GatewaySettings.
+        # With a gateway (settings.py sets them): the IPs the gateways connect from (one, or the
+        # two sharing gateway_virtual_ip), which the box's firewall lets alone reach the vLLM port;
+        # and, on a Thor that is a gateway too, its GatewaySettings.
         self.gateway = None
         self.gateway_role = None
         self.monitor_role = None  # a gateway serving the model too, as the monitor: MonitorSettings
@@ -164,6 +165,12 @@ class Settings:
     @cached_property
     def unit_text(self):
         return self.render("systemd/thorfleet-vllm.service.j2")
+
+    @cached_property
+    def start_limit_text(self):
+        """The server unit's drop-in bounding its own restarts (from watchdog_max_restarts_per_hour).
+        Not part of the fingerprint: systemd reads it at a daemon-reload, without a restart."""
+        return self.render("systemd/thorfleet-start-limit.conf.j2")
 
     @cached_property
     def watchdog_unit_text(self):

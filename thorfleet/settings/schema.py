@@ -267,6 +267,25 @@ def _client_names(names):
     return names
 
 
+def _virtual_ip(value):
+    """The gateways' shared address as keepalived holds it: an IPv4 address and the prefix of
+    its network, written as Python writes it back (so the certificate, the report and the
+    keepalived config all say the one text), a host of that network."""
+    try:
+        interface = ipaddress.IPv4Interface(value)
+    except ValueError:
+        interface = None
+    if interface is None or str(interface) != value or "/" not in value:
+        _refuse(f"gateway_virtual_ip={value!r} is not an IPv4 address with its network's prefix "
+                "length, like 192.168.1.50/24")
+    network = interface.network
+    if network.prefixlen < 31 and interface.ip in (network.network_address,
+                                                   network.broadcast_address):
+        _refuse(f"gateway_virtual_ip={value!r} is its network's own or broadcast address: pick "
+                "a free host address of the gateways' network")
+    return value
+
+
 # A client's name at the door: a HAProxy map value, a Prometheus label value and a file name,
 # plain in each.
 CLIENT_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
@@ -618,6 +637,13 @@ class Schema(BaseModel):
     gateway_fleet_address: Annotated[StrictStr, AfterValidator(_ip)] | None = setting(
         None, "IP address the boxes see the gateway connect from (None: its ssh_hostname)",
         "must be an IP address (the boxes' firewall lets only it in), or None")
+    gateway_virtual_ip: Annotated[StrictStr, AfterValidator(_virtual_ip)] | None = setting(
+        None, "address/prefix clients use when the group `gateway` has two hosts, held by one at "
+        "a time (keepalived), like 192.168.1.50/24", "must be an IPv4 address with its "
+        "network's prefix length, like 192.168.1.50/24, or None")
+    gateway_vrrp_router_id: Annotated[StrictInt, Field(ge=1, le=255)] = setting(
+        51, "VRRP id of the two gateways' address, unique among VRRP routers on their LAN",
+        "must be a whole number from 1 to 255")
     gateway_clients: Annotated[dict[StrictStr, Annotated[StrictStr, Field(min_length=1)]],
                                AfterValidator(_clients)] | None = setting(
         None, "{client name: laptop path of its key file (chmod 600, made when missing)}: only "
