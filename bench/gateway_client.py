@@ -45,13 +45,16 @@ def completion(url, key, cafile, max_tokens, stream):
             ok = answer.status == 200 and json.loads(answer.read())["usage"][
                 "completion_tokens"] == max_tokens
             return ok, time.perf_counter() - began, []
-        stamps = []
+        stamps, done = [], False
         for line in answer:
             if line.startswith(b"data: {"):
                 stamps.append(time.perf_counter())
             elif line.startswith(b"data: [DONE]"):
+                done = True
                 break
-        ok = answer.status == 200 and len(stamps) >= max_tokens
+        # answered whole: vLLM's end of stream (a chunk may carry more than one token: with EAGLE
+        # each step's accepted tokens come together, so chunks are fewer than max_tokens)
+        ok = answer.status == 200 and done and bool(stamps)
         gaps = [b - a for a, b in itertools.pairwise(stamps)]
         return ok, (stamps[0] - began) if stamps else None, gaps
     except OSError:
