@@ -511,6 +511,19 @@ def test_a_base_that_chose_other_kernels_is_refused_naming_what_it_chose(tmp_pat
     assert "Using CutlassNvFp4LinearKernel for NVFP4 GEMM" in str(refused.value)
 
 
+@pytest.mark.parametrize("version", sorted(LOGGED))
+def test_doctor_reads_the_kernels_with_the_proofs_own_patterns(version):
+    # `thorfleet-serve kernels` (what doctor asks a serving box): each kernel's line, or None
+    tool = serve_tool()
+    found = tool.kernel_lines("\n".join(["INFO starting", *LOGGED[version]]))
+    assert all(found["kernels"].values()) and found["marlin"] is None
+    assert len(found["chosen"]) == 3
+    emulated = tool.kernel_lines(re.sub(r"'\w+' NvFp4 MoE", "'EMULATION' NvFp4 MoE",
+                                        "\n".join(LOGGED[version])))
+    missing = [what for what, line in emulated["kernels"].items() if line is None]
+    assert missing == ["a CUTLASS NVFP4 MoE (FLASHINFER_CUTLASS or VLLM_CUTLASS)"]
+
+
 # --- what the deploy's proof refuses, and one setting in four places -----------------------------
 
 def test_the_proof_refuses_inline_reasoning_and_a_tool_call_streamed_as_content():

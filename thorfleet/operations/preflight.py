@@ -66,6 +66,50 @@ def _wait_for_lock(holder, token, wait_s):
     return FunctionCommand(wait, (), {})
 
 
+# --- each check, pure: the deploy's preflight and `thorfleet doctor` ask the same ---------------
+
+def release_problem(release, min_l4t_release) -> str | None:
+    """Why this L4T release (from facts.L4TRelease) cannot run the image, or None."""
+    if release is None:
+        return "/etc/nv_tegra_release is missing: not a Jetson running L4T (JetPack)"
+    if Version(release) < Version(str(min_l4t_release)):
+        return (f"L4T R{release} is older than R{min_l4t_release}: flash JetPack 7 (L4T r38) or "
+                "newer")
+    return None
+
+
+def memory_problem(memory, min_memory_gib) -> str | None:
+    if memory < min_memory_gib:
+        return (f"{memory:.1f} GiB of memory, the model needs {min_memory_gib} "
+                "(preflight_min_memory_gib)")
+    return None
+
+
+def disk_problem(disk, present, min_free_disk_gib, weights_dir) -> str | None:
+    # what the pinned weights already take counts as theirs: a converged box passes its re-run
+    if disk + present < min_free_disk_gib:
+        have = f" + {present:.1f} GiB of the pinned weights already there" if present else ""
+        return (f"{disk:.1f} GiB free under {weights_dir}{have}, need {min_free_disk_gib} "
+                "(preflight_min_free_disk_gib): free space or point weights_dir at a larger disk")
+    return None
+
+
+def sudo_problem(sudo, user) -> str | None:
+    if not sudo:
+        return (f"`sudo -n true` fails for {user or 'the SSH user'}: give it passwordless sudo "
+                "(thorfleet cannot answer password prompts)")
+    return None
+
+
+def runtime_problem(runtimes) -> str | None:
+    if runtimes is None:
+        return "docker is not installed: install JetPack's Docker with nvidia-container-toolkit"
+    if "nvidia" not in runtimes:
+        return (f"Docker offers runtimes {runtimes} but not `nvidia`: install "
+                "nvidia-container-toolkit and run `nvidia-ctk runtime configure`")
+    return None
+
+
 def _installed(command):
     """The read of whether `command` is installed, needed only for the fleet copy."""
     return lambda fleet_copy=False, **_: (Which, {"command": command}) if fleet_copy else None
@@ -97,29 +141,10 @@ def thor_ready(min_l4t_release, min_memory_gib, min_free_disk_gib, weights_dir, 
                    min_memory_gib=110, min_free_disk_gib=100, weights_dir=layout.BOX_MODELS,
                    checkpoints=[model_dir, draft_dir])
     """
-    problems = []
-    if release is None:
-        problems.append("/etc/nv_tegra_release is missing: not a Jetson running L4T (JetPack)")
-    elif Version(release) < Version(str(min_l4t_release)):
-        problems.append(f"L4T R{release} is older than R{min_l4t_release}: "
-                        "flash JetPack 7 (L4T r38) or newer")
-    if memory < min_memory_gib:
-        problems.append(f"{memory:.1f} GiB of memory, the model needs {min_memory_gib}"
-                        " (preflight_min_memory_gib)")
-    # what the pinned weights already take counts as theirs: a converged box passes its re-run
-    if disk + present < min_free_disk_gib:
-        have = f" + {present:.1f} GiB of the pinned weights already there" if present else ""
-        problems.append(f"{disk:.1f} GiB free under {weights_dir}{have}, need "
-                        f"{min_free_disk_gib} (preflight_min_free_disk_gib): free space "
-                        "or point weights_dir at a larger disk")
-    if not sudo:
-        problems.append(f"`sudo -n true` fails for {host.data.get('ssh_user') or 'the SSH user'}: "
-                        "give it passwordless sudo (thorfleet cannot answer password prompts)")
-    if runtimes is None:
-        problems.append("docker is not installed: install JetPack's Docker with nvidia-container-toolkit")
-    elif "nvidia" not in runtimes:
-        problems.append(f"Docker offers runtimes {runtimes} but not `nvidia`: install "
-                        "nvidia-container-toolkit and run `nvidia-ctk runtime configure`")
+    problems = [p for p in (
+        release_problem(release, min_l4t_release), memory_problem(memory, min_memory_gib),
+        disk_problem(disk, present, min_free_disk_gib, weights_dir),
+        sudo_problem(sudo, host.data.get("ssh_user")), runtime_problem(runtimes)) if p]
     if fleet_copy:
         missing = [c for c, found in (("rsync", rsync), (RRSYNC, rrsync)) if not found]
         if missing:
