@@ -3,11 +3,15 @@
     python -m thorfleet pin INVENTORY [--ref main] [--image REPO:TAG] [--update] [--yes | --dry-run]
     python -m thorfleet check INVENTORY
     python -m thorfleet status INVENTORY [--json] [--watch [SECONDS]]
+    python -m thorfleet doctor INVENTORY [--limit HOST] [--json]
 
 `pin` resolves the weights' hub ref to a commit and the base image's tag to a digest, shows the diff
 of the inventory file and writes it (asks first, unless --yes). `check` runs the settings check that
 every deploy runs first, without connecting to any host. `status` asks every Thor at once how it
 serves now (read-only, one SSH command each) and exits non-zero naming the hosts that do not.
+`doctor` checks, read only, each assumption thorfleet makes of a box (release, memory, power,
+containers, the model's kernels, heat, the gateway's build) and exits non-zero when one blocks
+serving.
 Run from the repository root, like pyinfra.
 """
 
@@ -145,6 +149,29 @@ def cmd_status(args) -> int:
         return EXIT_INTERRUPTED
 
 
+def cmd_doctor(args) -> int:
+    from fnmatch import fnmatch
+
+    from thorfleet.cli import doctor
+
+    checked = _checked(args.inventory)
+    if checked is None:
+        return EXIT_PROBLEMS
+    inventory, settings = checked
+    if args.limit:
+        names = {h.name for h in inventory
+                 if any(fnmatch(h.name, pattern) or pattern in h.groups
+                        for pattern in args.limit.split(","))}
+        if not names:
+            _err(f"--limit {args.limit}: no host or group of {args.inventory} matches")
+            return EXIT_PROBLEMS
+        inventory = [h for h in inventory if h.name in names]
+    try:
+        return doctor.show(inventory, settings, as_json=args.json, timeout=args.timeout)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
 def parser() -> argparse.ArgumentParser:
     from thorfleet.cli.status import TIMEOUT_S, WATCH_S
 
@@ -190,6 +217,22 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="SECONDS",
                         help=f"to connect and for each box's answer (default {TIMEOUT_S:g})")
     status.set_defaults(run=cmd_status)
+
+    from thorfleet.cli.doctor import TIMEOUT_S as DOCTOR_TIMEOUT_S
+
+    doctor = commands.add_parser(
+        "doctor", help="which of thorfleet's assumptions hold on each box: read only",
+        description="Read, on every Thor and gateway at once (one SSH command each, nothing "
+        "installed, changed, restarted or pulled), each assumption thorfleet's deploy, proof, "
+        "watchdog and metrics rely on; print one row each with a verdict (ok, copes, blocks, "
+        "not checked yet) and exit 1 when one blocks serving.")
+    doctor.add_argument("inventory")
+    doctor.add_argument("--limit", metavar="HOST", help="only these hosts or groups (comma-"
+                        "separated; glob patterns as pyinfra's --limit)")
+    doctor.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    doctor.add_argument("--timeout", type=float, default=DOCTOR_TIMEOUT_S, metavar="SECONDS",
+                        help=f"for each host's answer (default {DOCTOR_TIMEOUT_S:g})")
+    doctor.set_defaults(run=cmd_doctor)
     return top
 
 

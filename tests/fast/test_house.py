@@ -20,7 +20,7 @@ BOX_SIDE = {"facts": {"layout", "readings"},
             "snapshot": {"pyinfra_hooks", "runstate"}}
 
 
-ROOMS = ("cli", "gateway", "run", "settings")  # thorfleet's rooms: a module in one is named alone
+ROOMS = ("cli", "doctor", "gateway", "run", "settings")  # thorfleet's rooms: a module in one is named alone
 
 
 def _module(dotted: str) -> str:

@@ -11,6 +11,17 @@ PROFILES = {
     "no-eagle": {"eagle": False, "max_model_len": 262144},
 }
 
+# A Thor's GPU: compute capability 11.0, sm_110 (FACTS.md "The target box"): the image's PyTorch and
+# vLLM kernels must be built for it (`thorfleet doctor` reads both in the base image).
+THOR_CAPABILITY = (11, 0)
+THOR_ARCH = "sm_110"
+# nvpmodel's modes on the T5000 (FACTS.md "The target box": third-party measurements, not an
+# NVIDIA table); 0 and 1 switch live, the others change the GPU power-gating mask.
+POWER_MODE_NAMES = {0: "MAXN", 1: "120W", 2: "90W", 3: "70W"}
+# FlashInfer up to this release has no SM110 MoE cubins: vLLM turns its CUTLASS MoE off on SM110
+# and falls back (FACTS.md "Checked again in December 2026": vllm PR #40808, flashinfer #3134).
+FLASHINFER_NO_SM110_MOE_UP_TO = "0.6.8.post1"
+
 # The container environment the recipe was validated with on a Thor (FlashInfer CUTLASS NVFP4
 # kernels, the Jetson libcuda preloaded); service_extra_env is merged over it.
 RECIPE_ENV = {

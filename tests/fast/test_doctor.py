@@ -1,0 +1,230 @@
+"""`thorfleet doctor`'s reads and verdicts (issue 38), without a box.
+
+The reads run for real on this machine (a Debian box that is no Thor: each says so); the parsers
+read the outputs the real tools print (haproxy -vv, keepalived --version here; nvpmodel's and
+jetson_clocks' as published); the verdicts are a table. The edits that break these: a release
+check that refuses R39; mode names not compared; swap areas not read; an unreadable zone dropped;
+PyTorch's arch list not read; FlashInfer's absence taken as fine; the sudo row forgotten.
+"""
+
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from thorfleet import readings
+from thorfleet.doctor import ask, rows
+from thorfleet.doctor import reads as doctor_reads
+from thorfleet.doctor.ask import Answer
+from thorfleet.settings.layout import FILES
+
+REPO = Path(__file__).resolve().parents[2]
+
+SETTINGS = SimpleNamespace(
+    preflight_min_l4t_release="38.0", preflight_min_memory_gib=100,
+    preflight_min_free_disk_gib=100, weights_dir="/opt/thorfleet/models",
+    model_dir="/opt/thorfleet/models/m/" + "a" * 40, draft_dir="/opt/thorfleet/models/d/" + "b" * 40,
+    weights_model_revision="a" * 40, weights_draft_revision="b" * 40, power_mode=1,
+    power_allow_reboot=False, image_base="ghcr.io/nvidia-ai-iot/vllm@sha256:" + "c" * 64,
+    service_docker_gpus="all", service_name="thorfleet-vllm", service_port=8002,
+    service_profile="default")
+
+# What a converged Thor answers (the sim's box, as doctor read it)
+MODES = {0: "MAXN", 1: "120W", 2: "90W", 3: "70W"}
+CONVERGED = {
+    "release": "38.2", "memory": 122.0, "disk": 150.0, "present": 71.0, "swaps": [],
+    "drop_caches": True, "modes": MODES, "masks": {0: "0", 1: "0", 2: "3", 3: "7"}, "mode": 1,
+    "clocks": {"cpu": [(2601000, 2601000)] * 14, "gpu": [(1386000000, 1386000000)] * 2,
+               "lines": 22},
+    "docker": "28.2.2", "runtimes": ["io.containerd.runc.v2", "nvidia", "runc"], "cdi": None,
+    "probe": {"vllm": "0.19.0", "torch": "2.9.0", "flashinfer-python": "0.6.9",
+              "torch_cuda": "13.0", "arch_list": ["sm_87", "sm_110"], "capability": [11, 0],
+              "device": "NVIDIA Thor"},
+    "weights": {"complete": True, "problems": []}, "draft": {"complete": True, "problems": []},
+    "kernels": {"active": "active", "marlin": None, "chosen": [],
+                "kernels": {"TRITON_MLA attention": "Using TRITON_MLA attention backend",
+                            "GEMM": "Using NvFp4LinearBackend.FLASHINFER_CUTLASS for NVFP4 GEMM",
+                            "MoE": "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend"}},
+    "metrics": {name: 0.0 for name in readings.VLLM_METRICS.values()},
+    "thermal": {"thermal_zone0": {"type": "cpu-thermal", "temp_c": 37.3}},
+}
+
+
+def verdicts(sudo=True, **changed):
+    got = {k: Answer(v) for k, v in CONVERGED.items()}
+    got.update({k: v if isinstance(v, Answer) else Answer(v) for k, v in changed.items()})
+    return {r["check"]: r for r in rows.thor_rows("thor-1", SETTINGS, sudo, got)}
+
+
+def test_a_converged_thor_is_ok():
+    table = verdicts()
+    assert {c: r["verdict"] for c, r in table.items() if r["verdict"] != "ok"} == {}
+    assert all(set(r) == set(rows.ROW_FIELDS) for r in table.values())
+    assert rows.exit_status(list(table.values())) == 0
+
+
+UNREAD = Answer(error="command not found on the box")
+CASES = [
+    # (what the box says, the row, its verdict, words of what it found or of the fix)
+    ({"release": "39.2"}, "L4T release", "ok", "R39.2"),
+    ({"release": "36.4"}, "L4T release", "blocks", "older than R38.0"),
+    ({"release": None}, "L4T release", "blocks", "not a Jetson"),
+    ({"memory": 62.0}, "memory total", "blocks", "preflight_min_memory_gib"),
+    ({"disk": 20.0, "present": 0.0}, "free disk", "blocks", "preflight_min_free_disk_gib"),
+    ({"swaps": [{"name": "/dev/zram0", "type": "partition", "size_kib": 8 << 20}]},
+     "swap and zram", "copes", "nvzramconfig"),
+    ({"drop_caches": False}, "page-cache drop", "blocks", "memory gate"),
+    ({"modes": {0: "MAXN", 1: "MAXN_SUPER"}}, "nvpmodel modes", "copes", "mode 1 is MAXN_SUPER"),
+    ({"modes": {0: "MAXN", 2: "90W"}}, "nvpmodel modes", "blocks", "offers no mode 1"),
+    ({"modes": UNREAD}, "nvpmodel modes", "blocks", "L4T's nvpmodel"),
+    ({"mode": 0}, "mode change", "copes", "switches it"),
+    ({"mode": 2}, "mode change", "blocks", "power_allow_reboot = True"),
+    ({"clocks": {"cpu": [(1, 2)], "gpu": [(3, 3)], "lines": 5}}, "clocks locked", "copes",
+     "thorfleet-clocks.service"),
+    ({"clocks": {"cpu": [], "gpu": [], "lines": 3}}, "jetson_clocks format", "copes",
+     "does not read"),
+    ({"runtimes": ["runc"]}, "nvidia runtime", "blocks", "nvidia-ctk runtime configure"),
+    ({"runtimes": None}, "nvidia runtime", "blocks", "install JetPack's Docker"),
+    ({"docker": None}, "Docker", "blocks", "install JetPack's Docker"),
+    ({"probe": None}, "GPU in a container", "not checked yet", "pulls nothing"),
+    ({"probe": Answer(error="exit 125: docker: Error response from daemon: unknown or invalid "
+                            "runtime name: nvidia")}, "GPU in a container", "blocks", "did not run"),
+    ({"probe": {**CONVERGED["probe"], "arch_list": ["sm_80", "sm_90", "sm_100", "sm_120"]}},
+     "PyTorch arch list", "blocks", "image built for Thor"),
+    ({"probe": {**CONVERGED["probe"], "capability": [8, 7]}}, "GPU in a container", "blocks",
+     "not a Thor's GPU"),
+    ({"probe": {**CONVERGED["probe"], "capability": None,
+                "torch_error": "AssertionError: Torch not compiled with CUDA enabled"}},
+     "GPU in a container", "blocks", "sees no GPU"),
+    ({"probe": {**CONVERGED["probe"], "flashinfer-python": None}}, "vLLM and FlashInfer",
+     "blocks", "the proof refuses"),
+    ({"probe": {**CONVERGED["probe"], "flashinfer-python": "0.6.8.post1"}}, "vLLM and FlashInfer",
+     "copes", "falls back"),
+    ({"weights": {"complete": False, "problems": ["thorfleet tools not installed"]}},
+     "checkpoint", "not checked yet", "a deploy fetches"),
+    ({"draft": {"complete": False, "problems": ["model.safetensors: size differs"]}},
+     "EAGLE draft", "copes", "fetches what is missing"),
+    ({"kernels": {}}, "kernels", "not checked yet", "once the server runs"),
+    ({"kernels": {**CONVERGED["kernels"], "marlin": "marlin_utils_fp4: using Marlin"}},
+     "kernels", "blocks", "Marlin"),
+    ({"kernels": {**CONVERGED["kernels"],
+                  "kernels": {**CONVERGED["kernels"]["kernels"], "MoE": None}}},
+     "kernels", "blocks", "no MoE"),
+    ({"metrics": None}, "server metrics", "not checked yet", "once the server runs"),
+    ({"metrics": {readings.RUNNING: 0.0}}, "server metrics", "blocks", "wedged"),
+    ({"metrics": {n: 0.0 for n in readings.VLLM_METRICS.values() if n != readings.KV_USAGE}},
+     "server metrics", "copes", "kv_usage"),
+    ({"thermal": {"thermal_zone0": {"type": "cpu-thermal", "temp_c": 37.3},
+                  "thermal_zone2": {"type": "soc012-thermal", "error": "No such file"}}},
+     "thermal zones", "copes", "thermal_zone2 (soc012-thermal"),
+    ({"thermal": {}}, "thermal zones", "copes", "heat alert"),
+]
+
+
+@pytest.mark.parametrize(("changed", "check", "verdict", "words"), CASES,
+                         ids=[f"{c[1]}-{c[2]}-{i}" for i, c in enumerate(CASES)])
+def test_each_answer_gets_its_verdict(changed, check, verdict, words):
+    found = verdicts(**changed)[check]
+    assert found["verdict"] == verdict, found
+    assert words in found["found"] + " " + found["fix"], found
+
+
+def test_without_sudo_the_box_is_blocked_and_a_blocking_row_fails_the_exit():
+    table = verdicts(sudo=False)
+    assert table["passwordless sudo"]["verdict"] == "blocks"
+    assert rows.exit_status(list(table.values())) == 1
+
+
+def test_a_mode_that_needs_a_reboot_copes_when_the_deploy_may_reboot():
+    s = SimpleNamespace(**{**vars(SETTINGS), "power_allow_reboot": True})
+    got = {k: Answer(v) for k, v in CONVERGED.items()} | {"mode": Answer(2)}
+    found = {r["check"]: r for r in rows.thor_rows("thor-1", s, True, got)}["mode change"]
+    assert (found["verdict"], found["fix"]) == (
+        "copes", "the deploy reboots the box once (power_allow_reboot is True)")
+
+
+# --- parsers of the real tools' outputs ---------------------------------------------------------
+
+def test_nvpmodel_modes_and_masks_as_l4t_prints_and_writes_them():
+    verbose = ["NVPM VERB: Config file: /etc/nvpmodel.conf",
+               "NVPM VERB: parsing done for /etc/nvpmodel.conf",
+               "NVPM VERB: POWER_MODEL: ID=0 NAME=MAXN", "NVPM VERB: POWER_MODEL: ID=1 NAME=120W"]
+    assert readings.power_modes(verbose) == {0: "MAXN", 1: "120W"}
+    conf = (REPO / "sim" / "box" / "files" / "nvpmodel.conf").read_text()
+    masks = readings.power_masks(conf)
+    assert masks[0] == masks[1] != masks[2]  # FACTS.md: 0 and 1 switch live, 2 needs a reboot
+
+
+def test_swaps_as_the_kernel_lists_them():
+    text = ("Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+            "/dev/zram0                              partition\t8388604\t\t0\t\t5\n"
+            "/var/tmp/swapfile                       file\t\t65532\t\t0\t\t-2\n")
+    assert readings.swaps(text) == [
+        {"name": "/dev/zram0", "type": "partition", "size_kib": 8388604},
+        {"name": "/var/tmp/swapfile", "type": "file", "size_kib": 65532}]
+    assert readings.swaps(Path("/proc/swaps").read_text()) == []  # this machine: none
+
+
+def test_thermal_readings_name_the_zone_that_cannot_be_read():
+    found = doctor_reads.ThermalReadings().process([
+        "thermal_zone0 cpu-thermal ok 37300",
+        ("thermal_zone1 gpu-thermal error cat: /sys/class/thermal/thermal_zone1/temp: "
+        "No data available")])
+    assert found == {"thermal_zone0": {"type": "cpu-thermal", "temp_c": 37.3},
+                     "thermal_zone1": {"type": "gpu-thermal", "error": "No data available"}}
+
+
+def test_the_container_probe_answer_and_a_container_that_did_not_run():
+    probe = doctor_reads.ContainerProbe()
+    assert probe.process(['{"vllm": "0.19.0", "arch_list": ["sm_110"]}']) == {
+        "vllm": "0.19.0", "arch_list": ["sm_110"]}
+    assert probe.process([("docker: Error response from daemon: unknown or invalid runtime "
+                          "name: nvidia.")]) == {
+        "error": "docker: Error response from daemon: unknown or invalid runtime name: nvidia."}
+    command = probe.command(SETTINGS.image_base, "all")
+    assert "--rm --network none --runtime nvidia --gpus all" in command
+    assert "docker pull" not in command  # an image not on the box is not checked, never pulled
+
+
+def test_the_probe_is_a_real_file_that_python_compiles():
+    source = (Path(FILES) / "doctor" / "container_probe.py").read_text()
+    compile(source, "container_probe.py", "exec")
+    assert doctor_reads.PROBE.read_text() == source
+
+
+def test_haproxy_and_keepalived_as_debian_12_builds_them():
+    build = doctor_reads.HaproxyBuild().process(
+        subprocess.run(["haproxy", "-vv"], capture_output=True, text=True,
+                       check=True).stdout.splitlines())
+    assert build["version"].startswith("2.6.")
+    version = doctor_reads.KeepalivedVersion().process(
+        subprocess.run("keepalived --version 2>&1", shell=True, capture_output=True, text=True,
+                       check=False).stdout.splitlines())
+    mirror = Answer({"url": "http://deb.debian.org/debian", "ok": True, "said": "HTTP 200"})
+    table = rows.gateway_rows("gw-1", True, True, {
+        "haproxy": Answer(build), "keepalived": Answer(version), "mirror": mirror})
+    assert [(r["check"], r["verdict"]) for r in table] == [
+        ("passwordless sudo", "ok"), ("HAProxy", "ok"), ("keepalived", "ok"),
+        ("package mirror", "ok")]
+    without_ssl = {**build, "lines": [ln for ln in build["lines"] if "OpenSSL" not in ln]}
+    table = rows.gateway_rows("gw-1", False, True, {"haproxy": Answer(without_ssl),
+                                                   "mirror": mirror})
+    assert table[1]["verdict"] == "blocks" and "no OpenSSL" in table[1]["found"]
+
+
+# --- the reads, run for real on this machine ------------------------------------------------------
+
+def test_the_reads_run_here_and_each_says_what_this_machine_is_not():
+    queries = ask.thor_queries(SETTINGS)
+    script = ask.snapshot.script(list(queries.values()))
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=120,
+                         check=False).stdout
+    sudo, got = ask.answers(queries, f"{ask.SUDO_MARK} yes\n{out}")
+    assert sudo is True and set(got) == set(queries)
+    table = {r["check"]: r for r in rows.thor_rows("this-machine", SETTINGS, sudo, got)}
+    assert table["L4T release"]["verdict"] == "blocks"  # no /etc/nv_tegra_release
+    assert table["nvpmodel modes"]["found"] == "unread: command not found on the box"
+    assert table["memory total"]["verdict"] in ("ok", "blocks")  # read: a number of GiB
+    assert table["swap and zram"]["found"] == "none"
+    assert table["kernels"]["verdict"] == "not checked yet"  # thorfleet-serve not installed
