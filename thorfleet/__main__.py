@@ -158,6 +158,7 @@ def cmd_doctor(args) -> int:
     if checked is None:
         return EXIT_PROBLEMS
     inventory, settings = checked
+    names = None
     if args.limit:
         names = {h.name for h in inventory
                  if any(fnmatch(h.name, pattern) or pattern in h.groups
@@ -165,9 +166,9 @@ def cmd_doctor(args) -> int:
         if not names:
             _err(f"--limit {args.limit}: no host or group of {args.inventory} matches")
             return EXIT_PROBLEMS
-        inventory = [h for h in inventory if h.name in names]
     try:
-        return doctor.show(inventory, settings, as_json=args.json, timeout=args.timeout)
+        return doctor.show(inventory, settings, only=names, as_json=args.json,
+                           timeout=args.timeout)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 

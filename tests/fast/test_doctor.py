@@ -7,16 +7,23 @@ check that refuses R39; mode names not compared; swap areas not read; an unreada
 PyTorch's arch list not read; FlashInfer's absence taken as fine; the sudo row forgotten.
 """
 
+import io
+import json
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from rich.console import Console
 
+from sim import fleet
 from thorfleet import readings
+from thorfleet.cli import doctor
+from thorfleet.cli.pin import load_inventory
 from thorfleet.doctor import ask, rows
 from thorfleet.doctor import reads as doctor_reads
 from thorfleet.doctor.ask import Answer
+from thorfleet.settings.hosts import settings_for_inventory
 from thorfleet.settings.layout import FILES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -228,3 +235,55 @@ def test_the_reads_run_here_and_each_says_what_this_machine_is_not():
     assert table["memory total"]["verdict"] in ("ok", "blocks")  # read: a number of GiB
     assert table["swap and zram"]["found"] == "none"
     assert table["kernels"]["verdict"] == "not checked yet"  # thorfleet-serve not installed
+
+
+# --- the command: each host's one command run here, as its shell would ----------------------------
+
+@pytest.fixture
+def sim_inventory(tmp_path, monkeypatch):
+    """A sim-like inventory of two Thors (sim write_inventory), as `sim up` writes it."""
+    monkeypatch.setenv("THORFLEET_SIM_STATE", str(tmp_path / "state"))
+    hub = {"endpoint_in_sim": "http://thorfleet-hub:8000",
+           "endpoint_local": "http://127.0.0.1:4711",
+           "revisions": {fleet.MODEL_REPO: "a" * 40, fleet.DRAFT_REPO: "b" * 40}}
+    fleet._record(["thor-1", "thor-2"], "registry:5000/vllm@sha256:" + "c" * 64, hub,
+                  own_inventory=False)
+    (tmp_path / "state" / "api_key").write_text("sk-doctor-test-key\n")
+    (tmp_path / "state" / "api_key").chmod(0o600)
+    path = fleet.write_inventory(tmp_path / "sim.py", ["thor-1", "thor-2"], {})
+    for name in ("id_ed25519", "known_hosts"):
+        (tmp_path / "state" / name).touch()
+    found = load_inventory(path)
+    return found, settings_for_inventory(found)
+
+
+def test_doctor_runs_each_hosts_one_command_and_exits_1_naming_what_blocks(sim_inventory):
+    hosts, settings = sim_inventory
+    asked = []
+
+    def run(host, line, timeout):  # this machine stands for the box: the command as it is
+        asked.append((host.name, line))
+        if host.name == "thor-2":
+            raise OSError("Could not connect ([Errno 111] Connection refused)")
+        done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=timeout,
+                              check=False)
+        return done.returncode, done.stdout, done.stderr
+
+    out, err = io.StringIO(), io.StringIO()
+    code = doctor.show(hosts, settings, as_json=True, run=run, out=out, err=err)
+    assert code == 1
+    found = json.loads(out.getvalue())
+    assert all(list(r) == list(rows.ROW_FIELDS) for r in found)
+    by = {(r["host"], r["check"]): r for r in found}
+    assert by["thor-2", "SSH"]["verdict"] == "blocks"
+    assert by["thor-1", "L4T release"]["verdict"] == "blocks"  # this machine is no Jetson
+    assert "sk-doctor-test-key" not in "".join(line for _, line in asked)
+    assert "thorfleet: thor-2: SSH blocks serving: unreachable: Could not connect" in err.getvalue()
+    assert ("thorfleet: thor-1: L4T release blocks serving: no /etc/nv_tegra_release"
+            in err.getvalue())
+    # the table: one line per row, the verdicts counted in its title
+    shown = io.StringIO()
+    doctor.show(hosts, settings, only={"thor-1"}, run=run, out=Console(file=shown, width=250),
+                err=io.StringIO())
+    assert shown.getvalue().startswith("thorfleet doctor: ")
+    assert "thor-2" not in shown.getvalue()

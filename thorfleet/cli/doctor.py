@@ -97,14 +97,15 @@ def table(found: list[dict]):
     return grid
 
 
-def show(inventory, settings, *, as_json=False, timeout=TIMEOUT_S, run=None, out=None,
-         err=None) -> int:
-    """Ask every host of `inventory` once; print the rows (a table, or JSON), and a stderr line
-    per row that blocks serving. Exit 0 when none does, else 1."""
+def show(inventory, settings, *, only=None, as_json=False, timeout=TIMEOUT_S, run=None,
+         out=None, err=None) -> int:
+    """Ask every host of `inventory` (or those named in `only`) once; print the rows (a table, or
+    JSON), and a stderr line per row that blocks serving. Exit 0 when none does, else 1."""
     from thorfleet.settings.roles import gateways, is_gateway, is_thor
 
     err = err or sys.stderr
-    hosts = [h for h in inventory if is_thor(h) or is_gateway(h)]
+    hosts = [h for h in inventory if (is_thor(h) or is_gateway(h))
+             and (only is None or h.name in only)]
     if run is None:
         from thorfleet.run.pyinfra_hooks import connectable
 
