@@ -77,36 +77,31 @@ def sudo_row(host, sudo) -> dict:
                problem or "")
 
 
+def _preflight_row(host, check, expects, answers, found, problem):
+    """The row of one of the deploy's preflight checks: `problem(*values)` blocks, else ok."""
+    failed = next((a for a in answers if a.error), None)
+    if failed:
+        return _failed(host, "box", check, expects, failed, "")
+    values = [a.value for a in answers]
+    why = problem(*values)
+    return row(host, "box", check, expects, found(*values), BLOCKS if why else OK, why or "")
+
+
 def _box(host, s, sudo, got):
     yield sudo_row(host, sudo)
-    release = got["release"]
-    expects = f"R{s.preflight_min_l4t_release} or newer (JetPack 7: r38; 7.2: r39)"
-    if release.error:
-        yield _failed(host, "box", "L4T release", expects, release, "")
-    else:
-        problem = preflight.release_problem(release.value, s.preflight_min_l4t_release)
-        yield row(host, "box", "L4T release", expects,
-                  f"R{release.value}" if release.value else "no /etc/nv_tegra_release",
-                  BLOCKS if problem else OK, problem or "")
-    memory = got["memory"]
-    expects = f"{s.preflight_min_memory_gib} GiB or more (preflight_min_memory_gib)"
-    if memory.error:
-        yield _failed(host, "box", "memory total", expects, memory, "")
-    else:
-        problem = preflight.memory_problem(memory.value, s.preflight_min_memory_gib)
-        yield row(host, "box", "memory total", expects, f"{memory.value:.1f} GiB",
-                  BLOCKS if problem else OK, problem or "")
-    disk, present = got["disk"], got["present"]
-    expects = f"{s.preflight_min_free_disk_gib} GiB free under {s.weights_dir}, the pinned " \
-              "weights counted"
-    if disk.error or present.error:
-        yield _failed(host, "box", "free disk", expects, disk if disk.error else present, "")
-    else:
-        problem = preflight.disk_problem(disk.value, present.value,
-                                         s.preflight_min_free_disk_gib, s.weights_dir)
-        yield row(host, "box", "free disk", expects,
-                  f"{disk.value:.1f} GiB free + {present.value:.1f} GiB of pinned weights",
-                  BLOCKS if problem else OK, problem or "")
+    yield _preflight_row(
+        host, "L4T release", f"R{s.preflight_min_l4t_release} or newer (JetPack 7: r38; 7.2: r39)",
+        [got["release"]], lambda r: f"R{r}" if r else "no /etc/nv_tegra_release",
+        lambda r: preflight.release_problem(r, s.preflight_min_l4t_release))
+    yield _preflight_row(
+        host, "memory total", f"{s.preflight_min_memory_gib} GiB or more (preflight_min_memory_gib)",
+        [got["memory"]], lambda m: f"{m:.1f} GiB",
+        lambda m: preflight.memory_problem(m, s.preflight_min_memory_gib))
+    yield _preflight_row(
+        host, "free disk", f"{s.preflight_min_free_disk_gib} GiB free under {s.weights_dir}, the "
+        "pinned weights counted", [got["disk"], got["present"]],
+        lambda d, p: f"{d:.1f} GiB free + {p:.1f} GiB of pinned weights",
+        lambda d, p: preflight.disk_problem(d, p, s.preflight_min_free_disk_gib, s.weights_dir))
     swaps = got["swaps"]
     expects = "none: MemAvailable, which the memory gate reads, counts RAM only"
     if swaps.error:
