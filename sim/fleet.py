@@ -527,7 +527,7 @@ def bases(client=None) -> list[tuple[str, str, str]]:
     """(name, the in-sim reference by digest, vLLM version) of every stand-in base
     (sim/base BASES), each built once (cached by its inputs) and pushed to the sim's
     registry under its real image's name, so a box pulls it as it would the real one."""
-    from sim.base import BASES, ensure_base_image
+    from sim.base import BASES
 
     client = client or docker.from_env()
     with locked("fleet"):  # a story may call this while other workers bring their boxes up
@@ -536,14 +536,32 @@ def bases(client=None) -> list[tuple[str, str, str]]:
         registry.ensure_registry(client, rootfs)
 
     def one(name):
-        base, own = BASES[name], docker.from_env()  # a client per thread: the SDK's is not shared
-        digest = registry.push(own, ensure_base_image(own, rootfs, name), base.repo_tag)
-        return name, registry.in_sim_ref(base.repo_tag.partition(":")[0], digest), base.vllm_version
+        own = docker.from_env()  # a client per thread: the SDK's is not shared
+        return name, _push_base(own, rootfs, name), BASES[name].vllm_version
 
     # Side by side: a build is mostly one core (pip unpacking wheels, Docker committing a layer),
     # and a base whose parent is building waits for it on the parent's lock (ensure_base_image).
     with concurrent.futures.ThreadPoolExecutor(len(BASES)) as pool:
         return list(pool.map(one, BASES))
+
+
+def base(name: str, client=None) -> str:
+    """The in-sim reference by digest of one stand-in base (sim/base BASES), built once (cached by
+    its inputs) and pushed to the sim's registry under its real image's name."""
+    client = client or docker.from_env()
+    with locked("fleet"):
+        rootfs = ensure_rootfs(client)
+        ensure_network(client)
+        registry.ensure_registry(client, rootfs)
+    return _push_base(client, rootfs, name)
+
+
+def _push_base(client, rootfs, name):
+    from sim.base import BASES, ensure_base_image
+
+    repo_tag = BASES[name].repo_tag
+    digest = registry.push(client, ensure_base_image(client, rootfs, name), repo_tag)
+    return registry.in_sim_ref(repo_tag.partition(":")[0], digest)
 
 
 def _test_tokenizer(client, base_local: str | None) -> Path | None:

@@ -35,6 +35,7 @@ BOXES = {
     "test_thor_says_no": (8,),
     "test_rollout": (3, 4, 5), "test_benchmark": (3, 4, 5), "test_shared_image": (3, 4, 5),
     "test_air_gapped": (6,), "test_drain": (6,), "test_sim_box": (6,), "test_two_runs": (6,),
+    "test_doctor": (6,),  # after the air-gapped story converged it
     "test_gateway": (10, 11, 12),  # and the gateway box, gw-1
     "test_watch": (10, 11, 12),  # and gw-1's Prometheus
     "test_bases": (13, 14, 15),  # the newer base
@@ -57,7 +58,7 @@ GROUP_ORDER = [
     "thor-1+7",  # 659: deploy, drift, disk hygiene, security (+ the weights copy)
     "thor-8",  # 615: says no
     "thor-2+9",  # 385: faults (+ ~240: two gateways, one address)
-    "thor-6",  # 320: air-gapped, drain, the bare box
+    "thor-6",  # 320: air-gapped, doctor, drain, the bare box
     "test_patches",  # 248
     "test_base_standin",  # 150 (the rest, 24 to 82 s each, after these)
 ]

@@ -21,4 +21,12 @@ try:
     found["device"] = torch.cuda.get_device_name(0)
 except Exception as error:  # noqa: BLE001 - the row says what failed
     found["torch_error"] = f"{type(error).__name__}: {error}"[:300]
+try:
+    # vLLM's own answer to whether FlashInfer's kernels are there (it picks NVFP4 kernels by it)
+    from vllm.utils.flashinfer import has_flashinfer
+
+    found["has_flashinfer"] = has_flashinfer()
+except Exception as error:  # noqa: BLE001 - another layout: the package's presence then
+    found["has_flashinfer"] = None
+    found["has_flashinfer_error"] = f"{type(error).__name__}: {error}"[:300]
 print(json.dumps(found))

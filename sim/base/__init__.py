@@ -51,6 +51,7 @@ class Base:
     repo_tag: str  # where the sim's registry serves it: the real image's name
     layout: str  # where its packages are, as the real image has them
     parent: str | None = None  # a base this one changes (dockerfile: FROM its BASE build arg)
+    standin: tuple[str, ...] = ()  # stand-in files of its own beside COMMON, in this folder
 
     @property
     def vllm_version(self) -> str:
@@ -59,7 +60,11 @@ class Base:
 
 BASES = {b.name: b for b in (
     Base("jetson-0.19.0", "Dockerfile", "requirements.txt", "vllm==0.19.0",
-         "nvidia-ai-iot/vllm:latest-jetson-thor", "/opt/venv"),
+         "nvidia-ai-iot/vllm:latest-jetson-thor", "/opt/venv", standin=("torch_cuda_standin.py",)),
+    # That image with a PyTorch built without Thor's sm_110 (as upstream's v0.19.0-cu130 had no
+    # sm_110 kernels): `thorfleet doctor` must say it blocks serving.
+    Base("jetson-0.19.0-no-sm110", "variants/no-sm110/Dockerfile", "", "vllm==0.19.0",
+         "nvidia-ai-iot/vllm:latest-jetson-thor-no-sm110", "/opt/venv", parent="jetson-0.19.0"),
     Base("upstream-0.26.0", "Dockerfile.upstream", "requirements-0.26.0.txt", "vllm==0.26.0",
          "vllm/vllm-openai:v0.26.0", "system dist-packages"),
     # A build of that image without FlashInfer (a tag whose build dropped it): vLLM then picks
@@ -76,7 +81,8 @@ VLLM_WHEEL = BASES[DEFAULT].vllm
 
 def _inputs_hash(rootfs_ref: str, base: Base) -> str:
     digest = hashlib.sha256(f"{rootfs_ref}\0{base.vllm}\0".encode())
-    names = (base.dockerfile,) if base.parent else (base.dockerfile, base.requirements, *COMMON)
+    names = ((base.dockerfile,) if base.parent
+             else (base.dockerfile, base.requirements, *COMMON, *base.standin))
     for name in names:
         digest.update(name.encode() + b"\0" + (HERE / name).read_bytes())
     return digest.hexdigest()[:16]
@@ -137,7 +143,7 @@ def _build(client, tag: str, rootfs_ref: str, wheels: Path, base: Base) -> None:
     log_path.parent.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=state_dir(), prefix="vllm-base-") as work:
         context = Path(work)
-        for name in COMMON:
+        for name in (*COMMON, *base.standin):
             shutil.copy2(HERE / name, context / name)
         shutil.copy2(HERE / base.dockerfile, context / "Dockerfile")
         (context / "wheels").mkdir()

@@ -106,6 +106,10 @@ CASES = [
      "GPU in a container", "blocks", "sees no GPU"),
     ({"probe": {**CONVERGED["probe"], "flashinfer-python": None}}, "vLLM and FlashInfer",
      "blocks", "the proof refuses"),
+    ({"probe": {**CONVERGED["probe"], "flashinfer-python": "0.6.9", "has_flashinfer": False}},
+     "vLLM and FlashInfer", "blocks", "the proof refuses"),  # vLLM's own answer wins
+    ({"probe": {**CONVERGED["probe"], "flashinfer-python": None, "has_flashinfer": True}},
+     "vLLM and FlashInfer", "ok", "present (no version recorded)"),
     ({"probe": {**CONVERGED["probe"], "flashinfer-python": "0.6.8.post1"}}, "vLLM and FlashInfer",
      "copes", "falls back"),
     ({"weights": {"complete": False, "problems": ["thorfleet tools not installed"]}},

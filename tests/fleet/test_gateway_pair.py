@@ -94,6 +94,16 @@ def test_two_gateways_hold_one_address_and_a_rerun_changes_nothing(sim_fleet, do
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert (f"the door's address {door.address}: held by {PAIR[0]} ({PAIR[1]}: backup)"
             in shown.stdout), shown.stdout
+    # doctor on the two gateways: HAProxy's build, keepalived, sudo, the mirror (issue 38)
+    asked = subprocess.run([sys.executable, "-m", "thorfleet", "doctor", str(run.inventory),
+                            "--limit", "gateway", "--json"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300, check=False)
+    assert asked.returncode == 0, asked.stdout + asked.stderr
+    rows = {(r["host"], r["check"]): r for r in json.loads(asked.stdout)}
+    for gateway in PAIR:
+        for check in ("passwordless sudo", "HAProxy", "keepalived"):
+            assert rows[gateway, check]["verdict"] == "ok", rows[gateway, check]
+        assert rows[gateway, "package mirror"]["found"].startswith("http"), rows
 
 
 def test_the_holder_killed_under_load_the_other_takes_the_address(sim_fleet, door):

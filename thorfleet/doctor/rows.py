@@ -257,12 +257,16 @@ def _image(host, s, probe):
                   "image_base to an image built for Thor (Jetson AI Lab's, or vLLM >= 0.20 "
                   "aarch64 CUDA 13)")
     flashinfer = found.get("flashinfer-python")
-    said = f"vLLM {found.get('vllm')}, FlashInfer {flashinfer or 'absent'}"
-    if not flashinfer:
+    present = found.get("has_flashinfer")  # vLLM's has_flashinfer(), where it could be asked
+    present = bool(flashinfer) if present is None else present
+    said = (f"vLLM {found.get('vllm')}, FlashInfer "
+            + (flashinfer or "present (no version recorded)" if present else "absent"))
+    if not present:
         yield row(host, "containers", checks[2][0], checks[2][1], said, BLOCKS,
                   "without FlashInfer vLLM picks other NVFP4 kernels and the proof refuses the "
                   "box: use an image that carries it")
-    elif (_version(flashinfer) or Version("0")) <= Version(FLASHINFER_NO_SM110_MOE_UP_TO):
+    elif flashinfer and (_version(flashinfer) or Version("0")) <= Version(
+            FLASHINFER_NO_SM110_MOE_UP_TO):
         yield row(host, "containers", checks[2][0], checks[2][1], said, COPES,
                   f"FlashInfer <= {FLASHINFER_NO_SM110_MOE_UP_TO} has no SM110 MoE kernels: vLLM "
                   "falls back to its own CUTLASS MoE (the proof accepts either)")
