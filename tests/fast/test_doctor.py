@@ -9,6 +9,7 @@ PyTorch's arch list not read; FlashInfer's absence taken as fine; the sudo row f
 
 import io
 import json
+import shlex
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -198,10 +199,15 @@ def test_the_container_probe_answer_and_a_container_that_did_not_run():
     assert "docker pull" not in command  # an image not on the box is not checked, never pulled
 
 
-def test_the_probe_is_a_real_file_that_python_compiles():
-    source = (Path(FILES) / "doctor" / "container_probe.py").read_text()
-    compile(source, "container_probe.py", "exec")
-    assert doctor_reads.PROBE.read_text() == source
+def test_the_probes_are_real_files_that_python_compiles_and_the_reads_send_whole():
+    for name, path in (("container_probe.py", doctor_reads.PROBE),
+                       ("mirror_probe.py", doctor_reads.MIRROR_PROBE)):
+        source = (Path(FILES) / "doctor" / name).read_text()
+        compile(source, name, "exec")
+        assert path.read_text() == source
+    assert shlex.quote(doctor_reads.MIRROR_PROBE.read_text()) in doctor_reads.AptMirror.command()
+    assert shlex.quote(doctor_reads.PROBE.read_text()) in doctor_reads.ContainerProbe().command(
+        SETTINGS.image_base, "all")
 
 
 def test_haproxy_and_keepalived_as_debian_12_builds_them():
@@ -222,6 +228,11 @@ def test_haproxy_and_keepalived_as_debian_12_builds_them():
     table = rows.gateway_rows("gw-1", False, True, {"haproxy": Answer(without_ssl),
                                                    "mirror": mirror})
     assert table[1]["verdict"] == "blocks" and "no OpenSSL" in table[1]["found"]
+    # no HAProxy yet and no mirror: the deploy could not install it
+    away = Answer({"url": "http://deb.debian.org/debian", "ok": False, "said": "timed out"})
+    for build_answer, verdict in ((Answer(build), "copes"), (UNREAD, "blocks")):
+        table = rows.gateway_rows("gw-1", False, True, {"haproxy": build_answer, "mirror": away})
+        assert table[-1]["verdict"] == verdict, table[-1]
 
 
 # --- the reads, run for real on this machine ------------------------------------------------------

@@ -19,6 +19,7 @@ from thorfleet.facts import BoxToolFact
 from thorfleet.settings.layout import BOX_LAYOUT_ENV, BOX_READINGS, BOX_SERVE, BOX_WATCHDOG, FILES
 
 PROBE = Path(FILES) / "doctor" / "container_probe.py"  # run by python3 in the throwaway container
+MIRROR_PROBE = Path(FILES) / "doctor" / "mirror_probe.py"  # run by python3 on a gateway
 
 
 class Swaps(FactBase[list]):
@@ -210,21 +211,15 @@ class KeepalivedVersion(FactBase[str | None]):
 
 class AptMirror(FactBase[dict | None]):
     """The first http(s) package mirror of APT's sources, and whether it answers within 5 s
-    ({"url", "ok", "said"}); None when APT names none (the gateway's packages come from it)."""
+    ({"url", "ok", "said"}: files/doctor/mirror_probe.py); None when APT names none (the
+    gateway's packages come from it)."""
 
-    command = (
-        "url=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list "
-        "/etc/apt/sources.list.d/*.sources 2>/dev/null | grep -E '^(deb|URIs:)' | "
-        "grep -oE 'https?://[^ ]+' | head -n 1); [ -n \"$url\" ] || exit 0; "
-        "python3 -c " + q(
-            "import json, sys, urllib.request\n"
-            "url = sys.argv[1]\n"
-            "try:\n"
-            "    with urllib.request.urlopen(url, timeout=5) as r:\n"
-            "        print(json.dumps({'url': url, 'ok': True, 'said': f'HTTP {r.status}'}))\n"
-            "except Exception as e:\n"
-            "    print(json.dumps({'url': url, 'ok': False, 'said': str(e)[:200]}))")
-        + " \"$url\"")
+    @staticmethod
+    def command():
+        return ("url=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list "
+                "/etc/apt/sources.list.d/*.sources 2>/dev/null | grep -E '^(deb|URIs:)' | "
+                "grep -oE 'https?://[^ ]+' | head -n 1); [ -n \"$url\" ] || exit 0; "
+                f"python3 -c {q(MIRROR_PROBE.read_text())} \"$url\"")
 
     def process(self, output):
         return json.loads(output[-1])

@@ -386,9 +386,14 @@ def gateway_rows(host, pair: bool, sudo, got: dict) -> list[dict]:
                          got["mirror"].error or "APT names no http(s) mirror", COPES,
                          "fine while the gateway's packages are installed"))
     else:
+        # without HAProxy the deploy must install it from there: unreachable, that blocks
+        needed = build.error or build.value is None
         table.append(row(host, "gateway", "package mirror", expects,
-                         f"{mirror['url']}: {mirror['said']}", OK if mirror["ok"] else COPES,
-                         "" if mirror["ok"] else "a deploy that must install a package fails"))
+                         f"{mirror['url']}: {mirror['said']}",
+                         OK if mirror["ok"] else BLOCKS if needed else COPES,
+                         "" if mirror["ok"] else "the deploy installs HAProxy from it: mend the "
+                         "route or APT's sources" if needed else "a deploy that must install a "
+                         "package fails"))
     return table
 
 
