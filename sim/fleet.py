@@ -530,10 +530,7 @@ def bases(client=None) -> list[tuple[str, str, str]]:
     from sim.base import BASES
 
     client = client or docker.from_env()
-    with locked("fleet"):  # a story may call this while other workers bring their boxes up
-        rootfs = ensure_rootfs(client)
-        ensure_network(client)
-        registry.ensure_registry(client, rootfs)
+    rootfs = _registry_ready(client)
 
     def one(name):
         own = docker.from_env()  # a client per thread: the SDK's is not shared
@@ -549,11 +546,16 @@ def base(name: str, client=None) -> str:
     """The in-sim reference by digest of one stand-in base (sim/base BASES), built once (cached by
     its inputs) and pushed to the sim's registry under its real image's name."""
     client = client or docker.from_env()
-    with locked("fleet"):
+    return _push_base(client, _registry_ready(client), name)
+
+
+def _registry_ready(client) -> str:
+    """The rootfs image, with the sim's network and registry up to push bases to."""
+    with locked("fleet"):  # a story may call this while other workers bring their boxes up
         rootfs = ensure_rootfs(client)
         ensure_network(client)
         registry.ensure_registry(client, rootfs)
-    return _push_base(client, rootfs, name)
+    return rootfs
 
 
 def _push_base(client, rootfs, name):

@@ -24,7 +24,11 @@ def clocks_locked(lines) -> bool:
     devices (`gpu-gpc-0`, `gpu-nvd-0`), not a line starting `GPU` as on Orin; EMC's MinFreq differs
     from its MaxFreq even when locked, so EMC is not read (a Thor's `jetson_clocks --show` after
     `jetson_clocks`, as published: tests/fast/test_facts.py)."""
-    kinds = clock_lines(lines)
+    return locked(clock_lines(lines))
+
+
+def locked(kinds) -> bool:
+    """Whether clock_lines' CPU and GPU lines are all pinned (MinFreq == MaxFreq)."""
     # no GPU line read is not "locked": a format we do not know must not pass as locked
     return all(kinds.values()) and all(
         low == high for found in kinds.values() for low, high in found)

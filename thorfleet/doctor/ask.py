@@ -83,14 +83,7 @@ def answers(queries: dict, stdout: str) -> tuple[bool | None, dict]:
     sudo = None
     if lines and lines[0].startswith(SUDO_MARK + " "):
         sudo = lines.pop(0).endswith(" yes")
-    outputs, current = {}, None
-    for line in lines:
-        if line.startswith(snapshot.MARK + " "):
-            index, status = line[len(snapshot.MARK) + 1:].split(" ", 1)
-            current = int(index)
-            outputs[current] = (status.strip(), [])
-        elif current is not None:
-            outputs[current][1].append(line)
+    outputs = snapshot.outputs(lines)
     found = {}
     for index, (key, (fact, _)) in enumerate(queries.items()):
         status, output = outputs.get(index, ("?", []))

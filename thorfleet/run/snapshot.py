@@ -196,20 +196,26 @@ def _command(fact, kwargs):
     return command
 
 
-def parse(queries, lines):
-    """{key: value} of the queries that exited 0 and whose output their fact could process."""
-    outputs, current = {}, None
+def outputs(lines) -> dict[int, tuple[str, list[str]]]:
+    """{query index: (its exit status as printed, its output lines)} of script()'s output."""
+    found, current = {}, None
     for line in lines:
         if line.startswith(MARK + " "):
             index, status = line[len(MARK) + 1:].split(" ", 1)
             current = int(index)
-            outputs[current] = (status.strip() == "0", [])
+            found[current] = (status.strip(), [])
         elif current is not None:
-            outputs[current][1].append(line)
+            found[current][1].append(line)
+    return found
+
+
+def parse(queries, lines):
+    """{key: value} of the queries that exited 0 and whose output their fact could process."""
+    printed = outputs(lines)
     values = {}
     for index, (fact, kwargs) in enumerate(queries):
-        ok, output = outputs.get(index, (False, []))
-        if not ok:
+        status, output = printed.get(index, ("?", []))
+        if status != "0":
             continue
         try:
             values[key_of(fact, kwargs)] = pyinfra_hooks.fact_value(fact, output)
