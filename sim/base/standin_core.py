@@ -34,6 +34,10 @@ import socket
 import sys
 import time
 
+# How much longer a decode step takes per sequence the batch holds beyond one: 2/7, from the
+# figures reported on Thor (Core.step_rate).
+BATCH_SLOWDOWN = 2 / 7
+
 
 def accepted_per_step(step: int) -> int:
     """Draft tokens the target accepts in one EAGLE step, so that a step yields 1 + accepted
@@ -76,6 +80,15 @@ class Core:
         return {"running": len(self.running), "waiting": len(self.waiting),
                 "kv": min(1.0, held / self.kv_blocks)}
 
+    def step_rate(self) -> float:
+        """Each running sequence's decode rate with the batch as it is now: one step decodes
+        every running sequence, and a step's time grows with the batch, linearly through the
+        figures reported on Thor for a 120B NVFP4 MoE, 15 tok/s at concurrency 1 and 40 in all at
+        8 (FACTS.md "Reported speeds", jetson-ai-lab PR #410): at 8 a step takes 8 x 15 / 40 = 3
+        times one of 1, so 1 + BATCH_SLOWDOWN x 7 = 3. Per sequence the rate falls, in all it
+        rises (toward rate / BATCH_SLOWDOWN); at 1 it is the box's rate, as before."""
+        return self.rate / (1 + BATCH_SLOWDOWN * (max(1, len(self.running)) - 1))
+
     def schedule(self) -> None:
         """Admit waiting requests, first come first served, while a running slot is free."""
         now = time.monotonic()
@@ -93,9 +106,9 @@ class Core:
         if size > 0:
             heapq.heappush(self.due, (now + size / self.prefill_rate, -1, rid))
         else:
-            # each step at its own time from the decode's start (begun + tokens out / rate),
-            # not a pause after the last one: the API server's work never slows the decode
-            request["begun"] = now
+            # each step at its own time from the last step's (its clock, not the loop's `now`):
+            # the API server's work never slows the decode
+            request["clock"] = now
             self.plan_step(rid, 0)
 
     def add(self, rid: str, prompt: int, steps: int, finish: str) -> None:
@@ -135,7 +148,8 @@ class Core:
             request["drafts"] += 1
         request["spec"] = spec
         request["n"] = min(1 + (spec or 0), request["steps"] - step)
-        heapq.heappush(self.due, (request["begun"] + (step + request["n"]) / self.rate, step, rid))
+        request["clock"] += request["n"] / self.step_rate()
+        heapq.heappush(self.due, (request["clock"], step, rid))
 
     def decode(self, rid: str, step: int) -> None:
         """Tokens step..step+n-1 are out; the scheduler reports the drafts it verified

@@ -191,6 +191,11 @@ def config_reads_back(s):
     expected = {**BASE_CONFIG, "host": s.listen_host, "port": s.service_port,
                 "gpu_memory_utilization": s.service_gpu_memory_utilization,
                 "max_model_len": profile["max_model_len"],
+                "max_num_seqs": profile["max_num_seqs"],
+                "served_model_name": [profile["model"],
+                                      *([s.weights_model_repo] if s.service_profile == "default"
+                                        else []),
+                                      "/model"],
                 "shutdown_timeout": s.rollout_drain_timeout_s}
     if profile["eagle"]:
         expected["speculative_config"] = {**BASE_CONFIG["speculative_config"],

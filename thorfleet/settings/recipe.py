@@ -5,11 +5,37 @@ Facts of the model on a Thor, not settings: group data picks a profile by name
 (service_profile) and adds to the environment (service_extra_env), it does not restate them.
 """
 
-# Serving profiles: EAGLE-3 limits the context to 64K, without it 256K fits.
+# Serving profiles: what a box serves, under which name. `model`: the name clients write (vLLM's
+# served_model_name; the box also answers "/model", the name before profiles, and the default
+# profile the checkpoint's Hugging Face id). EAGLE-3 limits the context to 64K (vLLM's recipe for
+# the draft: max_model_len 65536, FACTS.md "Checked again"); without it 256K fits. `max_num_seqs`:
+# the requests a box decodes at once (FACTS.md "Front doors": the seed's 1; the gateway's maxconn
+# follows it). The throughput profile batches 8: reported on Thor for a 120B NVFP4 MoE, 15 tok/s
+# at concurrency 1 and 40 at 8 (jetson-ai-lab PR #410), with no EAGLE (its drafts are verified per
+# sequence, so its gain shrinks as the batch grows) and 32K a request: 8 of them hold the tokens
+# of one 256K request, which the no-eagle profile's KV cache holds.
 PROFILES = {
-    "default": {"eagle": True, "max_model_len": 65536},
-    "no-eagle": {"eagle": False, "max_model_len": 262144},
+    "default": {"model": "mistral-small-4", "eagle": True, "max_model_len": 65536,
+                "max_num_seqs": 1},
+    "no-eagle": {"model": "mistral-small-4-256k", "eagle": False, "max_model_len": 262144,
+                 "max_num_seqs": 1},
+    "throughput": {"model": "mistral-small-4-batch", "eagle": False, "max_model_len": 32768,
+                   "max_num_seqs": 8},
 }
+# The name every box answers besides its own (the only one before profiles): old clients keep
+# working, and the door sends it to the fleet's first model (the order above).
+LEGACY_MODEL = "/model"
+# The largest request body the door reads to route by `model`, per token of context: a request's
+# text is ~4 bytes a token in Tekken on prose; 16 covers code, JSON escapes and the request's own
+# fields (the door answers 413 above it, never a cut body).
+BODY_BYTES_PER_TOKEN = 16
+
+
+def served_names(profile: str, hf_id: str) -> list[str]:
+    """The names a box of `profile` answers to, its own first (vLLM answers with the first)."""
+    own = PROFILES[profile]["model"]
+    return [own, *([hf_id] if profile == "default" else []), LEGACY_MODEL]
+
 
 # A Thor's GPU: compute capability 11.0, sm_110 (FACTS.md "The target box"): the image's PyTorch and
 # vLLM kernels must be built for it (`thorfleet doctor` reads both in the base image).

@@ -16,7 +16,7 @@ import jinja2
 import yaml
 
 from thorfleet.settings import layout
-from thorfleet.settings.recipe import PROFILES, RECIPE_ENV
+from thorfleet.settings.recipe import PROFILES, RECIPE_ENV, served_names
 from thorfleet.settings.schema import API_KEY, Schema
 
 
@@ -58,10 +58,12 @@ _SYSTEMD_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t"}
 
 def yaml_scalar(value):
     """`value` as one YAML scalar, written by PyYAML's emitter (a string always double-quoted, so
-    it can hold nothing that ends it, the line or the comment it is in)."""
+    it can hold nothing that ends it, the line or the comment it is in); a list of strings as one
+    flow sequence of them."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{value!r} in the config")
-    style = '"' if isinstance(value, str) else None
+    strings = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
+    style = '"' if isinstance(value, str) or strings else None
     text = yaml.safe_dump(value, default_style=style, default_flow_style=True, width=math.inf,
                           allow_unicode=False)
     return text.removesuffix("\n...\n").removesuffix("\n")
@@ -90,6 +92,7 @@ class Settings:
         # two sharing gateway_virtual_ip), which the box's firewall lets alone reach the vLLM port;
         # and, on a Thor that is a gateway too, its GatewaySettings.
         self.gateway = None
+        self.gateway_pool = layout.GATEWAY_BACKEND  # its HAProxy backend there (one per model)
         self.gateway_role = None
         self.monitor_role = None  # a gateway serving the model too, as the monitor: MonitorSettings
         self.monitor_source = None  # a monitor host of its own: the IP it scrapes this box from
@@ -151,6 +154,11 @@ class Settings:
         if not self.image_registry:
             return None
         return f"{self.image_registry}/{self.image_name.rsplit('/', 1)[-1]}:{self.image_inputs_hash[:12]}"
+
+    @cached_property
+    def served_names(self):
+        """The model names this box answers to (vLLM's served_model_name), its profile's first."""
+        return served_names(self.service_profile, self.weights_model_repo)
 
     @cached_property
     def environment(self):

@@ -527,7 +527,9 @@ class Schema(BaseModel):
         "vllm-..., up to 63 letters, digits, _ . -, like thorfleet-vllm (a name the box has "
         "already, like ssh, would lose its unit and its container)")
     service_profile: Literal[tuple(PROFILES)] = setting(
-        "default", "\"default\": EAGLE-3, 64K context; \"no-eagle\": no speculation, 256K",
+        "default", "what the box serves, under its model name: \"default\" (mistral-small-4: "
+        "EAGLE-3, 64K), \"no-eagle\" (mistral-small-4-256k), \"throughput\" "
+        "(mistral-small-4-batch: 8 at once, 32K); may differ per host",
         f"is unknown: use one of {sorted(PROFILES)}")
     service_host: Annotated[StrictStr | None, AfterValidator(_listen_address)] = setting(
         None, "listen address; None: 0.0.0.0 with an API key, 127.0.0.1 without one",
