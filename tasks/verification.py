@@ -31,6 +31,7 @@ def run(settings):
                "health_timeout": settings.service_health_timeout_s,
                # with gateways, a restart is drained on each first (the gateway hosts' names)
                "gateway": tuple(h.name for h in gateways(inventory)) or None,
+               "pool": settings.gateway_pool,  # its backend there: one per model served
                "drain_timeout": settings.rollout_drain_timeout_s,
                # at most rollout_batch boxes out for a restart, whichever runs restart them
                "restart_slots": settings.rollout_batch,
@@ -41,7 +42,7 @@ def run(settings):
              "serving capacity at stake)", first_install=True, **service)
     # what each turn does, and what a failed one means for the later batches: rollout.py
     plan = rollout.plan(inventory, settings.rollout_batch, settings.rollout_canary_group,
-                        serves=is_thor)
+                        serves=is_thor, model_of=lambda h: h.data.get("service_profile"))
     for index in host.loop(range(len(plan.batches))):
         if host.name in plan.batches[index]:
             verification.serving(

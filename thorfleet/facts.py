@@ -456,12 +456,13 @@ def admin_state(bits: int) -> str:
 
 
 class GatewayServers(FactBase[dict]):
-    """{server: {"admin": "ready"|"drain"|"maint"}} of a gateway backend, from
-    HAProxy's `show servers state` ({} when HAProxy or its runtime API is not there yet)."""
+    """{server: {"admin": "ready"|"drain"|"maint", "backend": its backend}} of every box at a
+    gateway (one backend per model the fleet serves), from HAProxy's `show servers state` ({}
+    when HAProxy or its runtime API is not there yet)."""
 
-    def command(self, backend):
+    def command(self):
         return (f"test -S {q(GATEWAY_ADMIN_SOCKET)} || exit 0; "
-                f"echo {q(f'show servers state {backend}')} | "
+                f"echo {q('show servers state')} | "
                 f"socat -t 5 stdio UNIX-CONNECT:{q(GATEWAY_ADMIN_SOCKET)} 2>/dev/null || true")
 
     def default(self):
@@ -474,5 +475,5 @@ class GatewayServers(FactBase[dict]):
         for line in output:
             fields = line.split()
             if len(fields) > 6 and not line.startswith("#") and fields[0].isdigit():
-                found[fields[3]] = {"admin": admin_state(int(fields[6]))}
+                found[fields[3]] = {"admin": admin_state(int(fields[6])), "backend": fields[1]}
         return found

@@ -338,13 +338,35 @@ class _Box(BaseHTTPRequestHandler):
         if "slow" in self.path:  # an answer that takes a while, as a long generation does
             time.sleep(2)
         seen = {"box": self.server.server_address[0], "path": self.path}
+        status = 200
         if self.headers["Authorization"]:  # what the door sent on (its own key, with clients)
             seen["auth"] = self.headers["Authorization"]
+            status = 200 if seen["auth"] == f"Bearer {BOX_KEY}" else 401  # as vLLM's key check
         body = json.dumps(seen).encode()
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def do_POST(self):
+        """A completion: says which box took it, the model its body names and the body's length
+        as it arrived (chunked or not), so a cut body shows."""
+        self.server.asked = getattr(self.server, "asked", 0) + 1
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            body = b""
+            while size := int(self.rfile.readline().split(b";")[0], 16):
+                body += self.rfile.read(size)
+                self.rfile.readline()
+            self.rfile.readline()
+        else:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+        seen = {"box": self.server.server_address[1], "path": self.path, "length": len(body),
+                "model": json.loads(body).get("model")}
+        answer = json.dumps(seen).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
 
     def log_message(self, *_):
         pass
@@ -393,10 +415,10 @@ def test_a_gateway_that_dials_a_family_its_firewall_source_is_not_is_refused(tmp
 
 
 @contextlib.contextmanager
-def running_door(tmp_path, thors=1, gateway_data=None, servers_out=None):
+def running_door(tmp_path, thors=1, gateway_data=None, servers_out=None, thor_data=()):
     """HAProxy itself on the rendered config of a gateway at ::1 in front of `thors` Thors at ::1
-    (stand-ins answering on their vLLM and watchdog ports): yields (the door's port, its settings,
-    the running HAProxy)."""
+    (stand-ins answering on their vLLM and watchdog ports; `thor_data`: each one's own host data,
+    in order): yields (the door's port, its settings, the running HAProxy)."""
     servers = [_Server6(("::1", 0), _Box) for _ in range(2 * thors)]
     if servers_out is not None:
         servers_out.extend(servers)
@@ -407,7 +429,8 @@ def running_door(tmp_path, thors=1, gateway_data=None, servers_out=None):
         "ssh_hostname": "::1", "service_port": servers[2 * n].server_address[1],
         "watchdog_port": servers[2 * n + 1].server_address[1],
         # more than one box at ::1: none can fetch from another
-        **({"weights_source": "hub", "image_source": "build"} if thors > 1 else {})})
+        **({"weights_source": "hub", "image_source": "build"} if thors > 1 else {}),
+        **(thor_data[n] if n < len(thor_data) else {})})
         for n in range(thors)],
         gateway_hosts=[("gw-1", {"ssh_hostname": "::1"})],
         gateway_data={"gateway_port": door, **(gateway_data or {})})

@@ -28,6 +28,7 @@ import jinja2
 from thorfleet.gateway import tls
 from thorfleet.gateway.monitor import target
 from thorfleet.settings import layout
+from thorfleet.settings.recipe import BODY_BYTES_PER_TOKEN, LEGACY_MODEL, PROFILES
 from thorfleet.settings.schema import Checked
 
 # HAProxy's config words (configuration.txt, 2.2 "Quoting and escaping"): outside quotes a space
@@ -120,6 +121,11 @@ def client_key(name, file: Path) -> str:
     return key
 
 
+def pool_name(model: str) -> str:
+    """The HAProxy backend of the boxes serving `model` (a fleet of several models)."""
+    return f"{layout.GATEWAY_BACKEND}-{model}"
+
+
 def firewall_script(ports, *sources: str) -> tuple[str, str]:
     """(script, mark) of a Thor's nftables table: its `ports` (vLLM's, the watchdog's) answer
     the `sources` (the gateway's IP, a monitor host's) and the box itself only. The last rule's
@@ -148,14 +154,21 @@ def _port(value) -> int:
 @dataclass(frozen=True)
 class Backend:
     """One Thor behind the gateway: its inventory name, where the gateway dials its vLLM port,
-    how many requests it takes at once (vLLM's max_num_seqs), and the port its health check asks
-    (the watchdog's)."""
+    how many requests it takes at once (vLLM's max_num_seqs), the port its health check asks
+    (the watchdog's), and its serving profile (recipe.PROFILES: the model it serves, under which
+    names)."""
 
     name: str
     address: str
     port: int
     maxconn: int
     check_port: int
+    profile: str = "default"
+    names: tuple[str, ...] = ()
+
+    @property
+    def model(self) -> str:
+        return PROFILES[self.profile]["model"]
 
     @property
     def dial(self) -> str:
@@ -325,6 +338,74 @@ class GatewaySettings(Checked):
     def box_key_map_text(self) -> str:
         """HAProxy's map of the one key the door sends the boxes (the boxes' service key)."""
         return f"box {haproxy_word(self.box_key)}\n"
+
+    # --- routing by model: one pool of boxes per model the fleet serves ------------------------------
+    @cached_property
+    def pools(self) -> dict[str, list[Backend]]:
+        """{HAProxy backend: its boxes}, one per model the fleet serves, in the profiles' order
+        (recipe.PROFILES); a fleet of one model has the one backend `thors`, as before models."""
+        order = [p["model"] for p in PROFILES.values()]
+        models = sorted({b.model for b in self.backends}, key=order.index)
+        if len(models) <= 1:
+            return {layout.GATEWAY_BACKEND: self.backends}
+        return {pool_name(m): [b for b in self.backends if b.model == m] for m in models}
+
+    @property
+    def routed(self) -> bool:
+        """The door reads each request's `model` to pick its pool (more than one model served)."""
+        return len(self.pools) > 1
+
+    def pool_of(self, server: str) -> str:
+        """The HAProxy backend box `server` is in."""
+        return next(pool for pool, boxes in self.pools.items()
+                    if any(b.name == server for b in boxes))
+
+    @property
+    def routes(self) -> list[tuple[str, list[str]]]:
+        """[(pool, the model names it answers)]: every name its boxes serve, but the old name
+        (recipe.LEGACY_MODEL), which is the first pool's; a request naming none of them is
+        answered 404 by the door."""
+        routes = []
+        for pool, boxes in self.pools.items():
+            names = sorted({n for b in boxes for n in b.names if n != LEGACY_MODEL})
+            routes.append((pool, [*names, *([LEGACY_MODEL] if not routes else [])]))
+        return routes
+
+    @property
+    def models_body(self) -> str:
+        """/v1/models at the door: the fleet's models by the names clients write, as vLLM lists
+        them (entrypoints/openai/models: ModelCard id, object, owned_by, max_model_len)."""
+        data = [{"id": boxes[0].model, "object": "model", "created": 0, "owned_by": "thorfleet",
+                 "max_model_len": PROFILES[boxes[0].profile]["max_model_len"]}
+                for boxes in self.pools.values()]
+        return json.dumps({"object": "list", "data": data}, separators=(",", ":"))
+
+    @property
+    def body_limit(self) -> int:
+        """The largest request body the door reads whole to route it: the longest context a
+        pool serves, at recipe.BODY_BYTES_PER_TOKEN; over it, 413."""
+        return max(PROFILES[b.profile]["max_model_len"] for b in self.backends) * \
+            BODY_BYTES_PER_TOKEN
+
+    @property
+    def bufsize(self) -> int:
+        """HAProxy's tune.bufsize when routed: a body up to body_limit and its headers (64 KiB)
+        in one buffer, which is all `option http-buffer-request` waits for."""
+        return self.body_limit + 65536
+
+    @property
+    def route_errors(self) -> dict:
+        """The door's answers when routing: a model no box serves (404, as vLLM words it), a body
+        too large to read whole (413)."""
+        models = ", ".join(names[0] for _, names in self.routes)
+        return {
+            "unknown": error_body(404, "NotFoundError",
+                                  f"no box here serves the model this request names; the models "
+                                  f"are {models} (GET /v1/models)"),
+            "too_large": error_body(413, "BadRequestError",
+                                    f"the request body is over {self.body_limit} bytes, the most "
+                                    "this door reads to route it by model"),
+        }
 
     @cached_property
     def config_text(self) -> str:

@@ -30,8 +30,8 @@ from thorfleet.settings.layout import (
     facts.ServerState, {"service": service, "port": port}))
 @operation()
 def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
-            first_install=False, gateway=None, drain_timeout=120, restart_slots=1, lease=0, *,
-            served):
+            first_install=False, gateway=None, pool=GATEWAY_BACKEND, drain_timeout=120,
+            restart_slots=1, lease=0, *, served):
     """The service runs the version rendered from group data and passes its checks, at this host's
     turn of the rollout. What the turn does (noop, prove, activate or hold) and why is
     rollout.decide's; this reads the box and the run for it and yields the commands it names.
@@ -46,6 +46,7 @@ def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
     + gateway: the gateway hosts' names (one, or the two sharing gateway_virtual_ip), if the
       inventory has any: a restart of a box in their rotation is drained on each first and put
       back once proven; a failed proof leaves it out
+    + pool: the box's backend at the gateways (Settings.gateway_pool: one per model served)
     + drain_timeout: how long the gateway waits for the box's sessions (rollout_drain_timeout_s)
     + restart_slots: how many boxes may be out for a restart at once, counted at the gateway
       across every run (rollout_batch)
@@ -73,10 +74,11 @@ def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
     # Where the box stands at the gateway (None: no gateway, or not one of its servers yet).
     gateway = _names(gateway)
     admin = gateway_admin(gateway, host.name) if gateway else None
-    rotation = Rotation(gateway, admin, drain_timeout, restart_slots, lease) if gateway else None
+    rotation = Rotation(gateway, admin, drain_timeout, restart_slots, lease, pool) \
+        if gateway else None
     if decision.action == rollout.NOOP:
         if admin == "drain":  # an earlier run's failed proof: it serves what it proved since
-            yield rotation_step("ready", gateway)
+            yield rotation_step("ready", gateway, pool)
         else:
             host.noop(decision.why)
     elif decision.action == rollout.PROVE:
@@ -139,6 +141,7 @@ class Rotation:
     drain_timeout: int
     slots: int = 1
     lease: int = 0
+    backend: str = GATEWAY_BACKEND
 
 
 def _checked(command, first_start=False, rotation=None, restarts=False):
@@ -182,7 +185,7 @@ def _rotate(state, host, rotation, action, timeout=None, slot=None):
     done, missed = [], []
     for gateway in rotation.gateways:
         ok, said = on_gateway(state, gateway, rotation_command(
-            action, host.name, timeout, None if done else slot))
+            action, rotation.backend, host.name, timeout, None if done else slot))
         if not ok:
             missed.append((gateway, said))
             continue
@@ -208,11 +211,12 @@ def _rotate(state, host, rotation, action, timeout=None, slot=None):
 
 # --- the gateway's rotation, around a restart ------------------------------------------------------
 
-def rotation_command(action, server, timeout=None, slot=None):
-    """thorfleet-rotation's command line for the gateway box; `slot`: (how many restarts at once,
-    the lease's seconds, this run's name) for a restart's drain."""
+def rotation_command(action, backend, server, timeout=None, slot=None):
+    """thorfleet-rotation's command line for the gateway box, for `server` of HAProxy's
+    `backend`; `slot`: (how many restarts at once, the lease's seconds, this run's name) for a
+    restart's drain."""
     words = [GATEWAY_ROTATION, GATEWAY_ADMIN_SOCKET, GATEWAY_SERVER_STATE, action,
-             GATEWAY_BACKEND, server]
+             backend, server]
     return sh(*words, *([timeout] if timeout is not None else []), *(slot or ()))
 
 
@@ -228,12 +232,12 @@ def on_gateway(state, gateway_name, command):
     return ok, output.stdout_lines + output.stderr_lines
 
 
-def rotation_step(action, gateways):
+def rotation_step(action, gateways, pool=GATEWAY_BACKEND):
     """A command that sets this host `action` (ready, after an earlier run left it out) at the
-    gateways; one that fails fails the host."""
+    gateways, in its `pool` there; one that fails fails the host."""
 
     def rotate(state, host):
-        return _rotate(state, host, Rotation(_names(gateways), None, 0), action)
+        return _rotate(state, host, Rotation(_names(gateways), None, 0, backend=pool), action)
 
     return FunctionCommand(rotate, (), {})
 
@@ -244,7 +248,7 @@ def gateway_admin(gateways, server):
     install)."""
     hosts = [host.state.inventory.get_host(name) for name in _names(gateways)]
     gateway = next((h for h in hosts if h.connected), hosts[0])
-    found = read(facts.GatewayServers, gateway, backend=GATEWAY_BACKEND)  # as root: the API is
+    found = read(facts.GatewayServers, gateway)  # as root: the API is
     return (found.get(server) or {}).get("admin")
 
 

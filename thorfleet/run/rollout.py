@@ -56,6 +56,7 @@ The operator's questions:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 NOOP, PROVE, ACTIVATE, HOLD = "noop", "prove", "activate", "hold"
@@ -78,19 +79,38 @@ class Plan:
         return [name for batch in self.batches[:index] for name in batch]
 
 
-def plan(inventory, size, canary_group=None, serves=lambda h: True):
+def plan(inventory, size, canary_group=None, serves=lambda h: True, model_of=lambda h: None):
     """The restart order of every host of `inventory`, `size` at a time, the hosts of the group
     `canary_group` first, then the others in inventory order. Each host computes it from its own
     settings; the settings check makes it one plan (settings.settings_for_inventory): a canary group
     named in one group's data is every host's, and hosts that disagree are refused. `serves`
-    tells the hosts that run a server (roles.is_thor: a gateway of its own has no turn)."""
-    names = [h.name for h in inventory if serves(h)]
+    tells the hosts that run a server (roles.is_thor: a gateway of its own has no turn).
+    `model_of` tells the model a host serves (its service_profile): a batch never holds every box
+    of a model served by more than one, so one of them serves while the others restart; a host
+    left out for that goes in the next batch."""
+    hosts = [h for h in inventory if serves(h)]
+    model = {h.name: model_of(h) for h in hosts}
+    boxes = Counter(model.values())
+    names = [h.name for h in hosts]
     canaries = [h.name for h in inventory.get_group(canary_group, []) if serves(h)] \
         if canary_group else []
     rest = [n for n in names if n not in canaries]
 
+    def fits(batch, name):
+        of_its_model = sum(model[b] == model[name] for b in batch)
+        return len(batch) < size and (boxes[model[name]] == 1 or
+                                      of_its_model < boxes[model[name]] - 1)
+
     def chunk(items):
-        return [items[i:i + size] for i in range(0, len(items), size)]
+        batches, left = [], list(items)
+        while left:
+            batch = []
+            for name in left:
+                if fits(batch, name):
+                    batch.append(name)
+            batches.append(batch)
+            left = [n for n in left if n not in batch]
+        return batches
 
     return Plan(chunk(canaries) + chunk(rest), frozenset(canaries))
 

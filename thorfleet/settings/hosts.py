@@ -329,7 +329,7 @@ def _the_gateway(inventory, settings):
                                          "gateway_fleet_address")
         box.gateway = tuple(s for s in sources if is_ip_address(s)) or None
         backends.append(Backend(t.name, target, box.service_port, _max_num_seqs(box),
-                                box.watchdog_port))
+                                box.watchdog_port, box.service_profile, tuple(box.served_names)))
     box_key = None
     if first.gateway_clients:
         box_keys = {settings[b.name].api_key for b in backends}
@@ -339,9 +339,12 @@ def _the_gateway(inventory, settings):
     if problems:
         return {}, problems
     pair = list(zip((h.name for h in hosts), sources))
-    return {h.name: GatewaySettings(values, h.name, address, backends, box_key=box_key,
-                                    names=names, pair=pair)
-            for (h, values, _), address in zip(checked, addresses)}, []
+    found = {h.name: GatewaySettings(values, h.name, address, backends, box_key=box_key,
+                                     names=names, pair=pair)
+             for (h, values, _), address in zip(checked, addresses)}
+    for b in backends:  # each box's pool at the door: where its drain is set
+        settings[b.name].gateway_pool = found[hosts[0].name].pool_of(b.name)
+    return found, []
 
 
 # What the two gateways of a pair must say alike: they render one config, one certificate and one
