@@ -38,11 +38,12 @@ BOXES = {
     "test_doctor": (6,),  # after the air-gapped story converged it
     "test_gateway": (10, 11, 12),  # and the gateway box, gw-1
     "test_watch": (10, 11, 12),  # and gw-1's Prometheus
+    "test_workloads": (10, 11, 12),  # and gw-1: after the watch stories (file order), mixed
     "test_bases": (13, 14, 15),  # the newer base
     "test_gateway_pair": (2, 9),  # after the faults: and the gateway boxes gw-2 and gw-3
 }
 # The gateway boxes a module uses besides its Thors (the sim brings up gw-1 ... gw-3).
-GATEWAYS = {"test_gateway": ("gw-1",), "test_watch": ("gw-1",),
+GATEWAYS = {"test_gateway": ("gw-1",), "test_watch": ("gw-1",), "test_workloads": ("gw-1",),
             "test_gateway_pair": ("gw-2", "gw-3")}
 # The boxes whose stories prove a first install from nothing (the base pulled: test_deploy's
 # first run, the air-gapped box). The others start warm, their disks holding the base already

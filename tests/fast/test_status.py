@@ -448,9 +448,22 @@ def test_the_command_as_an_operator_runs_it(inventory, boxes, tmp_path):
     assert (done.returncode, done.stderr) == (0, "")
     assert "thorfleet status: 3/3 serving" in done.stdout
     lines = [line.split() for line in done.stdout.splitlines()]
-    assert [words[:3] for words in lines if words and words[0].startswith("thor-")] == [
-        ["thor-1", "3f2a9c0d1e4b", "stale"], ["thor-2", "3f2a9c0d1e4b", "stale"],
-        ["thor-3", "3f2a9c0d1e4b", "stale"]]
+    assert [words[:4] for words in lines if words and words[0].startswith("thor-")] == [
+        [f"thor-{n}", "mistral-small-4", "3f2a9c0d1e4b", "stale"] for n in (1, 2, 3)]
+    assert "model mistral-small-4: 3/3 serving" in done.stdout
+
+
+@pytest.mark.parametrize("serving, said", [
+    ({"a": True, "b": True, "c": True}, ["model m4: 2/2 serving", "model m4-256k: 1/1 serving"]),
+    ({"a": False, "b": True, "c": True},
+     ["model m4: 1/2 serving (not: a)", "model m4-256k: 1/1 serving"]),
+    ({"a": True, "b": True, "c": False},
+     ["model m4: 2/2 serving", "model m4-256k: 0/1 serving (not: c)  NONE LEFT"]),
+])
+def test_status_counts_the_boxes_serving_each_model(serving, said):
+    models = {"a": "m4", "b": "m4", "c": "m4-256k"}
+    table = [{"host": h, "model": models[h], "serving": up} for h, up in serving.items()]
+    assert status.model_lines(table) == said
 
 
 def test_the_doors_clients_are_a_line_each_or_one_line_saying_why_not():

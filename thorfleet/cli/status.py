@@ -31,7 +31,7 @@ NOT_SERVING = ("failing", "over_cap", "stopped")
 GIB = 1024 ** 3
 
 # Every row has exactly these keys, in this order (--json prints the rows).
-ROW_FIELDS = ("host", "serving", "why", "version", "version_state", "fingerprint", "active",
+ROW_FIELDS = ("host", "model", "serving", "why", "version", "version_state", "fingerprint", "active",
               "health", "watchdog", "watchdog_running", "last_check_ok", "watchdog_why",
               "running", "waiting", "decode_tok_s", "eagle_acceptance", "mem_available_gib",
               "power_mode", "clocks_locked", "temperature_max_c", "restarts_24h", "unknown",
@@ -145,11 +145,12 @@ def version_state(box, rendered) -> str:
     return "current" if box.strip() == rendered else "stale"
 
 
-def row(name, answer: Reply, rendered=None) -> dict:
+def row(name, answer: Reply, rendered=None, model=None) -> dict:
     """One host's row (ROW_FIELDS) from its Reply; `rendered`: the fingerprint its inventory
-    renders. An unreachable host's row knows none of the box's fields."""
+    renders, `model`: the model it serves by its profile (the name clients ask for). An
+    unreachable host's row knows none of the box's fields."""
     found = dict.fromkeys(ROW_FIELDS)
-    found.update(host=name, unknown=[])
+    found.update(host=name, model=model, unknown=[])
     if answer.status is None:
         found.update(unknown=list(BOX_FIELDS), version_state="?", error=answer.error)
     else:
@@ -175,10 +176,25 @@ def row(name, answer: Reply, rendered=None) -> dict:
     return found
 
 
-def rows(replies: dict, rendered: dict | None = None) -> list[dict]:
+def rows(replies: dict, rendered: dict | None = None, models: dict | None = None) -> list[dict]:
     """One row per host, in the order of `replies` ({name: Reply}); `rendered`: {name: the
-    fingerprint its inventory renders}."""
-    return [row(name, answer, (rendered or {}).get(name)) for name, answer in replies.items()]
+    fingerprint its inventory renders}; `models`: {name: the model it serves}."""
+    return [row(name, answer, (rendered or {}).get(name), (models or {}).get(name))
+            for name, answer in replies.items()]
+
+
+def model_lines(table: list[dict]) -> list[str]:
+    """One line per model the fleet serves: how many of its boxes serve, and which do not (a
+    model with none left is what a client of it sees as a 503)."""
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in table if r["model"]):
+        boxes = [r for r in table if r["model"] == model]
+        up = [r["host"] for r in boxes if r["serving"]]
+        down = [r["host"] for r in boxes if not r["serving"]]
+        lines.append(f"model {model}: {len(up)}/{len(boxes)} serving"
+                     + (f" (not: {', '.join(down)})" if down else "")
+                     + ("  NONE LEFT" if not up else ""))
+    return lines
 
 
 def serving(found: dict) -> tuple[bool, str]:
@@ -210,7 +226,7 @@ def problems(table: list[dict]) -> list[str]:
 
 # --- the table ---------------------------------------------------------------------------------------
 
-COLUMNS = (("host", "left"), ("version", "left"), ("health", "left"), ("watchdog", "left"),
+COLUMNS = (("host", "left"), ("model", "left"), ("version", "left"), ("health", "left"), ("watchdog", "left"),
            ("run/wait", "right"), ("tok/s", "right"), ("EAGLE", "right"), ("MemAvail", "right"),
            ("power", "right"), ("clocks", "left"), ("°C", "right"), ("restarts", "right"),
            ("not serving", "left"))
@@ -251,7 +267,7 @@ def cells(found: dict) -> tuple[str, ...]:
         # a stopped, held or starting server keeps the check from before: not a verdict on it
         watchdog += " pass" if found["last_check_ok"] else " FAIL"
     return (
-        found["host"], version, _cell(found, "health"), watchdog,
+        found["host"], found["model"] or "-", version, _cell(found, "health"), watchdog,
         f"{_cell(found, 'running', _count)}/{_cell(found, 'waiting', _count)}",
         _cell(found, "decode_tok_s", lambda v: f"{v:.1f}"),
         _cell(found, "eagle_acceptance", lambda v: f"{v:.2f}"),
@@ -365,8 +381,8 @@ def _pair(inventory, settings, run, timeout) -> tuple[list[str], bool]:
 # --- the command --------------------------------------------------------------------------------------
 
 
-def refresh(hosts, commands, rendered, run=None, timeout=TIMEOUT_S) -> list[dict]:
-    return rows(collect(hosts, commands, run=run, timeout=timeout), rendered)
+def refresh(hosts, commands, rendered, run=None, timeout=TIMEOUT_S, models=None) -> list[dict]:
+    return rows(collect(hosts, commands, run=run, timeout=timeout), rendered, models)
 
 
 def console():
@@ -395,15 +411,18 @@ def show(inventory, settings, *, as_json=False, watch=None, timeout=TIMEOUT_S, r
         connectable(inventory, timeout)
     commands = {h.name: command(settings[h.name]) for h in hosts}
     rendered = {h.name: settings[h.name].fingerprint for h in hosts}
+    models = {h.name: settings[h.name].served_names[0] for h in hosts}
     screen = out or console()
-    found = refresh(hosts, commands, rendered, run, timeout)
+    found = refresh(hosts, commands, rendered, run, timeout, models)
     if watch:
-        found = _watch(screen, found, lambda: refresh(hosts, commands, rendered, run, timeout),
-                       watch)
+        found = _watch(screen, found, lambda: refresh(hosts, commands, rendered, run, timeout,
+                                                      models), watch)
     elif as_json:
         screen.file.write(json.dumps(found, indent=2) + "\n")
     else:
         screen.print(table(found, screen.width))
+        for line in model_lines(found):
+            screen.print(line, highlight=False)
         for line in _door(inventory, settings, run, timeout):
             screen.print(line, highlight=False)
     door, reachable = _pair(inventory, settings, run, timeout)

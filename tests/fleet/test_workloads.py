@@ -1,0 +1,175 @@
+"""The boxes serve what a request asks for: a mixed fleet behind the door, routed by model.
+
+The operator puts one box on the long-context profile (its host data: service_profile
+"no-eagle") beside two EAGLE boxes, with a canary of each profile, and converges under load.
+The long-context box restarts into its profile with the canaries, the other EAGLE box after
+them: the EAGLE clients never lose their last box. Then clients ask by name:
+- `mistral-small-4` reaches only the EAGLE boxes and `mistral-small-4-256k` only the long one,
+  counted per box at the door, under load from both at once;
+- a request for the long-context model whose body is over a megabyte, `model` written last (as
+  the OpenAI SDK writes it), is read whole and answered by the long-context box;
+- a model no box serves is answered 404 with an OpenAI error, and /v1/models lists the fleet's
+  models by name.
+
+The edits that break them: a batch holding both EAGLE boxes (the EAGLE load fails during the
+rollout); the door without http-buffer-request or with HAProxy's 16 KB buffer (the large request
+goes to an EAGLE box, which answers with its own name); served_model_name not rendered (the boxes
+answer `mistral-small-4-256k` with 404).
+
+Uses boxes 10, 11 and 12 and the gateway box gw-1, after the gateway's and the watchdog's stories
+(one group; the modules run in file order).
+"""
+
+import http.client
+import json
+import ssl
+import threading
+import time
+from urllib.parse import urlparse
+
+import pytest
+
+from sim.fleet import GATEWAY_HTTPS_PORT
+from tests.helpers import box, changed_on, deploy, outcome
+
+GATEWAY = "gw-1"
+EAGLE, LONG = "mistral-small-4", "mistral-small-4-256k"
+
+
+class Door:
+    """Clients of the door, asking by model name, with the fleet's key."""
+
+    def __init__(self, endpoint, key):
+        url = urlparse(endpoint["url"])
+        self.host, self.port, self.key = url.hostname, url.port, key
+        self.tls = ssl.create_default_context(cafile=endpoint["ca_file"])
+
+    def send(self, method, path, body: bytes | None = None, timeout=300):
+        """(status, JSON answer)."""
+        connection = http.client.HTTPSConnection(self.host, self.port, context=self.tls,
+                                                 timeout=timeout)
+        try:
+            connection.request(method, path, body=body, headers={
+                "Content-Type": "application/json", "Authorization": f"Bearer {self.key}"})
+            answer = connection.getresponse()
+            return answer.status, json.loads(answer.read() or b"{}")
+        finally:
+            connection.close()
+
+    def chat(self, model, content="Hello", max_tokens=8, padding=0):
+        """A chat as the OpenAI SDK writes it (`model` after the messages); `padding`: that many
+        bytes of JSON whitespace before `model`, so the body is large and `model` comes late."""
+        messages = json.dumps([{"role": "user", "content": content}])
+        body = (f'{{"messages": {messages}, "max_tokens": {max_tokens}, "temperature": 0,'
+                f'{" " * padding}"model": {json.dumps(model)}}}').encode()
+        return self.send("POST", "/v1/chat/completions", body)
+
+
+class Load:
+    """A client per model in `models`, chatting one request after another until stopped."""
+
+    def __init__(self, door, models):
+        self.door, self.results, self.stopping = door, [], threading.Event()
+        self.threads = [threading.Thread(target=self._client, args=(m,), daemon=True)
+                        for m in models]
+
+    def _client(self, model):
+        while not self.stopping.is_set():
+            try:
+                status, answer = self.door.chat(model)
+            except OSError as error:
+                status, answer = None, {"error": repr(error)}
+            self.results.append((model, status, answer.get("model") or answer))
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(timeout=120)
+
+    def failed(self):
+        return [r for r in self.results if r[1] != 200]
+
+
+def sessions(sim_fleet):
+    """{box: requests the door ever sent it} (HAProxy's stot per server, every pool)."""
+    text = box(sim_fleet, GATEWAY, "echo 'show stat' | socat stdio UNIX-CONNECT:"
+                                   "/run/haproxy/admin.sock")
+    return {f[1]: int(f[7]) for f in (line.split(",") for line in text.splitlines())
+            if len(f) > 7 and f[0].startswith("thors") and f[1] not in ("FRONTEND", "BACKEND")}
+
+
+@pytest.fixture(scope="module")
+def mixed(sim_fleet, my_boxes, tmp_path_factory):
+    """The fleet converged mixed under EAGLE load; yields (door, the run, the load's results)."""
+    workdir = tmp_path_factory.mktemp("workloads")
+    eagle_a, eagle_b, long_box = my_boxes
+    report = workdir / "report.json"
+    inventory = sim_fleet.write_inventory(
+        workdir / "mixed.py", hosts=[eagle_a, eagle_b, (long_box, {"service_profile": "no-eagle"})],
+        gateway=GATEWAY, extra_data={"rollout_report_path": str(report), "rollout_batch": 2,
+                                     "rollout_canary_group": "canary"})
+    with inventory.open("a") as f:  # a canary of each profile
+        f.write(f"canary = {[eagle_a, long_box]!r}\n")
+    key = (sim_fleet.state / "api_key").read_text().strip()
+    # the door the earlier stories set up (its report's endpoint): the sim's published port
+    door = Door({"url": f"https://127.0.0.1:{GATEWAY_HTTPS_PORT}",
+                 "ca_file": str(sim_fleet.state / "fleet-ca" / "fleet-ca.pem")}, key)
+    with Load(door, [EAGLE]) as load:
+        time.sleep(2)
+        run = deploy(inventory)
+        time.sleep(2)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert json.loads(report.read_text())["endpoint"]["url"] == f"https://127.0.0.1:{GATEWAY_HTTPS_PORT}"
+    return door, run, load
+
+
+def test_a_mixed_fleet_rolls_a_canary_of_each_profile_and_keeps_a_box_of_each_model(
+        sim_fleet, my_boxes, mixed):
+    _, run, load = mixed
+    _, eagle_b, long_box = my_boxes
+    batches = {h: [n for n in changed_on(run, h) if n.startswith("Verification | Batch")]
+               for h in my_boxes}
+    assert any("Batch 1/" in n for n in batches[long_box]), outcome(run, long_box)
+    assert not any("Batch 1/" in n for n in batches[eagle_b]), outcome(run, eagle_b)
+    # the EAGLE clients always had a box: not one request failed through the rollout
+    assert len(load.results) > 10 and load.failed() == [], load.failed()[:3]
+
+
+def test_each_request_reaches_only_the_boxes_of_its_model_under_load(sim_fleet, my_boxes, mixed):
+    door, _, _ = mixed
+    eagle_a, eagle_b, long_box = my_boxes
+    before = sessions(sim_fleet)
+    with Load(door, [EAGLE, EAGLE, LONG]) as load:
+        time.sleep(20)
+    after = sessions(sim_fleet)
+    asked = {h: after[h] - before.get(h, 0) for h in my_boxes}
+    answered = {m: [r for r in load.results if r[0] == m] for m in (EAGLE, LONG)}
+    assert load.failed() == [], load.failed()[:3]
+    # each answer names the model asked (vLLM answers with the box's first served name)
+    assert all(r[2] == r[0] for r in load.results), load.results[:3]
+    assert asked[long_box] == len(answered[LONG]) > 3, (asked, len(answered[LONG]))
+    assert asked[eagle_a] + asked[eagle_b] == len(answered[EAGLE]), asked
+    assert asked[eagle_a] > 0 and asked[eagle_b] > 0, asked
+
+
+def test_a_request_over_a_megabyte_naming_the_long_model_last_reaches_the_long_box(mixed):
+    door, _, _ = mixed
+    status, answer = door.chat(LONG, padding=1_100_000)
+    assert status == 200 and answer["model"] == LONG, answer
+
+
+def test_a_model_no_box_serves_is_404_and_the_list_is_the_fleets(mixed):
+    door, _, _ = mixed
+    status, answer = door.chat("gpt-4o")
+    assert status == 404 and answer["error"]["code"] == 404, answer
+    assert LONG in answer["error"]["message"], answer
+    status, listed = door.send("GET", "/v1/models")
+    assert status == 200 and [m["id"] for m in listed["data"]] == [EAGLE, LONG], listed
+    # the old name still works, on the first model's boxes
+    status, answer = door.chat("/model")
+    assert status == 200 and answer["model"] == EAGLE, answer
