@@ -4,6 +4,9 @@
     python -m thorfleet check INVENTORY
     python -m thorfleet status INVENTORY [--json] [--watch [SECONDS]]
     python -m thorfleet doctor INVENTORY [--limit HOST] [--json]
+    python -m thorfleet bench INVENTORY --out DIR [--model NAME] [--preset NAME]
+                          [--max-concurrency 1,8] [--num-prompts N] [--random-input-len N]
+                          [--random-output-len N] [--goodput ttft:MS ...] [--client NAME]
 
 `pin` resolves the weights' hub ref to a commit and the base image's tag to a digest, shows the diff
 of the inventory file and writes it (asks first, unless --yes). `check` runs the settings check that
@@ -11,7 +14,8 @@ every deploy runs first, without connecting to any host. `status` asks every Tho
 serves now (read-only, one SSH command each) and exits non-zero naming the hosts that do not.
 `doctor` checks, read only, each assumption thorfleet makes of a box (release, memory, power,
 containers, the model's kernels, heat, the gateway's build) and exits non-zero when one blocks
-serving.
+serving. `bench` runs vLLM's own `vllm bench serve` on a Thor through the door, per model and
+concurrency, and writes DIR/bench.json and DIR/bench.png.
 Run from the repository root, like pyinfra.
 """
 
@@ -173,6 +177,43 @@ def cmd_doctor(args) -> int:
         return EXIT_INTERRUPTED
 
 
+def cmd_bench(args) -> int:
+    from thorfleet.cli import bench
+
+    try:
+        concurrencies = tuple(int(c) for c in args.max_concurrency.split(",")) \
+            if args.max_concurrency else None
+    except ValueError:
+        _err(f"--max-concurrency {args.max_concurrency}: a number, or numbers joined by commas "
+             "(1,8)")
+        return EXIT_PROBLEMS
+    custom = (args.random_input_len, args.random_output_len, args.num_prompts, concurrencies)
+    if any(v is not None for v in custom) and args.preset:
+        _err("--preset or the shape flags (--random-input-len, --random-output-len, "
+             "--num-prompts, --max-concurrency), not both")
+        return EXIT_PROBLEMS
+    bad = [p for p in args.preset or () if p not in bench.PRESETS]
+    if bad or any(v is not None and v < 1 for v in custom[:3]) or \
+            any(c < 1 for c in concurrencies or ()):
+        _err(f"--preset is one of {', '.join(bench.PRESETS)}; lengths, prompts and "
+             "concurrencies are at least 1")
+        return EXIT_PROBLEMS
+    shapes = {p: bench.PRESETS[p] for p in args.preset} if args.preset else None
+    if any(v is not None for v in custom):
+        shapes = {"custom": (args.random_input_len or 1024, args.random_output_len or 128,
+                             concurrencies or (1,), args.num_prompts or 8)}
+    checked = _checked(args.inventory)  # the flags first: nothing is read for bad ones
+    if checked is None:
+        return EXIT_PROBLEMS
+    inventory, settings = checked
+    try:
+        return bench.run_all(inventory, settings, Path(args.out), models=args.model,
+                             shapes=shapes, client=args.client_name, on=args.on,
+                             goodput=args.goodput or ())
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
 def parser() -> argparse.ArgumentParser:
     from thorfleet.cli.status import TIMEOUT_S, WATCH_S
 
@@ -234,6 +275,35 @@ def parser() -> argparse.ArgumentParser:
     doctor.add_argument("--timeout", type=float, default=DOCTOR_TIMEOUT_S, metavar="SECONDS",
                         help=f"for each host's answer (default {DOCTOR_TIMEOUT_S:g})")
     doctor.set_defaults(run=cmd_doctor)
+
+    bench = commands.add_parser(
+        "bench", help="the fleet's capacity, by vLLM's own `vllm bench serve` through the door",
+        description="Run vLLM's own serving benchmark (vllm bench serve, in the image a Thor "
+        "serves) through the door, per model and concurrency, as a client does (its key, its "
+        "limits); print TTFT, TPOT and ITL (median, p99) and goodput, write DIR/bench.json and "
+        "draw DIR/bench.png. Default shapes: seed 004's (1024 in / 512 out at 1) and Jetson AI "
+        "Lab's (2048 in / 128 out at 1 and 8).")
+    bench.add_argument("inventory")
+    bench.add_argument("--out", required=True, metavar="DIR", help="where bench.json and "
+                       "bench.png go")
+    bench.add_argument("--model", action="append", metavar="NAME",
+                       help="a model the door serves (repeatable; default: each)")
+    bench.add_argument("--preset", action="append", metavar="NAME",
+                       help="seed, jetson-ai-lab or seed-large (1000 prompts at 100: hours) "
+                       "(repeatable; default: seed and jetson-ai-lab)")
+    bench.add_argument("--max-concurrency", metavar="N[,N...]",
+                       help="vLLM's flag; a list runs each")
+    bench.add_argument("--num-prompts", type=int, metavar="N", help="vLLM's flag")
+    bench.add_argument("--random-input-len", type=int, metavar="N", help="vLLM's flag")
+    bench.add_argument("--random-output-len", type=int, metavar="N", help="vLLM's flag")
+    bench.add_argument("--goodput", nargs="+", metavar="KEY:MS",
+                       help="vLLM's SLO for goodput, e.g. ttft:2000 tpot:100")
+    bench.add_argument("--client", dest="client_name", metavar="NAME",
+                       help="ask with this gateway_clients key (needed when the door has "
+                       "clients; its limits apply)")
+    bench.add_argument("--on", metavar="HOST", help="the Thor that runs the benchmark (default: "
+                       "the first)")
+    bench.set_defaults(run=cmd_bench)
     return top
 
 

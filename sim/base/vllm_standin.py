@@ -1005,9 +1005,18 @@ async def serve(args, started: float) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "bench":
+        # vLLM's own benchmark, nothing of it stood in: its CLI (entrypoints/cli/main.py) runs
+        # `vllm bench serve` (entrypoints/cli/benchmark/serve.py -> benchmarks/serve.py), a client
+        # of the door on CPU as on a Thor
+        from vllm.entrypoints.cli.main import main as vllm_main
+
+        sys.argv = ["vllm", *argv]
+        vllm_main()
+        return 0
     if not argv or argv[0] != "serve":
-        print("usage: vllm serve [model_tag] [options]  (thorfleet stand-in: only `serve`)",
-              file=sys.stderr)
+        print("usage: vllm serve [model_tag] [options]  (thorfleet stand-in: `serve`; `bench` is "
+              "vLLM's own)", file=sys.stderr)
         return 2
     started = time.time()
     _bootstrap()

@@ -9,7 +9,10 @@ them: the EAGLE clients never lose their last box. Then clients ask by name:
 - a request for the long-context model whose body is over a megabyte, `model` written last (as
   the OpenAI SDK writes it), is read whole and answered by the long-context box;
 - a model no box serves is answered 404 with an OpenAI error, and /v1/models lists the fleet's
-  models by name.
+  models by name;
+- `python -m thorfleet bench` runs vLLM's own `vllm bench serve` on a box through the door, per
+  model and concurrency (tiny shapes), and writes bench.json and bench.png; the long-context
+  model's second request waits at the door, and the result says so.
 
 The edits that break them: a batch holding both EAGLE boxes (the EAGLE load fails during the
 rollout); the door without http-buffer-request or with HAProxy's 16 KB buffer (the large request
@@ -23,6 +26,8 @@ Uses boxes 10, 11 and 12 and the gateway box gw-1, after the gateway's and the w
 import http.client
 import json
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from urllib.parse import urlparse
@@ -30,7 +35,7 @@ from urllib.parse import urlparse
 import pytest
 
 from sim.fleet import GATEWAY_HTTPS_PORT
-from tests.helpers import box, changed_on, deploy, outcome
+from tests.helpers import ROOT, box, changed_on, deploy, outcome
 
 GATEWAY = "gw-1"
 EAGLE, LONG = "mistral-small-4", "mistral-small-4-256k"
@@ -109,10 +114,12 @@ def mixed(sim_fleet, my_boxes, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("workloads")
     eagle_a, eagle_b, long_box = my_boxes
     report = workdir / "report.json"
+    # the door's certificate names the address the boxes reach it at, so `bench` can run on one
     inventory = sim_fleet.write_inventory(
         workdir / "mixed.py", hosts=[eagle_a, eagle_b, (long_box, {"service_profile": "no-eagle"})],
-        gateway=GATEWAY, extra_data={"rollout_report_path": str(report), "rollout_batch": 2,
-                                     "rollout_canary_group": "canary"})
+        gateway=(GATEWAY, {"gateway_names": [sim_fleet.ip(GATEWAY)]}),
+        extra_data={"rollout_report_path": str(report), "rollout_batch": 2,
+                    "rollout_canary_group": "canary"})
     with inventory.open("a") as f:  # a canary of each profile
         f.write(f"canary = {[eagle_a, long_box]!r}\n")
     key = (sim_fleet.state / "api_key").read_text().strip()
@@ -124,7 +131,7 @@ def mixed(sim_fleet, my_boxes, tmp_path_factory):
         run = deploy(inventory)
         time.sleep(2)
     assert run.returncode == 0, run.stderr[-4000:]
-    assert json.loads(report.read_text())["endpoint"]["url"] == f"https://127.0.0.1:{GATEWAY_HTTPS_PORT}"
+    door.inventory = inventory
     return door, run, load
 
 
@@ -173,3 +180,27 @@ def test_a_model_no_box_serves_is_404_and_the_list_is_the_fleets(mixed):
     # the old name still works, on the first model's boxes
     status, answer = door.chat("/model")
     assert status == 200 and answer["model"] == EAGLE, answer
+
+
+def test_bench_runs_vllms_own_benchmark_through_the_door_per_model(mixed, tmp_path):
+    door, _, _ = mixed
+    out = tmp_path / "bench"
+    done = subprocess.run(
+        [sys.executable, "-m", "thorfleet", "bench", str(door.inventory), "--out", str(out),
+         "--max-concurrency", "1,2", "--num-prompts", "4", "--random-input-len", "16",
+         "--random-output-len", "8"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
+        check=False)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    runs = json.loads((out / "bench.json").read_text())["runs"]
+    assert [(r["model_id"], r["max_concurrency"]) for r in runs] == [
+        (EAGLE, 1), (EAGLE, 2), (LONG, 1), (LONG, 2)], runs
+    for r in runs:  # vLLM's own result keys, every request answered
+        assert r["completed"] == 4 and r["failed"] == 0, r
+        assert r["output_throughput"] > 0 and r["p99_ttft_ms"] >= r["median_ttft_ms"] > 0, r
+        assert r["median_tpot_ms"] > 0 and r["median_itl_ms"] > 0, r
+    # two EAGLE boxes take 2 at once; the one long-context box takes 1, the other waits
+    assert [r["queued"] for r in runs] == [0, 0, 0, 1], runs
+    assert "1 of 2 requests waited at the door" in done.stdout, done.stdout
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert door.key not in done.stdout + done.stderr  # the key is never shown

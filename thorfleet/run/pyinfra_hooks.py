@@ -372,18 +372,22 @@ def connectable(inventory, connect_timeout: float):
     return inventory
 
 
-def run_once(host, command: str, timeout: float) -> tuple[int, str, str]:
+def run_once(host, command: str, timeout: float, stdin: bytes = b"") -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of `command` on `host`, connected as a deploy connects (its
-    ssh_* data; host keys checked as the deploy checks them), then disconnected. Nothing is asked
-    on the terminal; no read waits longer than `timeout` seconds. Raises ConnectError when the
-    host cannot be reached, OSError (socket.timeout) when it stops answering."""
+    ssh_* data; host keys checked as the deploy checks them), then disconnected; `stdin` is sent
+    first (a secret, kept off the command line). Nothing is asked on the terminal; no read waits
+    longer than `timeout` seconds. Raises ConnectError when the host cannot be reached, OSError
+    (socket.timeout) when it stops answering."""
     host.connect(show_errors=False, raise_exceptions=True)
     client = getattr(host.connector, "client", None)
     try:
         if client is None:
             raise OSError(f"{host.name}: not an SSH host (status reads boxes over SSH)")
-        stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
-        stdin.close()
+        given, stdout, stderr = client.exec_command(command, timeout=timeout)
+        if stdin:
+            given.write(stdin)
+            given.channel.shutdown_write()
+        given.close()
         out, err = stdout.read(), stderr.read()
         return (stdout.channel.recv_exit_status(), out.decode(errors="replace"),
                 err.decode(errors="replace"))
