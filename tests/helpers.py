@@ -1,6 +1,7 @@
 """Helpers the operator's stories share: run thorfleet as an operator does (re-exported from the
 sim's public `sim.operator`), read a box, and read pyinfra's --json results."""
 
+import threading
 import time
 
 from sim import fleet as sim
@@ -100,3 +101,23 @@ def box_program(name: str):
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(module)
     return module
+
+
+class Clients:
+    """Client threads, each running `loop(*its args)` until the block ends (`with Load(...)`).
+    `loop` checks self.stopping between requests; the block's end waits for each to finish."""
+
+    def __init__(self, loop, each_args):
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=loop, args=args, daemon=True)
+                        for args in each_args]
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(timeout=120)

@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.helpers import ROLLED_ENV, ROOT, SERVICE, box, changed_on, deploy, outcome
+from tests.helpers import ROLLED_ENV, ROOT, SERVICE, Clients, box, changed_on, deploy, outcome
 
 GATEWAY = "gw-1"
 COMPLETION = {"model": "/model", "prompt": "def fib(n):", "temperature": 0}
@@ -98,7 +98,7 @@ class Front:
         return status == 200 and json.loads(text)["usage"]["completion_tokens"] == max_tokens, text
 
 
-class Load:
+class Load(Clients):
     """Clients sending short completions through the gateway, one after another each, until
     stopped: what a rollout must not disturb. Each request's (start, ok, what, end) is kept; with
     `retries`, a failed request is sent again that many times 0.5 s apart, as an OpenAI client
@@ -106,8 +106,7 @@ class Load:
 
     def __init__(self, front, clients=2, max_tokens=8, retries=0):
         self.front, self.max_tokens, self.retries, self.results = front, max_tokens, retries, []
-        self.stopping = threading.Event()
-        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
+        super().__init__(self._client, [()] * clients)
 
     def _client(self):
         while not self.stopping.is_set():
@@ -122,16 +121,6 @@ class Load:
                 if ok:
                     break
             self.results.append((started, ok, said[:200], time.monotonic()))
-
-    def __enter__(self):
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_):
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(timeout=120)
 
     def failed(self, since=0.0):
         return [r for r in self.results if r[0] >= since and not r[1]]

@@ -395,13 +395,12 @@ class GatewaySettings(Checked):
 
     @property
     def route_errors(self) -> dict:
-        """The door's answers when routing: a model no box serves (404, as vLLM words it), a body
+        """The door's answers when routing: a model no box serves (404, as vLLM types it), a body
         too large to read whole (413)."""
-        models = ", ".join(names[0] for _, names in self.routes)
-        return {
+        return {  # the 404 names no model: it may answer a client without a key (no clients)
             "unknown": error_body(404, "NotFoundError",
-                                  f"no box here serves the model this request names; the models "
-                                  f"are {models} (GET /v1/models)"),
+                                  "no box here serves the model this request names: GET "
+                                  "/v1/models lists the models served"),
             "too_large": error_body(413, "BadRequestError",
                                     f"the request body is over {self.body_limit} bytes, the most "
                                     "this door reads to route it by model"),
