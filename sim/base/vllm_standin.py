@@ -835,6 +835,10 @@ class StandInCore:
             self.end(rid, report=True)
             return
         ids, natural = self.plan(request)
+        # ignore_eos (what `vllm bench serve --ignore-eos` sends): the answer goes on past its end
+        # to max_tokens, as vLLM's SamplingParams.ignore_eos says ("continue generating tokens
+        # after the EOS token is generated", sampling_params.py L216-218)
+        natural = natural and not request.sampling_params.ignore_eos
         if natural:
             ids = [*ids, self.eos]
         max_tokens = request.sampling_params.max_tokens or 16

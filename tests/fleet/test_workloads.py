@@ -11,13 +11,16 @@ them: the EAGLE clients never lose their last box. Then clients ask by name:
 - a model no box serves is answered 404 with an OpenAI error, and /v1/models lists the fleet's
   models by name;
 - `python -m thorfleet bench` runs vLLM's own `vllm bench serve` on a box through the door, per
-  model and concurrency (tiny shapes), and writes bench.json and bench.png; the long-context
+  model and concurrency (tiny shapes; each answer its full length, as --ignore-eos asks), and
+  writes bench.json and bench.png; the long-context
   model's second request waits at the door, and the result says so.
 
-The edits that break them: a batch holding both EAGLE boxes (the EAGLE load fails during the
-rollout); the door without http-buffer-request or with HAProxy's 16 KB buffer (the large request
+The edits that break them: a box drained in the backend `thors` rather than its model's pool
+(HAProxy has no such backend: the drain fails and the rollout with it); the door without http-buffer-request or with HAProxy's 16 KB buffer (the large request
 goes to an EAGLE box, which answers with its own name); served_model_name not rendered (the boxes
-answer `mistral-small-4-256k` with 404).
+answer `mistral-small-4-256k` with 404); the stand-in stopping at its answer's end despite
+--ignore-eos (bench's outputs fall short). A batch holding every box of a model is
+tests/fast/test_models.py's table.
 
 Uses boxes 10, 11 and 12 and the gateway box gw-1, after the gateway's and the watchdog's stories
 (one group; the modules run in file order).
@@ -176,7 +179,7 @@ def test_bench_runs_vllms_own_benchmark_through_the_door_per_model(mixed, tmp_pa
     done = subprocess.run(
         [sys.executable, "-m", "thorfleet", "bench", str(door.inventory), "--out", str(out),
          "--max-concurrency", "1,2", "--num-prompts", "4", "--random-input-len", "16",
-         "--random-output-len", "8"],
+         "--random-output-len", "40"],
         cwd=ROOT, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
         check=False)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
@@ -185,6 +188,8 @@ def test_bench_runs_vllms_own_benchmark_through_the_door_per_model(mixed, tmp_pa
         (EAGLE, 1), (EAGLE, 2), (LONG, 1), (LONG, 2)], runs
     for r in runs:  # vLLM's own result keys, every request answered
         assert r["completed"] == 4 and r["failed"] == 0, r
+        # every answer its whole 40 tokens (--ignore-eos), past the sim's 28-token chat answer
+        assert r["total_output_tokens"] == 4 * 40, r
         assert r["output_throughput"] > 0 and r["p99_ttft_ms"] >= r["median_ttft_ms"] > 0, r
         assert r["median_tpot_ms"] > 0 and r["median_itl_ms"] > 0, r
     # two EAGLE boxes take 2 at once; the one long-context box takes 1, the other waits
