@@ -27,6 +27,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from thorfleet.gateway.monitor import target
+
 # The shapes people compare (input tokens, output tokens, concurrencies, prompts at each).
 # seed 004's: 1024 in / 512 out at concurrency 1 (and, `seed-large`, 1000 prompts at 100);
 # Jetson AI Lab's: 2048 in / 128 out at concurrency 1 and 8 (FACTS.md "Reported speeds").
@@ -69,7 +71,7 @@ def door_for_boxes(g) -> tuple[str, str | None]:
         return f"https://{g.gateway_virtual_ip.split('/')[0]}:{port}", None
     own = g.own_address
     if own in g.names:
-        return f"https://{_host(own)}:{port}", None
+        return f"https://{target(own, port)}", None
     dns = [n for n in g.gateway_names if not _is_ip(n)]
     if dns:
         return f"https://{dns[0]}:{port}", f"{dns[0]}:{own}"
@@ -84,10 +86,6 @@ def _is_ip(text) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _host(address) -> str:
-    return f"[{address}]" if ":" in address else address
 
 
 def bench_words(run: Run, url: str, goodput=()) -> list[str]:
