@@ -4,7 +4,7 @@
 The real Mistral Small 4 tekken.json cannot be fetched here. Chat rendering only depends on the
 tokenizer's version, its special tokens and its model-settings builder, so we take the wheel's
 newest tekken file (BPE vocabulary and pattern unchanged) and give it what a v15 file has:
-the v15 version tag, the control tokens v13+ use ([ARGS], [CALL_ID], [THINK], [/THINK]) plus v15's
+the v15 version tag, Small 3.1's image settings, the control tokens v13+ use ([ARGS], [CALL_ID], [THINK], [/THINK]) plus v15's
 [MODEL_SETTINGS]/[/MODEL_SETTINGS], and a builder that accepts reasoning_effort "none" | "high".
 The ranks of the added tokens are ours (not confirmed against the real file).
 
@@ -35,6 +35,11 @@ SPECIAL_TOKENS = {
 }
 LAST_RANK = max(SPECIAL_TOKENS)
 
+# The image encoder's settings as Mistral Small 3.1's tekken.json states them (14-pixel patches,
+# merged 2x2, images resized to at most 1540 pixels a side); Small 4's are assumed the same
+# (unconfirmed). The source file's are Pixtral 12B's (16, 1024, unmerged).
+IMAGE = {"image_patch_size": 14, "max_image_size": 1540, "spatial_merge_size": 2}
+
 # Absent reasoning_effort means "none": the model answers directly unless asked to reason.
 MODEL_SETTINGS_BUILDER = {
     "reasoning_effort": {
@@ -53,6 +58,7 @@ def derive(source: Path) -> dict:
         for rank in range(LAST_RANK + 1)
     ]
     data["model_settings_builder"] = MODEL_SETTINGS_BUILDER
+    data["image"] = IMAGE
     return data
 
 

@@ -66,14 +66,14 @@ BASES = {b.name: b for b in (
     Base("jetson-0.19.0-no-sm110", "variants/no-sm110/Dockerfile", "", "vllm==0.19.0",
          "nvidia-ai-iot/vllm:latest-jetson-thor-no-sm110", "/opt/venv", parent="jetson-0.19.0"),
     Base("upstream-0.26.0", "Dockerfile.upstream", "requirements-0.26.0.txt", "vllm==0.26.0",
-         "vllm/vllm-openai:v0.26.0", "system dist-packages"),
+         "vllm/vllm-openai:v0.26.0", "system dist-packages", standin=("torchvision_standin",)),
     # A build of that image without FlashInfer (a tag whose build dropped it): vLLM then picks
     # other NVFP4 kernels by itself, and the proof must refuse it.
     Base("upstream-0.26.0-no-flashinfer", "variants/no-flashinfer/Dockerfile", "", "vllm==0.26.0",
          "vllm/vllm-openai:v0.26.0-no-flashinfer", "system dist-packages",
          parent="upstream-0.26.0"),
     Base("upstream-0.33.0", "Dockerfile.upstream", "requirements-0.33.0.txt", "vllm==0.33.0",
-         "vllm/vllm-openai:v0.33.0", "system dist-packages"),
+         "vllm/vllm-openai:v0.33.0", "system dist-packages", standin=("torchvision_standin",)),
 )}
 DEFAULT = "jetson-0.19.0"  # the base every fleet story runs on
 VLLM_WHEEL = BASES[DEFAULT].vllm
@@ -84,7 +84,11 @@ def _inputs_hash(rootfs_ref: str, base: Base) -> str:
     names = ((base.dockerfile,) if base.parent
              else (base.dockerfile, base.requirements, *COMMON, *base.standin))
     for name in names:
-        digest.update(name.encode() + b"\0" + (HERE / name).read_bytes())
+        # a stand-in package is a folder: each of its files, by path
+        files = sorted(f for f in (HERE / name).rglob("*") if f.is_file()) \
+            if (HERE / name).is_dir() else [HERE / name]
+        for path in files:
+            digest.update(str(path.relative_to(HERE)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -144,7 +148,10 @@ def _build(client, tag: str, rootfs_ref: str, wheels: Path, base: Base) -> None:
     with tempfile.TemporaryDirectory(dir=state_dir(), prefix="vllm-base-") as work:
         context = Path(work)
         for name in (*COMMON, *base.standin):
-            shutil.copy2(HERE / name, context / name)
+            if (HERE / name).is_dir():
+                shutil.copytree(HERE / name, context / name)
+            else:
+                shutil.copy2(HERE / name, context / name)
         shutil.copy2(HERE / base.dockerfile, context / "Dockerfile")
         (context / "wheels").mkdir()
         for wheel in wheels.iterdir():

@@ -58,6 +58,18 @@ MODEL_PARAMS = {
     "moe": {"num_experts": 128, "num_experts_per_tok": 4, "expert_hidden_dim": 1536,
             "num_shared_experts": 1},
     "quantization": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"},
+    # The model takes images (seed 004 section 4.5; vLLM's recipe: image input through image_url),
+    # so its params.json has a vision encoder, and vLLM reads the checkpoint as
+    # PixtralForConditionalGeneration around the text model (configs/mistral.py L70-111): the text
+    # profiles' --language-model-only sets its image limit to 0. Mistral Small 3.1's encoder as its
+    # params.json states it (0.4B parameters); Small 4's is assumed the same (unconfirmed).
+    "vision_encoder": {
+        "hidden_size": 1024, "num_channels": 3, "max_image_size": 1540, "patch_size": 14,
+        "rope_theta": 10000.0, "intermediate_size": 4096, "num_hidden_layers": 24,
+        "num_attention_heads": 16, "adapter_bias": False, "mm_projector_id": "patch_merge",
+        "spatial_merge_size": 2, "add_pre_mm_projector_layer_norm": True, "image_token_id": 10,
+        "image_break_token_id": 12, "image_end_token_id": 13, "image_size": 1540,
+    },
     "thorfleet_sim": "stand-in checkpoint: tiny tensors, real file layout",
 }
 DRAFT_PARAMS = {

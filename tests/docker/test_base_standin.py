@@ -73,7 +73,10 @@ def test_serves_with_the_seed_environment(docker_client, base_image, model_dir):
         assert "Flashinfer TRTLLM MOE backend is only supported on SM100" in log
         assert "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend" in log
         assert "marlin_utils_fp4" not in log
-        assert "Resolved architecture: MistralLarge3ForCausalLM" in log
+        # the text model inside Pixtral's wrapper (the checkpoint has a vision encoder), its
+        # images off (--language-model-only): multimodal/registry.py L126
+        assert "Resolved architecture: PixtralForConditionalGeneration" in log
+        assert "running in text-only mode" in log
         # vLLM's own auth middleware: /v1/* only (FACTS.md, server_utils.py ~L38-80).
         assert server.request("GET", "/v1/models") == (401, {"error": "Unauthorized"})
         assert server.request("GET", "/version") == (200, {"version": "0.19.0"})

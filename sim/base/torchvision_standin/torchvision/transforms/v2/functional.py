@@ -1,0 +1,7 @@
+"""thorfleet sim: torchvision.transforms.v2.functional's names (see torchvision/__init__.py)."""
+from torchvision import _Absent
+from torchvision.transforms import InterpolationMode  # noqa: F401
+
+
+def __getattr__(name):
+    return _Absent(f"transforms.v2.functional.{name}")
