@@ -15,6 +15,7 @@ from thorfleet.settings.layout import (
     BOX_CONFIG,
     BOX_CONFIG_DIR,
     BOX_LAYOUT_ENV,
+    BOX_PROOF_IMAGE,
     BOX_SECRETS_ENV,
     BOX_SERVE,
     BOX_STATE,
@@ -49,6 +50,9 @@ def run(settings):
                                 mode="644")
     files.whole_file(name="Install the start/prove/roll-back tool",
                      src=str(FILES / "bin" / "thorfleet-serve"), path=BOX_SERVE, mode="755")
+    files.whole_file(name="Install the picture the proof shows a vision box",
+                     src=str(FILES / "bin" / "thorfleet-proof.png"), path=BOX_PROOF_IMAGE,
+                     mode="644")
     unit = files.whole_file(name=f"Write the {settings.service_name} unit",
                             src=StringIO(settings.unit_text),
                             path=box_unit(settings.service_name), mode="644")

@@ -31,7 +31,7 @@ from tests.parse_back import (
 )
 from thorfleet.gateway.monitor import MonitorSettings, Target
 from thorfleet.settings import layout, schema
-from thorfleet.settings.recipe import PROFILES, RECIPE_ENV
+from thorfleet.settings.recipe import NO_MEDIA_DOMAIN, PROFILES, RECIPE_ENV
 from thorfleet.settings.render import Settings
 
 KEY = "sk-Az09-._~+/="
@@ -285,7 +285,44 @@ def test_every_setting_is_generated():
         "gateway_queue_timeout_s", "gateway_check_interval_s", "watchdog_port",
         "monitor_scrape_interval_s",
         "gateway_clients",  # names and key files: tests/fast/test_gateway_render.py
+        "service_media_domains",  # a list: test_a_vision_box_reads_back_its_images_and_domains
     } >= set(schema.FIELDS), set(schema.FIELDS) - set(STRINGS)
+
+
+def vision_reads_back(s):
+    """A vision box: its image limit and domains in vllm.yaml, the images on in the unit (no
+    --language-model-only) and redirects never followed."""
+    config = yaml.safe_load(s.config_text)
+    assert config["limit_mm_per_prompt"] == {"image": s.service_images_per_prompt}
+    assert config["allowed_media_domains"] == (s.service_media_domains or [NO_MEDIA_DOMAIN])
+    start = exec_lines(s)[0]["ExecStart"][0]
+    assert start[-7:] == ["vllm", "serve", "/model", "--config", "/config/vllm.yaml",
+                          "--attention-backend", "TRITON_MLA"]
+    assert "VLLM_MEDIA_URL_ALLOW_REDIRECTS=0" in pairs(start, "-e")
+
+
+DOMAINS = st.one_of(st.lists(around(["images.example.com", "cdn-2.example.org", "a.b"]),
+                             max_size=3),
+                    st.lists(st.text(max_size=12), max_size=2),
+                    st.sampled_from(["images.example.com", None, [None], [1], {}]))
+
+
+def test_a_vision_box_reads_back_its_images_and_domains():
+    @BOUND
+    @given(DOMAINS, st.one_of(st.integers(-2, 70), st.sampled_from([4, "4", 4.0, True, None])))
+    def check(domains, images):
+        data = {**PINS, "service_profile": "vision", "service_media_domains": domains,
+                "service_images_per_prompt": images}
+        values, problems = schema.check(data, api_key=KEY, groups=GROUPS)
+        if problems:
+            assert all("service_media_domains" in line or "service_images_per_prompt" in line
+                       for line in problems), problems
+            assert all("\n" not in line.replace("\\n", "") for line in problems), problems
+            return
+        assert values.service_media_domains == domains and values.service_images_per_prompt == images
+        vision_reads_back(Settings(values, api_key=KEY))
+
+    check()
 
 
 @pytest.mark.parametrize("key", STRINGS)

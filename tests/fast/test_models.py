@@ -60,6 +60,7 @@ def test_each_profile_serves_under_its_own_name_and_answers_the_old_one():
     assert served_names("default", HF_ID) == ["mistral-small-4", HF_ID, "/model"]
     assert served_names("no-eagle", HF_ID) == ["mistral-small-4-256k", "/model"]
     assert served_names("throughput", HF_ID) == ["mistral-small-4-batch", "/model"]
+    assert served_names("vision", HF_ID) == ["mistral-small-4-vision", "/model"]
     names = [p["model"] for p in PROFILES.values()]
     assert len(set(names)) == len(names)
 
@@ -118,6 +119,19 @@ def test_each_request_reaches_the_boxes_of_the_model_it_names_whatever_its_size(
         status, said = post(door, g, chat("mistral-small-4-256k", "x" * (g.body_limit + 1)))
         assert status == 413 and str(g.body_limit) in said["error"]["message"], said
         assert [b.asked if hasattr(b, "asked") else 0 for b in boxes] == asked
+
+
+def test_a_vision_pool_reads_its_images_whole(tmp_path):
+    values, problems = check_gateway({"gateway_ca_dir": str(tmp_path / "ca")})
+    assert not problems
+    boxes = [Backend("thor-1", "10.0.0.1", 8002, 1, 9105, "default"),
+             Backend("thor-2", "10.0.0.2", 8002, 1, 9105, "vision",
+                     tuple(served_names("vision", HF_ID)), images=4)]
+    g = GatewaySettings(values, "gw-1", "127.0.0.1", boxes)
+    # 64K tokens of text at 16 bytes, and 4 images of a MiB each
+    assert g.body_limit == 65536 * 16 + 4 * (1 << 20)
+    assert list(g.pools) == ["thors-mistral-small-4", "thors-mistral-small-4-vision"]
+    assert haproxy_check(tmp_path, g).returncode == 0
 
 
 def test_the_doors_model_list_is_the_fleets_once_a_box_took_the_key(tmp_path):

@@ -555,3 +555,40 @@ def test_one_setting_gives_vllm_docker_and_systemd_their_times():
     assert schema.check({**data, "rollout_drain_timeout_s": 1.5}, api_key="k")[1] == [(
         "rollout_drain_timeout_s=1.5 must be a whole number of seconds, 0 or more "
         "(0: a restart cuts answers in flight)")]
+
+
+@pytest.mark.parametrize("alone, seen, proven", [
+    (12, 20, True),    # the picture's [IMG] tokens: vLLM took it as an image
+    (12, 12, False),   # the same count: the picture was dropped
+    (12, 11, False),
+])
+def test_a_vision_box_is_proven_by_the_tokens_its_picture_adds(alone, seen, proven, monkeypatch):
+    tool = serve_tool()
+    asked = []
+
+    def post(port, label, path, body):
+        content = body["messages"][0]["content"]
+        asked.append(content)
+        pictures = [c for c in content if c["type"] == "image_url"]
+        return {"usage": {"prompt_tokens": seen if pictures else alone}}
+
+    monkeypatch.setattr(tool, "post", post)
+    image = (ROOT / "files" / "bin" / "thorfleet-proof.png").read_bytes()
+    if proven:
+        tool.check_image(8002, image)
+    else:
+        with pytest.raises(tool.NotServing, match="did not take the picture as an image"):
+            tool.check_image(8002, image)
+    url = asked[1][1]["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")  # a data: URL: the box fetches nothing
+
+
+def test_the_proof_sends_a_picture_only_where_the_config_takes_images(tmp_path):
+    tool = serve_tool()
+    config = tmp_path / "vllm.yaml"
+    config.write_text("max_model_len: 65536\nlimit_mm_per_prompt: {image: 4}\n")
+    assert tool.takes_images(config)
+    config.write_text("max_model_len: 65536\n# limit_mm_per_prompt: {image: 4}\n")
+    assert not tool.takes_images(config)
+    assert not tool.takes_images(tmp_path / "missing.yaml")
+    assert tool.PROOF_IMAGE.name == Path(layout.BOX_PROOF_IMAGE).name

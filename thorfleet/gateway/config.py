@@ -28,7 +28,12 @@ import jinja2
 from thorfleet.gateway import tls
 from thorfleet.gateway.monitor import target
 from thorfleet.settings import layout
-from thorfleet.settings.recipe import BODY_BYTES_PER_TOKEN, LEGACY_MODEL, PROFILES
+from thorfleet.settings.recipe import (
+    BODY_BYTES_PER_TOKEN,
+    IMAGE_BODY_BYTES,
+    LEGACY_MODEL,
+    PROFILES,
+)
 from thorfleet.settings.schema import Checked
 
 # HAProxy's config words (configuration.txt, 2.2 "Quoting and escaping"): outside quotes a space
@@ -165,6 +170,7 @@ class Backend:
     check_port: int
     profile: str = "default"
     names: tuple[str, ...] = ()
+    images: int = 0  # the images a prompt may hold (a vision box's service_images_per_prompt)
 
     @property
     def model(self) -> str:
@@ -383,9 +389,10 @@ class GatewaySettings(Checked):
     @property
     def body_limit(self) -> int:
         """The largest request body the door reads whole to route it: the longest context a
-        pool serves, at recipe.BODY_BYTES_PER_TOKEN; over it, 413."""
-        return max(PROFILES[b.profile]["max_model_len"] for b in self.backends) * \
-            BODY_BYTES_PER_TOKEN
+        pool serves, at recipe.BODY_BYTES_PER_TOKEN, and a vision box's images at
+        recipe.IMAGE_BODY_BYTES each; over it, 413."""
+        return max(PROFILES[b.profile]["max_model_len"] * BODY_BYTES_PER_TOKEN
+                   + b.images * IMAGE_BODY_BYTES for b in self.backends)
 
     @property
     def bufsize(self) -> int:

@@ -329,7 +329,8 @@ def _the_gateway(inventory, settings):
                                          "gateway_fleet_address")
         box.gateway = tuple(s for s in sources if is_ip_address(s)) or None
         backends.append(Backend(t.name, target, box.service_port, _max_num_seqs(box),
-                                box.watchdog_port, box.service_profile, tuple(box.served_names)))
+                                box.watchdog_port, box.service_profile, tuple(box.served_names),
+                                box.service_images_per_prompt if box.vision else 0))
     box_key = None
     if first.gateway_clients:
         box_keys = {settings[b.name].api_key for b in backends}

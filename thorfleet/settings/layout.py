@@ -15,6 +15,7 @@ BOX_HOME = "/opt/thorfleet"
 BOX_BIN = f"{BOX_HOME}/bin"
 BOX_MEMORY_GATE = f"{BOX_BIN}/memory-gate"  # the unit's ExecStartPre
 BOX_SERVE = f"{BOX_BIN}/thorfleet-serve"  # start, prove, roll back (system python3)
+BOX_PROOF_IMAGE = f"{BOX_BIN}/thorfleet-proof.png"  # the picture thorfleet-serve proves a vision box with
 BOX_WEIGHTS = f"{BOX_BIN}/thorfleet-weights"  # verify (system python3), fetch (in the image)
 BOX_CLEAN = f"{BOX_BIN}/thorfleet-clean"  # what old revisions, images and build contexts to remove
 BOX_BENCH = f"{BOX_BIN}/thorfleet-bench"  # the recipe's decode benchmark (system python3)

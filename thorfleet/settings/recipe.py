@@ -21,6 +21,11 @@ PROFILES = {
                  "max_num_seqs": 1},
     "throughput": {"model": "mistral-small-4-batch", "eagle": False, "max_model_len": 32768,
                    "max_num_seqs": 8},
+    # Images as seed 004 section 4.5 sends them (image_url). Without EAGLE: its draft head was
+    # trained on text, and whether vLLM drafts for a Pixtral-wrapped target is unconfirmed; the
+    # draft's ~0.4 GB goes to the vision encoder (VISION_ENCODER_BYTES). 64K, as the default.
+    "vision": {"model": "mistral-small-4-vision", "eagle": False, "max_model_len": 65536,
+               "max_num_seqs": 1, "vision": True},
 }
 # The name every box answers besides its own (the only one before profiles): old clients keep
 # working, and the door sends it to the fleet's first model (the order above).
@@ -29,6 +34,31 @@ LEGACY_MODEL = "/model"
 # text is ~4 bytes a token in Tekken on prose; 16 covers code, JSON escapes and the request's own
 # fields (the door answers 413 above it, never a cut body).
 BODY_BYTES_PER_TOKEN = 16
+
+
+# The vision encoder's facts (the checkpoint's params.json `vision_encoder`, Mistral Small 3.1's,
+# assumed for 4): 14-pixel patches merged 2x2, images resized to at most 1540 pixels a side, so an
+# image is at most (1540/28)^2 [IMG] tokens plus a [IMG_BREAK]/[IMG_END] a row: 55*55 + 55 tokens
+# of the context (mistral_common's ImageEncoder counts them so).
+IMAGE_TOKENS_MAX = 55 * 55 + 55
+# Its weights in BF16: 24 layers of 4*1024^2 attention + 3*1024*4096 MLP, the patch merger and the
+# projector into the text model's 4096: ~0.43B parameters, ~0.86 GB, in place of the draft's 0.4.
+VISION_ENCODER_BYTES = 860_000_000
+# The images of a prompt may take at most this share of the profile's context: the rest is text.
+IMAGE_CONTEXT_SHARE = 0.5
+# Body bytes the door reads per image allowed (a 1540-pixel JPEG base64'd is ~0.5-1 MB; a larger
+# one is resized to 1540 by the encoder anyway): over the body limit, 413.
+IMAGE_BODY_BYTES = 1 << 20
+# What the vision profile's allowed_media_domains holds when the operator allows none: vLLM 0.19.0
+# to 0.33.0 read an empty list as "any domain" (multimodal/media/connector.py
+# _assert_url_in_allowed_media_domains), so a box would fetch any URL a client names. A name under
+# .invalid never resolves (RFC 6761 section 6.4), and vLLM's 400 names it to the client.
+NO_MEDIA_DOMAIN = "no-image-urls.invalid"
+
+
+def max_images(profile: str) -> int:
+    """The most images a prompt of `profile` may hold: IMAGE_CONTEXT_SHARE of its context."""
+    return int(PROFILES[profile]["max_model_len"] * IMAGE_CONTEXT_SHARE) // IMAGE_TOKENS_MAX
 
 
 def served_names(profile: str, hf_id: str) -> list[str]:

@@ -16,7 +16,7 @@ import jinja2
 import yaml
 
 from thorfleet.settings import layout
-from thorfleet.settings.recipe import PROFILES, RECIPE_ENV, served_names
+from thorfleet.settings.recipe import NO_MEDIA_DOMAIN, PROFILES, RECIPE_ENV, served_names
 from thorfleet.settings.schema import API_KEY, Schema
 
 
@@ -162,7 +162,26 @@ class Settings:
 
     @cached_property
     def environment(self):
-        return {**RECIPE_ENV, **{k: str(v) for k, v in self.service_extra_env.items()}}
+        # A box that may fetch image URLs never follows a redirect: an allowed domain's redirect
+        # would reach any host (vLLM's default follows them: envs.py VLLM_MEDIA_URL_ALLOW_REDIRECTS).
+        vision = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"} if self.vision else {}
+        return {**RECIPE_ENV, **vision, **{k: str(v) for k, v in self.service_extra_env.items()}}
+
+    @property
+    def vision(self) -> bool:
+        """Whether this box takes images (its profile's `vision`)."""
+        return bool(PROFILES[self.service_profile].get("vision"))
+
+    @property
+    def image_limit(self) -> dict:
+        """vLLM's limit_mm_per_prompt for a vision box."""
+        return {"image": self.service_images_per_prompt}
+
+    @property
+    def media_domains(self) -> list[str]:
+        """vLLM's allowed_media_domains for a vision box: the operator's, or one name that never
+        resolves (recipe.NO_MEDIA_DOMAIN: vLLM reads an empty list as any domain)."""
+        return list(self.service_media_domains) or [NO_MEDIA_DOMAIN]
 
     # --- rendered files ---------------------------------------------------------------------------
     def render(self, template):

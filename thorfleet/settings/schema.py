@@ -44,7 +44,7 @@ from thorfleet.settings.layout import (
     BOX_STATE,
     BOX_VLLM_CACHE,
 )
-from thorfleet.settings.recipe import PROFILES, SECRET_ENV
+from thorfleet.settings.recipe import IMAGE_TOKENS_MAX, PROFILES, SECRET_ENV, max_images
 
 # Group data keys with these prefixes are thorfleet's: one no setting has is a typo, not a choice.
 PREFIXES = ("preflight_", "power_", "memory_", "weights_", "image_", "service_", "rollout_",
@@ -265,6 +265,18 @@ def _client_names(names):
         _refuse(f"gateway_names={names!r}: {bad!r} is not a DNS name or IP address (the "
                 "certificate names each as it is)")
     return names
+
+
+def _media_domains(domains):
+    """Each a DNS name a box may fetch image URLs from, as vLLM compares it with a URL's host:
+    whole and lowercase (no scheme, path, port, wildcard or IP address: vLLM's check has none)."""
+    bad = [d for d in domains if not isinstance(d, str) or len(d) > 253
+           or not HOSTNAME.fullmatch(d) or d != d.lower() or is_ip_address(d)
+           or re.fullmatch(r"[0-9.]+", d)]
+    if bad:
+        _refuse(f"service_media_domains={domains!r}: {bad!r} is not a domain name (lowercase, "
+                "like images.example.com; no scheme, path, port, wildcard or IP address)")
+    return domains
 
 
 def _virtual_ip(value):
@@ -529,8 +541,16 @@ class Schema(BaseModel):
     service_profile: Literal[tuple(PROFILES)] = setting(
         "default", "what the box serves, under its model name: \"default\" (mistral-small-4: "
         "EAGLE-3, 64K), \"no-eagle\" (mistral-small-4-256k), \"throughput\" "
-        "(mistral-small-4-batch: 8 at once, 32K); may differ per host",
+        "(mistral-small-4-batch: 8 at once, 32K), \"vision\" (mistral-small-4-vision: images, "
+        "64K); may differ per host",
         f"is unknown: use one of {sorted(PROFILES)}")
+    service_images_per_prompt: Annotated[StrictInt, Field(ge=1, le=64)] = setting(
+        4, "vision profile: most images in one prompt (vLLM's limit_mm_per_prompt); each takes "
+        "up to 3,080 tokens of the 64K context", "must be a whole number from 1 to 64")
+    service_media_domains: Annotated[list[StrictStr], AfterValidator(_media_domains)] = setting(
+        [], "vision profile: domains a box may fetch image URLs from, whole names (none: data: "
+        "URLs only, the box fetches nothing)",
+        "must be a list of domain names, like ['images.example.com']")
     service_host: Annotated[StrictStr | None, AfterValidator(_listen_address)] = setting(
         None, "listen address; None: 0.0.0.0 with an API key, 127.0.0.1 without one",
         "must be an IP address or host name to listen on, or None")
@@ -807,6 +827,11 @@ def check(data, *, api_key=None, hf_token=None, groups=None):
     problems += _ssh_port_problems(values, data, ("service_port", "watchdog_port"))
     problems += [f"{key}={data[key]!r} is a placeholder, not a pin: python -m thorfleet pin "
                  f"looks the real one up" for key in PINNED_KEYS if placeholder(data.get(key))]
+    if values is not None and values.service_images_per_prompt > max_images("vision"):
+        problems.append(f"service_images_per_prompt={values.service_images_per_prompt!r} does not "
+                        f"fit the vision profile's context: {IMAGE_TOKENS_MAX} tokens an image at "
+                        f"most, and images may take half of {PROFILES['vision']['max_model_len']}; "
+                        f"use at most {max_images('vision')}")
     if values is not None and values.watchdog_port == values.service_port:
         problems.append(f"watchdog_port={values.watchdog_port!r} is service_port too: the "
                         "watchdog's exporter and vLLM cannot listen on one port; use another, "
