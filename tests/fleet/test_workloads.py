@@ -15,17 +15,26 @@ them: the EAGLE clients never lose their last box. Then clients ask by name:
   writes bench.json and bench.png; the long-context
   model's second request waits at the door, and the result says so.
 
+Then the operator turns the long-context box into a vision box (service_profile "vision", image
+URLs allowed from one domain): its proof sends the repository's picture, which vLLM's own
+multimodal processing turns into image tokens; a picture is answered there and refused with a
+400 by the text boxes; an image URL on another domain, a file that is no image and one image too
+many are each a 400, and the box still serves.
+
 The edits that break them: a box drained in the backend `thors` rather than its model's pool
 (HAProxy has no such backend: the drain fails and the rollout with it); the door without http-buffer-request or with HAProxy's 16 KB buffer (the large request
 goes to an EAGLE box, which answers with its own name); served_model_name not rendered (the boxes
 answer `mistral-small-4-256k` with 404); the stand-in stopping at its answer's end despite
---ignore-eos (bench's outputs fall short). A batch holding every box of a model is
-tests/fast/test_models.py's table.
+--ignore-eos (bench's outputs fall short); --language-model-only kept for the vision profile
+(the picture is refused: "At most 0 image(s)"); allowed_media_domains left empty (vLLM fetches
+the other domain's URL, and the 400 does not name the allowed domains). A batch holding every box
+of a model is tests/fast/test_models.py's table.
 
 Uses boxes 10, 11 and 12 and the gateway box gw-1, after the gateway's and the watchdog's stories
 (one group; the modules run in file order).
 """
 
+import base64
 import http.client
 import json
 import ssl
@@ -40,7 +49,8 @@ from sim.fleet import GATEWAY_HTTPS_PORT
 from tests.helpers import ROOT, Clients, box, changed_on, deploy, outcome
 
 GATEWAY = "gw-1"
-EAGLE, LONG = "mistral-small-4", "mistral-small-4-256k"
+EAGLE, LONG, VISION = "mistral-small-4", "mistral-small-4-256k", "mistral-small-4-vision"
+QUESTION = {"type": "text", "text": "What is in this picture?"}
 
 
 class Door:
@@ -197,3 +207,75 @@ def test_bench_runs_vllms_own_benchmark_through_the_door_per_model(mixed, tmp_pa
     assert "1 of 2 requests waited at the door" in done.stdout, done.stdout
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert door.key not in done.stdout + done.stderr  # the key is never shown
+
+
+def picture(url=None):
+    """An image_url part: the repository's picture as a data: URL, or `url`."""
+    if url is None:
+        data = (ROOT / "files" / "bin" / "thorfleet-proof.png").read_bytes()
+        url = "data:image/png;base64," + base64.b64encode(data).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+@pytest.fixture(scope="module")
+def vision(sim_fleet, my_boxes, mixed, tmp_path_factory):
+    """The long-context box turned into a vision box, image URLs allowed from one domain."""
+    door, _, _ = mixed
+    eagle_a, eagle_b, long_box = my_boxes
+    inventory = sim_fleet.write_inventory(
+        tmp_path_factory.mktemp("vision") / "vision.py",
+        hosts=[eagle_a, eagle_b, (long_box, {"service_profile": "vision",
+                                             "service_media_domains": ["images.example.com"],
+                                             "service_images_per_prompt": 2})],
+        gateway=(GATEWAY, {"gateway_names": [sim_fleet.ip(GATEWAY)]}))
+    run = deploy(inventory)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return door, run
+
+
+def test_a_vision_box_is_proven_with_a_picture_and_answers_one(my_boxes, vision):
+    door, run = vision
+    eagle_a, _, long_box = my_boxes
+    assert any(n.startswith("Verification | ") for n in changed_on(run, long_box)), \
+        outcome(run, long_box)
+    assert not any(n.startswith("Verification | Batch") for n in changed_on(run, eagle_a))
+    status, seen = door.chat(VISION, [QUESTION, picture()])
+    assert status == 200 and seen["model"] == VISION, seen
+    status, alone = door.chat(VISION, [QUESTION])
+    assert status == 200, alone
+    # vLLM took it as an image: 84x56 pixels are 3x2 merged patches, a row end each: 8 tokens
+    assert seen["usage"]["prompt_tokens"] == alone["usage"]["prompt_tokens"] + 8, (seen, alone)
+    status, listed = door.send("GET", "/v1/models")
+    assert [m["id"] for m in listed["data"]] == [EAGLE, VISION], listed
+
+
+def test_a_text_box_refuses_a_picture_with_a_400(vision):
+    door, _ = vision
+    status, said = door.chat(EAGLE, [QUESTION, picture()])
+    assert status == 400, said
+    assert said["error"]["message"] == "At most 0 image(s) may be provided in one prompt.", said
+
+
+@pytest.mark.parametrize("part, says", [
+    (picture("http://10.1.2.3/cat.png"),
+     ("The URL must be from one of the allowed domains: ['images.example.com']. Input URL "
+      "domain: 10.1.2.3")),
+    (picture("data:image/png;base64," + base64.b64encode(b"not a picture").decode()),
+     "cannot identify image file"),
+])
+def test_a_bad_image_is_a_400_and_the_box_still_serves(vision, part, says):
+    door, _ = vision
+    status, said = door.chat(VISION, [QUESTION, part])
+    assert status == 400 and says in said["error"]["message"], said
+    status, answer = door.chat(VISION, [QUESTION])
+    assert status == 200, answer
+
+
+def test_images_over_the_limit_are_a_400_and_an_allowed_domain_is_fetched(vision):
+    door, _ = vision
+    status, said = door.chat(VISION, [QUESTION, picture(), picture(), picture()])
+    assert status == 400, said
+    assert said["error"]["message"] == "At most 2 image(s) may be provided in one prompt.", said
+    # the allowed domain passes the check and the box tries it (the sim has no such host)
+    status, said = door.chat(VISION, [QUESTION, picture("http://images.example.com/cat.png")])
+    assert status != 200 and "allowed domains" not in json.dumps(said), said
