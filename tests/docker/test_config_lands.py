@@ -7,7 +7,9 @@ Why: `--config` turns `key: true` into `--key`, and a false one into nothing (0.
 utils/argparse_utils.py L501-504) or into `--no-key` only when that exact option exists (0.33.0
 L654-658, never for a key written with underscores), so `enable_prefix_caching: false`, the
 seed's setting, left prefix caching at vLLM's default. The edit that breaks it: writing that line
-back into files/vllm.yaml.j2.
+back into files/vllm.yaml.j2. A vision box's image limit and media domains land as vLLM's own
+limit_mm_per_prompt and allowed_media_domains (the edit that breaks it: a domain list rendered as
+one string).
 """
 
 
@@ -47,3 +49,22 @@ def test_the_draft_and_the_graphs_are_read(parsed):
     assert parsed["speculative_config"] == config["speculative_config"]
     graphs = str(parsed["compilation_config"])  # a CompilationConfig, or its dict
     assert "PIECEWISE" in graphs and "'cudagraph_capture_sizes': [4, 8, 12]" in graphs, graphs
+
+
+VISION = {"service_profile": "vision", "service_images_per_prompt": 3,
+          "service_media_domains": ["images.example.com", "cdn.example.org"]}
+
+
+@pytest.fixture(scope="module", params=["jetson-0.19.0", "upstream-0.26.0", "upstream-0.33.0"])
+def parsed_vision(request, docker_client, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("config")
+    (folder / "vllm.yaml").write_text(rendered_config(**VISION))
+    args = [a for a in SERVE_ARGS if a != "--language-model-only"]  # as the vision unit runs it
+    return run_check(docker_client, request.param, ["/repo/tests/config_check.py", "/model", *args],
+                     volumes={str(folder): {"bind": "/config", "mode": "ro"}})
+
+
+def test_a_vision_boxs_images_and_domains_land_as_vllms_own(parsed_vision):
+    assert parsed_vision["limit_mm_per_prompt"] == {"image": 3}
+    assert parsed_vision["allowed_media_domains"] == ["images.example.com", "cdn.example.org"]
+    assert not parsed_vision["language_model_only"]

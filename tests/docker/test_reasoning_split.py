@@ -41,13 +41,14 @@ TOOLS = {**CHAT, "messages": [{"role": "user", "content": "Weather in Paris? Use
          "tools": [WEATHER_TOOL]}
 
 
-def rendered_config() -> str:
-    """files/vllm.yaml.j2 as thorfleet renders it with default settings (API key set)."""
+def rendered_config(**settings) -> str:
+    """files/vllm.yaml.j2 as thorfleet renders it with default settings (API key set), and
+    `settings` over them."""
     from thorfleet.settings import schema
     from thorfleet.settings.render import Settings
 
     data = {"weights_model_revision": "a" * 40, "weights_draft_revision": "b" * 40,
-            "image_base": "r/vllm@sha256:" + "c" * 64}
+            "image_base": "r/vllm@sha256:" + "c" * 64, **settings}
     values, problems = schema.check(data, api_key=KEY)
     assert not problems, problems
     return Settings(values, api_key=KEY).config_text
