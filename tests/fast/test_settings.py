@@ -299,6 +299,7 @@ BAD_INPUTS = [
     ({"service_media_domains": ["images.example.com/cats"]}, "is not a domain name"),
     ({"service_media_domains": ["*.example.com"]}, "is not a domain name"),
     ({"service_media_domains": ["10.0.0.5"]}, "is not a domain name"),
+    ({"service_media_domains": ["fd00::5"]}, "is not a domain name"),
     ({"service_media_domains": ["Images.example.com"]}, "is not a domain name"),
     ({"service_media_domains": ["images.example.com:8080"]}, "is not a domain name"),
     ({"service_media_domains": ["images.example.com\n"]}, "is not a domain name"),

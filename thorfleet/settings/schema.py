@@ -269,10 +269,10 @@ def _client_names(names):
 
 def _media_domains(domains):
     """Each a DNS name a box may fetch image URLs from, as vLLM compares it with a URL's host:
-    whole and lowercase (no scheme, path, port, wildcard or IP address: vLLM's check has none)."""
+    whole and lowercase (no scheme, path, port, wildcard or IP address: vLLM's check has none).
+    HOSTNAME has no ':' (no IPv6 address); an IPv4 address is all digits and dots."""
     bad = [d for d in domains if not isinstance(d, str) or len(d) > 253
-           or not HOSTNAME.fullmatch(d) or d != d.lower() or is_ip_address(d)
-           or re.fullmatch(r"[0-9.]+", d)]
+           or not HOSTNAME.fullmatch(d) or d != d.lower() or re.fullmatch(r"[0-9.]+", d)]
     if bad:
         _refuse(f"service_media_domains={domains!r}: {bad!r} is not a domain name (lowercase, "
                 "like images.example.com; no scheme, path, port, wildcard or IP address)")
