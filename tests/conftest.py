@@ -39,7 +39,7 @@ BOXES = {
     "test_gateway": (10, 11, 12),  # and the gateway box, gw-1
     "test_watch": (10, 11, 12),  # and gw-1's Prometheus
     "test_workloads": (10, 11, 12),  # and gw-1: after the watch stories (file order), mixed
-    "test_bases": (13, 14, 15),  # the newer base
+    "test_bases": (13, 14),  # the newer base
     "test_gateway_pair": (2, 9),  # after the faults: and the gateway boxes gw-2 and gw-3
 }
 # The gateway boxes a module uses besides its Thors (the sim brings up gw-1 ... gw-3).
@@ -49,19 +49,19 @@ GATEWAYS = {"test_gateway": ("gw-1",), "test_watch": ("gw-1",), "test_workloads"
 # first run, the air-gapped box). The others start warm, their disks holding the base already
 # (sim/fleet.py warm_disk): their stories are about what comes after.
 COLD = (1, 6, 7)
-# Longest first (seconds each took in a 4-worker clean-clone .ci/run of d5050d2, images cached:
-# bench/results/ci-cost-7.json), so the longest start at once and the short ones fill in: xdist
+# Longest first (seconds each took in a 4-worker clean-clone .ci/run of fed516b, images cached:
+# bench/results/ci-cost-19.json), so the longest start at once and the short ones fill in: xdist
 # hands groups out in this order (--no-loadscope-reorder), one at a time.
 GROUP_ORDER = [
-    "thor-10+11+12",  # 1182: the gateway, the watchdog and Prometheus
-    "thor-3+4+5",  # 1005: rollout, benchmark, shared image
-    "thor-13+14+15",  # 852: the newer bases (0.26.0 through a canary, 0.33.0 on one box)
-    "thor-1+7",  # 659: deploy, drift, disk hygiene, security (+ the weights copy)
-    "thor-8",  # 615: says no
-    "thor-2+9",  # 385: faults (+ ~240: two gateways, one address)
-    "thor-6",  # 320: air-gapped, doctor, drain, the bare box
-    "test_patches",  # 248
-    "test_base_standin",  # 150 (the rest, 24 to 82 s each, after these)
+    "thor-10+11+12",  # 1563: the gateway, the watchdog, Prometheus and the workloads
+    "thor-3+4+5",  # 1193: rollout, benchmark, shared image
+    "thor-1+7",  # 1052: deploy, drift, disk hygiene, security (+ the weights copy)
+    "thor-13+14",  # 1021 with a third box: the newer bases (0.26.0 through a canary, 0.33.0)
+    "thor-2+9",  # 850: faults, and two gateways with one address
+    "thor-8",  # 600: says no
+    "thor-6",  # 527: air-gapped, doctor, drain, the bare box
+    "test_patches",  # 285
+    "test_base_standin",  # 282 (the rest, 42 to 127 s each, after these)
 ]
 
 
@@ -128,7 +128,7 @@ def pytest_xdist_make_scheduler(config, log):
             if self._pending_of(work) > 1:
                 return
             if not any(done for unit in work.values() for done in unit.values()):
-                # a one-test group just handed out (thor-13+14+15) needs its next
+                # a one-test group just handed out (thor-13+14) needs its next
                 # group before it can start: the queue's last, a short one, not the next long
                 # one (thor-1+7 once waited 31 min behind it and ended 3 min after the rest)
                 self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)

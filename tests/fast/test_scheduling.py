@@ -9,7 +9,7 @@ import sys
 from tests.helpers import ROOT
 
 # In queue order, as GROUP_ORDER puts the stories: the longest first, a one-test group among them
-# (thor-13+14+15 is one story), the next long one, the short ones last.
+# (thor-13+14 is one story), the next long one, the short ones last.
 GROUPS = [("one-long-test", 1, 2.0), ("a", 3, 0.3), ("b", 3, 0.3), ("c", 3, 0.3),
           ("next-long", 2, 0.5), ("short", 1, 0.1)]
 

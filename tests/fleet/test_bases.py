@@ -2,26 +2,29 @@
 vllm/vllm-openai:v0.26.0 base, as an operator does it, through the canary; then the newest
 release, v0.33.0, checked on one box first.
 
-The operator converges three boxes on the 0.19.0 base, then points image_base at a newer base with
+The operator converges two boxes on the 0.19.0 base, then points image_base at a newer base with
 the first box as the canary, one box at a time:
 - first a build of the 0.26.0 image without FlashInfer: the canary builds, starts and fails its
   proof (vLLM picks vLLM's CUTLASS NVFP4 kernels, not FLASHINFER_CUTLASS), is rolled back to the
-  0.19.0 version and serves it; the others are never restarted into it;
-- then the 0.26.0 image itself: the canary proves it and the others follow. Each box serves the
+  0.19.0 version and serves it; the other is never restarted into it;
+- then the 0.26.0 image itself: the canary proves it and the other follows. Each box serves the
   derived image whose label says what each patch was on that base (applied, or skipped because
   vLLM 0.26.0 or transformers 5 has the fix), the report says it too; streamed tool calls arrive
   as tool_calls, the reasoning split holds, every route but the liveness ones answers 401 without
   the key;
 - then 0.33.0 on the canary alone (image_base in its host data, as the README says to check a new
-  base): it builds, proves and serves with 0.33.0's verdicts in its label, the others are left
+  base): it builds, proves and serves with 0.33.0's verdicts in its label, the other is left
   alone; a re-run changes nothing.
 
 The edits that break it: the proof's GEMM rule reading only 0.19.0's log line (the 0.26.0 canary
 fails); a patch applied without its shape guard (the build refuses 0.26.0's code); a rollout that
-does not stop at the canary (the others restart into the FlashInfer-less base); the proof reading
+does not stop at the canary (the other restarts into the FlashInfer-less base); the proof reading
 the rendered prompt through /v1/chat/completions/render (403 on 0.33.0).
 
-Uses boxes 13, 14 and 15 (a group of their own).
+Uses boxes 13 and 14 (a group of their own). Two boxes, not three: what a canary holds back is
+the same for one box behind it as for two, and a rollout of several boxes one at a time is
+test_rollout's story; a third box here cost a first converge, two server starts and two image
+loads (issue 32).
 """
 
 import concurrent.futures
@@ -75,7 +78,8 @@ def moved(sim_fleet, my_boxes, tmp_path_factory, building):
     assert (built, loaded) in (([my_boxes[0]], my_boxes[1:]), ([], [])), (built, loaded)
     if built:  # each load took the image, not the build it falls back to
         assert first.stderr.count("==> built ") == 1, first.stderr[-4000:]
-        assert first.stderr.count("thorfleet-image: loaded ") == 2, first.stderr[-4000:]
+        assert first.stderr.count("thorfleet-image: loaded ") == len(my_boxes) - 1, \
+            first.stderr[-4000:]
     # No way back to 0.19.0 after: no other story uses these boxes, and a kept fleet's next
     # converge is then a rollout back, which the canary proves like any other.
     return run
@@ -126,7 +130,7 @@ def test_a_fleet_moves_to_the_newer_base_through_its_canary(sim_fleet, my_boxes,
     assert [h for h in my_boxes if any(op.startswith("Image | Build")
                                        for op in changed_on(done, h))] == [canary]
     assert done.stderr.count("==> built ") == 1, done.stderr[-4000:]
-    assert done.stderr.count("thorfleet-image: loaded ") == 2, done.stderr[-4000:]
+    assert done.stderr.count("thorfleet-image: loaded ") == len(others), done.stderr[-4000:]
     label = box(sim_fleet, canary, "docker inspect --format "
                 "'{{index .Config.Labels \"thorfleet.patches\"}}' " + new[canary])
     assert "skipped" in label and "applied" in label, label
@@ -139,7 +143,7 @@ def test_a_fleet_moves_to_the_newer_base_through_its_canary(sim_fleet, my_boxes,
     done, report = moved("upstream-0.33.0", image_base=bases["upstream-0.26.0"],
                          hosts=[(canary, {"image_base": bases["upstream-0.33.0"]}), *others])
     assert done.returncode == 0, outcome(done, canary)
-    assert [changed_on(done, h) for h in others] == [[], []]
+    assert all(changed_on(done, h) == [] for h in others), [changed_on(done, h) for h in others]
     newest = serving_image(sim_fleet, canary)
     assert newest not in (new[canary], old[canary]), newest
     assert {h: serving_image(sim_fleet, h) for h in others} == {h: new[h] for h in others}
@@ -152,7 +156,8 @@ def test_a_fleet_moves_to_the_newer_base_through_its_canary(sim_fleet, my_boxes,
     # a re-run changes nothing, on either base
     again, _ = moved("again", image_base=bases["upstream-0.26.0"],
                      hosts=[(canary, {"image_base": bases["upstream-0.33.0"]}), *others])
-    assert [changed_on(again, h) for h in my_boxes] == [[], [], []]
+    assert all(changed_on(again, h) == [] for h in my_boxes), \
+        [changed_on(again, h) for h in my_boxes]
 
 
 # What each patch is on vLLM 0.33.0 (files/image/chatfix.py): transformers 5 takes
