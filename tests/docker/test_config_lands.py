@@ -19,14 +19,33 @@ import yaml
 from sim.base.testing import SERVE_ARGS, docker_client, run_check  # noqa: F401
 from tests.docker.test_reasoning_split import rendered_config
 
+VISION = {"service_profile": "vision", "service_images_per_prompt": 3,
+          "service_media_domains": ["images.example.com", "cdn.example.org"]}
+
 
 @pytest.fixture(scope="module", params=["jetson-0.19.0", "upstream-0.26.0", "upstream-0.33.0"])
-def parsed(request, docker_client, tmp_path_factory):
+def parsed_both(request, docker_client, tmp_path_factory):
+    """(the default box's options, a vision box's), each file parsed as its unit passes it, by one
+    container of the base (importing vLLM is most of a check's cost)."""
     folder = tmp_path_factory.mktemp("config")
     (folder / "vllm.yaml").write_text(rendered_config())
+    (folder / "vision.yaml").write_text(rendered_config(**VISION))
+    vision = [a if a != "/config/vllm.yaml" else "/config/vision.yaml"
+              for a in SERVE_ARGS if a != "--language-model-only"]  # as the vision unit runs it
     return run_check(docker_client, request.param,
-                     ["/repo/tests/config_check.py", "/model", *SERVE_ARGS],
+                     ["/repo/tests/config_check.py", "/model", *SERVE_ARGS,
+                      "--next", "/model", *vision],
                      volumes={str(folder): {"bind": "/config", "mode": "ro"}})
+
+
+@pytest.fixture
+def parsed(parsed_both):
+    return parsed_both[0]
+
+
+@pytest.fixture
+def parsed_vision(parsed_both):
+    return parsed_both[1]
 
 
 def test_every_setting_of_the_file_lands_as_written(parsed):
@@ -49,19 +68,6 @@ def test_the_draft_and_the_graphs_are_read(parsed):
     assert parsed["speculative_config"] == config["speculative_config"]
     graphs = str(parsed["compilation_config"])  # a CompilationConfig, or its dict
     assert "PIECEWISE" in graphs and "'cudagraph_capture_sizes': [4, 8, 12]" in graphs, graphs
-
-
-VISION = {"service_profile": "vision", "service_images_per_prompt": 3,
-          "service_media_domains": ["images.example.com", "cdn.example.org"]}
-
-
-@pytest.fixture(scope="module", params=["jetson-0.19.0", "upstream-0.26.0", "upstream-0.33.0"])
-def parsed_vision(request, docker_client, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("config")
-    (folder / "vllm.yaml").write_text(rendered_config(**VISION))
-    args = [a for a in SERVE_ARGS if a != "--language-model-only"]  # as the vision unit runs it
-    return run_check(docker_client, request.param, ["/repo/tests/config_check.py", "/model", *args],
-                     volumes={str(folder): {"bind": "/config", "mode": "ro"}})
 
 
 def test_a_vision_boxs_images_and_domains_land_as_vllms_own(parsed_vision):
