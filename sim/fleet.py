@@ -280,6 +280,8 @@ def _start_box(client, image: str, index: int, warm: Path | None = None) -> None
         "-v", f"{state_dir() / 'authorized_keys'}:/etc/ssh/authorized_keys:ro",
         image,
     ], check=True, stdout=subprocess.DEVNULL)
+    if warm is not None:
+        _seed_modelinfos(client, warm.parent / "vllm", box_name(index))
 
 
 def _start_gateway(client, image: str, host: str = GATEWAY_HOST) -> None:
@@ -309,11 +311,27 @@ def _start_gateway(client, image: str, host: str = GATEWAY_HOST) -> None:
 # own files (engine-id, the network and build databases) are each box's, made at its first start.
 WARM_PARTS = ("image", "overlay2")
 WARM_BOX = "thorfleet-warm"
+# A warm box also holds what the base's vLLM learnt of the sim checkpoint's model classes, in the
+# unit's cache folder, as a Thor that served this base before would: vLLM keeps it there
+# (vllm/model_executor/models/registry.py _save_modelinfo_to_cache: VLLM_CACHE_ROOT/modelinfos,
+# one file per class, keyed by the hash of the class's module), and otherwise learns it at the
+# first start in two subprocesses that each import vLLM: 16 CPU-seconds a box (issue 32). The
+# cold boxes' first installs still pay it, as a new Thor does. Learnt once per sim state by
+# vLLM itself, in the warm disk's box, for the classes vLLM resolves for the sim's checkpoint
+# and its draft (its log: "Resolved architecture: ..."); a class it no longer resolves is only
+# a cache miss, which vLLM fills as before.
+MODEL_CLASSES = ("PixtralForConditionalGeneration", "EagleMistralLarge3ForCausalLM")
+WARM_VLLM_CACHE = "/var/lib/thorfleet-warm-vllm"  # in the warm disk's box, the folder it fills
+LEARN_MODEL_CLASSES = (
+    "from vllm.model_executor.models.registry import ModelRegistry\n"
+    f"for arch in {MODEL_CLASSES!r}:\n"
+    "    assert ModelRegistry._try_inspect_model_cls(arch) is not None, arch\n")
 
 
 def warm_disk(client, image: str, image_base: str) -> Path:
     """A box disk holding `image_base`, pulled by a box of `image`: made once, then kept."""
-    key = hashlib.sha256(f"{client.images.get(image).id} {image_base}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{client.images.get(image).id} {image_base} {MODEL_CLASSES}"
+                         .encode()).hexdigest()[:16]
     root = state_dir() / "warm" / key
     if (root / "ready").exists():
         return root / "docker"
@@ -322,6 +340,7 @@ def warm_disk(client, image: str, image_base: str) -> Path:
             return root / "docker"
         subprocess.run(["rm", "-rf", str(state_dir() / "warm")], check=False)
         (root / "docker").mkdir(parents=True)
+        (root / "vllm").mkdir()
         log(f"warm disk: {image_base} pulled once by a box's own Docker, for the warm boxes")
         subprocess.run(["docker", "rm", "-f", WARM_BOX], capture_output=True, check=False)
         subprocess.run([
@@ -329,11 +348,18 @@ def warm_disk(client, image: str, image_base: str) -> Path:
             "--network", NETWORK, "--label", "thorfleet.sim=warm",
             "--label", f"{STATE_LABEL}={state_dir()}",
             *[flag for flag in BOX_RUN_FLAGS if flag not in ("--restart", "unless-stopped")],
-            "-v", f"{root / 'docker'}:/var/lib/docker", image,
+            "-v", f"{root / 'docker'}:/var/lib/docker",
+            "-v", f"{root / 'vllm'}:{WARM_VLLM_CACHE}", image,
         ], check=True, stdout=subprocess.DEVNULL)
         try:
             _in_warm_box("until docker info >/dev/null 2>&1; do sleep 1; done", timeout=180)
             _in_warm_box(f"docker pull -q {shlex.quote(image_base)}", timeout=900)
+            # as the unit runs vLLM: the nvidia runtime (torch needs libcuda.so.1), the cache
+            # folder at /root/.cache/vllm
+            _in_warm_box(shlex.join([
+                "docker", "run", "--rm", "--runtime", "nvidia", "--network", "none",
+                "--entrypoint", "python3", "-v", f"{WARM_VLLM_CACHE}:/root/.cache/vllm",
+                image_base, "-c", LEARN_MODEL_CLASSES]), timeout=600)
             _in_warm_box("systemctl stop docker.socket docker.service", timeout=120)
         finally:
             subprocess.run(["docker", "rm", "-f", WARM_BOX], capture_output=True, check=False)
@@ -354,6 +380,33 @@ def _seed_disk(warm: Path, data: Path) -> None:
     data.mkdir(parents=True)
     for part in WARM_PARTS:
         subprocess.run(["cp", "-al", str(warm / part), str(data / part)], check=True)
+
+
+def _seed_modelinfos(client, learnt: Path, container: str) -> None:
+    """The warm disk's vLLM model-class cache, put into a new box at the unit's cache folder
+    (thorfleet's layout.BOX_VLLM_CACHE, what the unit mounts at /root/.cache/vllm), every folder
+    on the way root's and 755, as the deploy makes it."""
+    from thorfleet.settings.layout import BOX_VLLM_CACHE
+
+    target = Path(BOX_VLLM_CACHE)
+    top = target.parent.parent  # /var/cache: the box's image has it
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for folder in reversed(target.relative_to(top).parents[:-1]):  # thorfleet/
+            tar.addfile(_root_owned(tarfile.TarInfo(str(folder)), directory=True))
+        tar.add(learnt, arcname=str(target.relative_to(top)),
+                filter=lambda info: _root_owned(info, info.isdir()))
+    client.containers.get(container).put_archive(str(top), archive.getvalue())
+
+
+def _root_owned(info: tarfile.TarInfo, directory: bool) -> tarfile.TarInfo:
+    if directory:
+        info.type = tarfile.DIRTYPE
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    info.mode = 0o755 if directory else 0o644
+    info.mtime = info.mtime or int(time.time())
+    return info
 
 
 def remove_box(container, index: int) -> None:

@@ -38,3 +38,43 @@ def test_a_warm_disk_shares_the_image_store_and_nothing_of_the_engines_own(tmp_p
     # a box that removes the base (or prunes) takes nothing from the others
     (box / layer).unlink()
     assert (warm / layer).read_text() == "#!"
+
+
+class Box:
+    """A container as the Docker SDK gives it: put_archive extracts a tar into the box (here, a
+    folder standing for its root)."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def put_archive(self, path, data):
+        import io
+        import tarfile
+
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            self.members = tar.getmembers()
+            tar.extractall(self.root / path.lstrip("/"), filter="tar")
+        return True
+
+
+def test_a_warm_box_holds_what_vllm_learnt_of_the_model_classes_where_the_unit_mounts_it(tmp_path):
+    from thorfleet.settings.layout import BOX_VLLM_CACHE
+
+    learnt = tmp_path / "warm" / "vllm"
+    (learnt / "modelinfos").mkdir(parents=True)
+    name = "vllm-model_executor-models-pixtral-PixtralForConditionalGeneration.json"
+    (learnt / "modelinfos" / name).write_text('{"hash": "h"}')
+    box = Box(tmp_path / "box")
+    (box.root / "var/cache").mkdir(parents=True)
+
+    class Client:
+        class containers:  # as the SDK names it
+            get = staticmethod(lambda name: box)
+
+    fleet._seed_modelinfos(Client, learnt, "thorfleet-thor-2")
+    seeded = box.root / BOX_VLLM_CACHE.lstrip("/") / "modelinfos" / name
+    assert seeded.read_text() == '{"hash": "h"}'
+    # every folder on the way is root's and 755, as the deploy's "Create the vLLM cache folder"
+    assert {(m.name, m.uid, oct(m.mode)) for m in box.members if m.isdir()} == {
+        ("thorfleet", 0, "0o755"), ("thorfleet/vllm", 0, "0o755"),
+        ("thorfleet/vllm/modelinfos", 0, "0o755")}
