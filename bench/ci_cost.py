@@ -175,6 +175,22 @@ def _starts_by_test(samples: dict, group: dict) -> dict:
     return dict(sorted(counted.items(), key=lambda kv: -kv[1]))
 
 
+def _box_cpu_by_test(samples: dict, group: dict) -> dict:
+    """{test: CPU seconds of the group's boxes (their own systems and every container in them)}
+    over each test's window, from its start to the next test's (a module fixture's converge
+    counts to its first test, its teardown to its last): where a group's cores went, story by
+    story. The laptop's side is the group's alone (conftest records it per group)."""
+    marks = sorted(group.get("marks", []), key=lambda mark: mark[1])
+    series = [samples["parents"][box] for box in group["boxes"] if box in samples["parents"]]
+    series += [entry["series"] for entry in samples["containers"].values()
+               if "series" in entry and entry["box"] in group["boxes"]]
+    spent: dict[str, float] = {}
+    for i, (name, began) in enumerate(marks):
+        end = marks[i + 1][1] if i + 1 < len(marks) else group["ended"]
+        spent[name] = spent.get(name, 0.0) + sum(_at(s, end) - _at(s, began) for s in series)
+    return {name: round(cpu, 1) for name, cpu in sorted(spent.items(), key=lambda kv: -kv[1])}
+
+
 def report(samples: dict, groups: list[dict], phases: list[dict]) -> dict:
     out = {"interval_s": samples["interval_s"], "cgroup_root": samples["root"], "phases": [],
            "groups": []}
@@ -201,6 +217,8 @@ def report(samples: dict, groups: list[dict], phases: list[dict]) -> dict:
                         "laptop: the test process": group["worker_cpu_s"]}
         row["cpu_total_s"] = round(sum(row["cpu_s"].values()))
         row["vllm_server_starts_by_test"] = _starts_by_test(samples, group)
+        if boxes:
+            row["box_cpu_s_by_test"] = _box_cpu_by_test(samples, group)
         out["groups"].append(row)
     if phases:
         off = _window(samples, phases[0]["start"], phases[-1]["end"], None)

@@ -60,3 +60,22 @@ def test_ci_cost_charges_each_server_start_to_the_test_running_when_it_was_first
              "marks": [["test_rollout::test_two", 200.0], ["test_rollout::test_one", 100.0]]}
     assert _starts_by_test(samples, group) == {"test_rollout::test_one": 2,
                                                "test_rollout::test_two": 1}
+
+
+def test_ci_cost_gives_each_test_what_its_boxes_spent_until_the_next_began():
+    from bench.ci_cost import BOX_SYSTEM, _box_cpu_by_test
+
+    samples = {
+        # cumulative CPU seconds of what thor-3's Docker runs (vLLM, self-checks), by time
+        "parents": {"thor-3": [[100.0, 0.0], [150.0, 30.0], [250.0, 40.0], [300.0, 41.0]],
+                    "thor-9": [[100.0, 0.0], [300.0, 500.0]]},  # another group's box
+        "containers": {
+            "box": {"kind": BOX_SYSTEM, "box": "thor-3",
+                    "series": [[100.0, 5.0], [200.0, 9.0], [300.0, 10.0]]},
+            "other": {"kind": BOX_SYSTEM, "box": "thor-9", "series": [[100.0, 0.0], [300.0, 99.0]]},
+        }}
+    group = {"boxes": ["thor-3"], "started": 100.0, "ended": 300.0,
+             "marks": [["test_rollout::test_two", 200.0], ["test_rollout::test_one", 100.0]]}
+    # test_one: 100 to 200 s (the inner 30, its own 4); test_two: 200 s to the group's end
+    assert _box_cpu_by_test(samples, group) == {"test_rollout::test_one": 34.0,
+                                                "test_rollout::test_two": 12.0}
