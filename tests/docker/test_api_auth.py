@@ -21,7 +21,12 @@ import json
 import docker.errors
 import pytest
 
-from sim.base.testing import SEED_CONFIG, base_image, derive, docker_client  # noqa: F401
+from sim.base.testing import (  # noqa: F401
+    SEED_CONFIG,
+    base_image,
+    derived_image,
+    docker_client,
+)
 
 # Liveness and load (probes, load balancers), /version, and /metrics: Prometheus scrapes it
 # without a key and it holds counters only (no prompts, no outputs). Same list as the patch.
@@ -131,15 +136,9 @@ def serves_the_api(docker_client, base_image):
 
 @pytest.fixture(scope="module")
 def derived(docker_client, serves_the_api):
-    tag = "thorfleet-test/api-auth:derived"
-    code, output = derive(serves_the_api, tag)
-    assert code == 0, output
-    assert "api-key-every-route=applied" in output
-    yield tag
-    try:
-        docker_client.images.remove(tag, force=True)
-    except docker.errors.ImageNotFound:
-        pass
+    tag = derived_image(docker_client, serves_the_api)
+    assert "api-key-every-route=applied" in docker_client.images.get(tag).labels["thorfleet.patches"]
+    return tag
 
 
 def test_the_base_leaves_routes_open_without_the_key(docker_client, serves_the_api):

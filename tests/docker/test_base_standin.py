@@ -38,7 +38,7 @@ KEY = "s3cret"
 
 @pytest.fixture(scope="module")
 def derived(docker_client, base_image):
-    yield from derived_image(docker_client, base_image, "thorfleet-test/standin:patched")
+    return derived_image(docker_client, base_image)
 
 
 def test_jetson_base_torch_needs_the_runtimes_libcuda(docker_client, base_image):

@@ -56,7 +56,7 @@ def rendered_config(**settings) -> str:
 
 @pytest.fixture(scope="module")
 def image(docker_client, base_image):
-    yield from derived_image(docker_client, base_image, "thorfleet-test/reasoning:split")
+    return derived_image(docker_client, base_image)
 
 
 @pytest.fixture(scope="module")
