@@ -287,17 +287,23 @@ def serving(client, image: str, model: Path, config: str = SEED_CONFIG, args=SER
             container.remove(force=True)
 
 
+def derived_tag(base_id: str, context: Path = IMAGE_CONTEXT) -> str:
+    """The shared derived image's tag: a digest of the base's image ID and every file of the
+    build context (name and bytes), so any change to either names another image."""
+    digest = hashlib.sha256(base_id.encode())
+    for path in sorted(p for p in context.rglob("*") if p.is_file()
+                       and "__pycache__" not in p.parts):
+        digest.update(str(path.relative_to(context)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"thorfleet-test/derived:{digest.hexdigest()[:16]}"
+
+
 def derived_image(client, base: str):
     """The derived image build-image.sh makes of `base` with the deploy's default options, built
     once and kept under a tag named for everything it is made of (the base's ID and every file of
     the build context), so the modules that only serve or probe it share one build: each is a
     self-check that imports vLLM (issue 32). A changed patch or base is a new tag, built again;
     test_patches builds its own, as it tests the build."""
-    digest = hashlib.sha256(client.images.get(base).id.encode())
-    for path in sorted(p for p in IMAGE_CONTEXT.rglob("*") if p.is_file()
-                       and "__pycache__" not in p.parts):
-        digest.update(str(path.relative_to(IMAGE_CONTEXT)).encode() + b"\0" + path.read_bytes())
-    tag = f"thorfleet-test/derived:{digest.hexdigest()[:16]}"
+    tag = derived_tag(client.images.get(base).id)
     with (state_dir() / "derived-image.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # xdist workers: one builds, the others wait for it
         try:

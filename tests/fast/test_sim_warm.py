@@ -78,3 +78,27 @@ def test_a_warm_box_holds_what_vllm_learnt_of_the_model_classes_where_the_unit_m
     assert {(m.name, m.uid, oct(m.mode)) for m in box.members if m.isdir()} == {
         ("thorfleet", 0, "0o755"), ("thorfleet/vllm", 0, "0o755"),
         ("thorfleet/vllm/modelinfos", 0, "0o755")}
+
+
+def test_the_shared_derived_image_is_named_for_its_base_and_every_file_of_its_context(tmp_path):
+    """The docker-tier modules share one derived image (sim/base/testing.py derived_image): a
+    patch edited, added or renamed, or another base, must name another image, never reuse one
+    built before the change."""
+    from sim.base.testing import derived_tag
+
+    context = tmp_path / "image"
+    (context / "patches").mkdir(parents=True)
+    (context / "chatfix.py").write_text("print('plan')\n")
+    (context / "patches" / "a.diff").write_text("-old\n+new\n")
+    first = derived_tag("sha256:base", context)
+    assert derived_tag("sha256:base", context) == first  # the same inputs: the same image
+    assert derived_tag("sha256:other", context) != first
+    (context / "patches" / "a.diff").write_text("-old\n+newer\n")
+    edited = derived_tag("sha256:base", context)
+    assert edited != first
+    (context / "patches" / "a.diff").rename(context / "patches" / "b.diff")
+    renamed = derived_tag("sha256:base", context)
+    assert renamed not in (first, edited)
+    (context / "__pycache__").mkdir()  # what Python writes beside the context is not an input
+    (context / "__pycache__" / "chatfix.pyc").write_bytes(b"\0")
+    assert derived_tag("sha256:base", context) == renamed
