@@ -26,8 +26,9 @@ def main(argv=None) -> int:
     down.add_argument("--keep-registry", action="store_true",
                       help="leave the registry and the network up (images still being pushed)")
     commands.add_parser("status", help="each box's SSH port and systemd state; hub and registry")
-    commands.add_parser("bases", help="the stand-in vLLM bases, one line each: NAME "
-                                      "IMAGE@DIGEST VLLM_VERSION (built and pushed when missing)")
+    bases = commands.add_parser("bases", help="the stand-in vLLM bases, one line each: NAME "
+                                "IMAGE@DIGEST VLLM_VERSION (built and pushed when missing)")
+    bases.add_argument("names", nargs="*", metavar="NAME", help="only these (default: every base)")
     run = commands.add_parser("exec", help="run a command in a box as root (through Docker)")
     run.add_argument("host")
     run.add_argument("--user", default="root")
@@ -47,7 +48,11 @@ def main(argv=None) -> int:
     elif args.command == "status":
         print("\n".join(fleet.status(client)))
     elif args.command == "bases":
-        for name, ref, version in fleet.bases(client):
+        try:
+            built = fleet.bases(client, args.names)
+        except ValueError as unknown:
+            parser.error(str(unknown))
+        for name, ref, version in built:
             print(name, ref, version)
     elif args.command == "exec":
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd

@@ -45,7 +45,7 @@ from sim import (
     registry,
     state_dir,
 )
-from sim.rootfs import ensure_rootfs
+from sim.rootfs import ensure_rootfs, rootfs_tag
 
 BOX_DIR = Path(__file__).parent / "box"
 THOR_REPOSITORY = "thorfleet-sim/thor"
@@ -566,6 +566,11 @@ def _optional(module: str, function: str):
     return found
 
 
+def _wheels_ahead(rootfs: str) -> None:
+    if (wheels_ahead := _optional("sim.base", "wheels_ahead")) is not None:
+        wheels_ahead(docker.from_env(), rootfs)  # a client of its own: the SDK's is not shared
+
+
 def _ensure_base(client, rootfs: str) -> tuple[str | None, str | None]:
     """(the in-sim reference by digest, the local image) of the base vLLM stand-in."""
     ensure_base_image = _optional("sim.base", "ensure_base_image")
@@ -576,12 +581,15 @@ def _ensure_base(client, rootfs: str) -> tuple[str | None, str | None]:
     return registry.in_sim_ref(BASE_REPO_TAG.partition(":")[0], digest), local
 
 
-def bases(client=None) -> list[tuple[str, str, str]]:
+def bases(client=None, names=None) -> list[tuple[str, str, str]]:
     """(name, the in-sim reference by digest, vLLM version) of every stand-in base
-    (sim/base BASES), each built once (cached by its inputs) and pushed to the sim's
-    registry under its real image's name, so a box pulls it as it would the real one."""
+    (sim/base BASES), or of those named, each built once (cached by its inputs) and pushed to
+    the sim's registry under its real image's name, so a box pulls it as it would the real one."""
     from sim.base import BASES
 
+    names = list(names or BASES)
+    if unknown := sorted(set(names) - set(BASES)):
+        raise ValueError(f"no stand-in base {', '.join(unknown)}: the bases are {', '.join(BASES)}")
     client = client or docker.from_env()
     rootfs = _registry_ready(client)
 
@@ -591,8 +599,8 @@ def bases(client=None) -> list[tuple[str, str, str]]:
 
     # Side by side: a build is mostly one core (pip unpacking wheels, Docker committing a layer),
     # and a base whose parent is building waits for it on the parent's lock (ensure_base_image).
-    with concurrent.futures.ThreadPoolExecutor(len(BASES)) as pool:
-        return list(pool.map(one, BASES))
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        return list(pool.map(one, names))
 
 
 def base(name: str, client=None) -> str:
@@ -603,7 +611,11 @@ def base(name: str, client=None) -> str:
 
 
 def _registry_ready(client) -> str:
-    """The rootfs image, with the sim's network and registry up to push bases to."""
+    """The rootfs image, with the sim's network and registry up to push bases to. Where `up` has
+    made all three already, without waiting for it: it holds the fleet's lock for minutes
+    (building the default base, booting the boxes), and a base needs none of that."""
+    if registry.serving(client, rootfs := rootfs_tag()):
+        return rootfs
     with locked("fleet"):  # a story may call this while other workers bring their boxes up
         rootfs = ensure_rootfs(client)
         ensure_network(client)
@@ -747,8 +759,11 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None,
     The boxes numbered in `warm`, when started on a new disk, hold the base image (warm_disk)."""
     client = client or docker.from_env()
     inventory = Path(inventory or state_dir() / "inventory.py")
-    with locked("fleet"):
+    with locked("fleet"), concurrent.futures.ThreadPoolExecutor(1) as ahead:
         started = time.monotonic()
+        # on a fresh machine the base's wheels download (network) while debootstrap builds the
+        # rootfs, which the base's build waits for
+        wheels = ahead.submit(_wheels_ahead, rootfs_tag())
         rootfs = ensure_rootfs(client)
         image = ensure_thor_image(client)
         ensure_network(client)
@@ -756,6 +771,7 @@ def up(hosts: int = 2, inventory: Path | None = None, client=None,
         api_key_file()
         registry.ensure_registry(client, rootfs)
         log("base image: the vLLM stand-in, pushed to the sim's registry")
+        wheels.result()
         image_base, base_local = _ensure_base(client, rootfs)
         hub = _ensure_hub(client, rootfs, _test_tokenizer(client, base_local))
 

@@ -35,6 +35,16 @@ def ensure_registry(client, rootfs: str):
         return _ensure_registry(client, rootfs)
 
 
+def serving(client, rootfs: str) -> bool:
+    """True when this state's registry, from this rootfs, is running: nothing to make."""
+    try:
+        container = client.containers.get(NAME)
+    except docker.errors.NotFound:
+        return False
+    return (container.status == "running" and rootfs in container.image.tags
+            and not foreign(container))
+
+
 def _ensure_registry(client, rootfs: str):
     root = state_dir() / "registry"
     (root / "storage").mkdir(parents=True, exist_ok=True)

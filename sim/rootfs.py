@@ -43,9 +43,14 @@ def _inputs_hash() -> str:
     return digest.hexdigest()[:16]
 
 
+def rootfs_tag() -> str:
+    """The rootfs image's tag: a function of its inputs, known before it is built."""
+    return f"{REPOSITORY}:{_inputs_hash()}"
+
+
 def ensure_rootfs(client) -> str:
     """Return the tag of the rootfs image, building it only when its inputs changed."""
-    tag = f"{REPOSITORY}:{_inputs_hash()}"
+    tag = rootfs_tag()
     with locked("rootfs"):
         try:
             client.images.get(tag)

@@ -97,9 +97,8 @@ def ensure_base_image(client, rootfs_ref: str, name: str = DEFAULT) -> str:
     base = BASES[name]
     # a changed base is built from its parent's tag: the parent's inputs are in that tag
     parent = ensure_base_image(client, rootfs_ref, base.parent) if base.parent else rootfs_ref
-    suffix = "" if name == DEFAULT else f"-{name}"
-    tag = f"{REPOSITORY}:{_inputs_hash(parent, base)}{suffix}"
-    with locked(f"vllm-base{suffix}"):
+    tag = _tag(parent, name)
+    with locked(f"vllm-base{_suffix(name)}"):
         try:
             client.images.get(tag)
             return tag
@@ -112,6 +111,24 @@ def ensure_base_image(client, rootfs_ref: str, name: str = DEFAULT) -> str:
         else:
             _build(client, tag, rootfs_ref, _wheels(base), base)
     return tag
+
+
+def _suffix(name: str) -> str:
+    return "" if name == DEFAULT else f"-{name}"
+
+
+def _tag(parent_ref: str, name: str) -> str:
+    return f"{REPOSITORY}:{_inputs_hash(parent_ref, BASES[name])}{_suffix(name)}"
+
+
+def wheels_ahead(client, rootfs_ref: str, name: str = DEFAULT) -> None:
+    """Download the wheels of base `name` (one built from the rootfs) when its image is not
+    built: network time that can run while the rootfs is still being built, which the base's
+    own build waits for anyway. Where the image is built, nothing."""
+    try:
+        client.images.get(_tag(rootfs_ref, name))
+    except docker.errors.ImageNotFound:
+        _wheels(BASES[name])
 
 
 def _wheels(base: Base) -> Path:
