@@ -41,8 +41,13 @@ def serving(client, rootfs: str) -> bool:
         container = client.containers.get(NAME)
     except docker.errors.NotFound:
         return False
-    return (container.status == "running" and rootfs in container.image.tags
-            and not foreign(container))
+    return container.status == "running" and _ours(container, rootfs)
+
+
+def _ours(container, rootfs: str) -> bool:
+    """Made by this state from this rootfs: another state's registry keeps its storage there,
+    and ours would be missing our pushes."""
+    return rootfs in container.image.tags and not foreign(container)
 
 
 def _ensure_registry(client, rootfs: str):
@@ -51,8 +56,7 @@ def _ensure_registry(client, rootfs: str):
     (root / "config.yml").write_text(CONFIG)
     try:
         container = client.containers.get(NAME)
-        # another state's registry keeps its storage there: ours would be missing our pushes
-        if container.image.tags and rootfs in container.image.tags and not foreign(container):
+        if _ours(container, rootfs):
             if container.status != "running":
                 container.start()
             _wait_ready()
