@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 IMAGE_CONTEXT = REPO / "files" / "image"  # the derived image's build context (build-image.sh)
 REPOSITORY = "thorfleet-sim/vllm-base"
-COMMON = ["vllm_standin.py", "standin_core.py", "vllm"]  # every base's stand-in
+COMMON = ["vllm_standin.py", "standin_core.py", "thor.py", "vllm"]  # every base's stand-in
 
 
 @dataclass(frozen=True)

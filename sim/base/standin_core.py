@@ -21,11 +21,12 @@ engine core's busy loop, stdlib only. Protocol: JSON lines over the socket passe
 
 What the token ids are is the client's choice (it has the tokenizer); when each comes out, who
 runs and who waits, how long a prompt's prefill takes and how full the KV cache is are this
-process's, by the rules cited below.
+process's, by the rules cited below. The engine runs in steps, as vLLM's does: Scheduler.plan
+fills one step from one token budget (the rules of v1/core/sched/scheduler.py `schedule()`), and
+the step takes what thor.py's cost model says a Thor takes for what it holds.
 """
 
 import argparse
-import heapq
 import json
 import math
 import os
@@ -33,154 +34,212 @@ import selectors
 import socket
 import sys
 import time
+from dataclasses import dataclass, field
 
-# How much longer a decode step takes per sequence the batch holds beyond one: 2/7, from the
-# figures reported on Thor (Core.step_rate).
-BATCH_SLOWDOWN = 2 / 7
-
-
-def accepted_per_step(step: int) -> int:
-    """Draft tokens the target accepts in one EAGLE step, so that a step yields 1 + accepted
-    tokens and the rates agree: 33.7 / 17.5 - 1 = 0.93 accepted per step (13 steps of 1 in 14),
-    an acceptance rate of 0.31 of 3 drafted (FACTS.md: 0.2-0.4 measured on JSON/tool output)."""
-    return 0 if step % 14 == 13 else 1
+import thor  # beside this file: the step's cost on a Thor, every constant with its source
 
 
-class Core:
-    def __init__(self, out: socket.socket, rate: float, spec_tokens: int, max_running: int,
-                 prefill_rate: float, chunk: int, kv_blocks: int, block_size: int):
-        self.out = out
-        self.rate = rate
+def accepted(step: int, mean: float, drafted: int) -> int:
+    """Draft tokens the target accepts in EAGLE step `step`: whole tokens whose running sum keeps
+    to `mean` a step (thor.py fits it to the seed's 33.7 tok/s), never more than were drafted."""
+    return min(drafted, math.floor((step + 1) * mean) - math.floor(step * mean))
+
+
+@dataclass
+class Request:
+    rid: str
+    prompt: int
+    steps: int  # tokens to generate
+    finish: str
+    prefilled: int = 0
+    out: int = 0  # tokens out so far
+    drafts: int = 0  # EAGLE steps taken
+
+    @property
+    def held(self) -> int:  # tokens in its KV cache
+        return self.prefilled + self.out
+
+
+@dataclass
+class Step:
+    """What one step of the engine holds: (request, tokens scheduled for it) in order, and how
+    long it takes."""
+    work: list[tuple[Request, int]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Scheduler:
+    """vLLM V1's scheduler, by its rules (v1/core/sched/scheduler.py `schedule()`, 0.19.0): one
+    token budget a step (`token_budget = self.max_num_scheduled_tokens`, max_num_batched_tokens),
+    spent first on the running requests in order (a decode's 1 + num_speculative_tokens, a
+    prefill's next chunk: `num_new_tokens = min(num_new_tokens, token_budget)`), then on waiting
+    requests admitted first come first served while `len(self.running) <
+    self.max_num_running_reqs` (max_num_seqs) and budget is left. No clock: `plan` says what the
+    next step holds and how long it takes, `finish` applies it; Core keeps the time."""
+
+    def __init__(self, cost, spec_tokens: int, accept_mean: float, max_running: int,
+                 budget: int, kv_blocks: int = 1 << 30, block_size: int = 16):
+        self.cost = cost  # ([thor.Work], any decode in it) -> seconds
         self.spec_tokens = spec_tokens
-        # vLLM's scheduler runs at most max_num_seqs requests; the rest wait in arrival order
-        # (v1/core/sched/scheduler.py L105 max_num_running_reqs = max_num_seqs, L568 `if
-        # len(self.running) == self.max_num_running_reqs: break` in the loop over self.waiting)
-        # and are counted as waiting (L1957 num_waiting_reqs -> vllm:num_requests_waiting).
+        self.accept_mean = accept_mean
         self.max_running = max_running
-        # A prompt is prefilled max_num_batched_tokens a step (chunked prefill: the scheduler's
-        # token budget, v1/core/sched/scheduler.py `token_budget = self.max_num_scheduled_tokens`),
-        # each chunk in chunk / prefill_rate s; the first token comes with the last chunk.
-        self.prefill_rate = prefill_rate
-        self.chunk = chunk
+        self.budget = budget
         # The KV cache: kv_blocks of block_size tokens; a request holds ceil(its tokens / block)
         # blocks, freed when it ends, and the scheduler reports the share in use every step
         # (v1/core/block_pool.py get_usage = 1 - free / total -> SchedulerStats.kv_cache_usage
         # -> vllm:kv_cache_usage_perc).
         self.kv_blocks = kv_blocks
         self.block_size = block_size
-        self.waiting: dict[str, dict] = {}  # insertion order is arrival order
-        self.running: dict[str, dict] = {}
-        self.due: list[tuple[float, int, str]] = []  # (when, token index, rid): its next event
-
-    def send(self, **event) -> None:
-        self.out.sendall((json.dumps(event) + "\n").encode())
+        self.waiting: dict[str, Request] = {}  # insertion order is arrival order
+        self.running: dict[str, Request] = {}
 
     def counts(self) -> dict:
-        held = sum(math.ceil(r["held"] / self.block_size) for r in self.running.values())
+        held = sum(math.ceil(r.held / self.block_size) for r in self.running.values())
         return {"running": len(self.running), "waiting": len(self.waiting),
                 "kv": min(1.0, held / self.kv_blocks)}
 
-    def step_rate(self) -> float:
-        """Each running sequence's decode rate with the batch as it is now: one step decodes
-        every running sequence, and a step's time grows with the batch, linearly through the
-        figures reported on Thor for a 120B NVFP4 MoE, 15 tok/s at concurrency 1 and 40 in all at
-        8 (FACTS.md "Reported speeds", jetson-ai-lab PR #410): at 8 a step takes 8 x 15 / 40 = 3
-        times one of 1, so 1 + BATCH_SLOWDOWN x 7 = 3. Per sequence the rate falls, in all it
-        rises (toward rate / BATCH_SLOWDOWN); at 1 it is the box's rate, as before."""
-        return self.rate / (1 + BATCH_SLOWDOWN * (max(1, len(self.running)) - 1))
+    def add(self, rid: str, prompt: int, steps: int, finish: str) -> None:
+        self.waiting[rid] = Request(rid, max(1, prompt), steps, finish)
 
-    def schedule(self) -> None:
-        """Admit waiting requests, first come first served, while a running slot is free."""
-        now = time.monotonic()
-        while self.waiting and len(self.running) < self.max_running:
+    def abort(self, rid: str) -> bool:
+        return (self.waiting.pop(rid, None) or self.running.pop(rid, None)) is not None
+
+    def plan(self) -> Step | None:
+        step, budget = Step(), self.budget
+        for request in self.running.values():
+            if budget <= 0:
+                break
+            if request.prefilled < request.prompt:
+                n = min(request.prompt - request.prefilled, budget)
+            else:  # the token the last step sampled, and the drafts to verify with it
+                n = min(1 + self.spec_tokens, budget)
+            step.work.append((request, n))
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_running:
             rid, request = next(iter(self.waiting.items()))
             del self.waiting[rid]
-            request.update(held=0, prefilled=0, drafts=0)
             self.running[rid] = request
-            self.prefill(rid, now)
+            n = min(request.prompt, budget)
+            step.work.append((request, n))
+            budget -= n
+        if not step.work:
+            return None
+        decoding = any(r.prefilled >= r.prompt for r, _ in step.work)
+        step.seconds = self.cost([thor.Work(n, r.held) for r, n in step.work], decoding)
+        return step
 
-    def prefill(self, rid: str, now: float) -> None:
-        """The next chunk of a prompt; after the last, the first token (index 0) is due."""
-        request = self.running[rid]
-        size = min(self.chunk, request["prompt"] - request["prefilled"])
-        if size > 0:
-            heapq.heappush(self.due, (now + size / self.prefill_rate, -1, rid))
-        else:
-            # each step at its own time from the last step's (its clock, not the loop's `now`):
-            # the API server's work never slows the decode
-            request["clock"] = now
-            self.plan_step(rid, 0)
+    def finish(self, step: Step) -> list[dict]:
+        """The step's outputs (v1/core/sched/scheduler.py update_from_output): a prefill chunk
+        fills KV blocks, the last one samples the first token; a decode yields 1 + the drafts the
+        target accepted, all in one output. Requests aborted meanwhile yield nothing."""
+        events = []
+        for request, n in step.work:
+            if self.running.get(request.rid) is not request:
+                continue
+            spec = None
+            if request.prefilled < request.prompt:
+                request.prefilled += n
+                if request.prefilled < request.prompt:
+                    continue
+                made = 1
+            else:
+                made = 1
+                if self.spec_tokens:
+                    spec = accepted(request.drafts, self.accept_mean, self.spec_tokens)
+                    request.drafts += 1
+                    made += spec
+            made = min(made, request.steps - request.out)
+            first, request.out = request.out, request.out + made
+            finish = request.finish if request.out >= request.steps else None
+            if finish is not None:
+                del self.running[request.rid]
+            events.append({"rid": request.rid, "step": first, "n": made, "finish": finish,
+                           "spec": spec})
+        return events
 
-    def add(self, rid: str, prompt: int, steps: int, finish: str) -> None:
-        self.waiting[rid] = {"prompt": prompt, "steps": steps, "finish": finish}
-        self.schedule()
-        # running or waiting, it shows on /metrics from the next step, as the scheduler reports
-        self.send(rid=None, **self.counts())
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
 
-    def abort(self, rid: str) -> None:
-        if self.waiting.pop(rid, None) is not None or self.running.pop(rid, None) is not None:
-            self.schedule()
-            self.send(rid=None, **self.counts())
 
-    def due_event(self, rid: str, step: int, now: float) -> None:
-        request = self.running.get(rid)
-        if request is None:  # aborted meanwhile
-            return
-        if step < 0:  # a prefill chunk is done: its tokens hold KV blocks now
-            size = min(self.chunk, request["prompt"] - request["prefilled"])
-            request["prefilled"] += size
-            request["held"] += size
-            self.prefill(rid, now)
-            if request["prefilled"] < request["prompt"]:
-                self.send(rid=None, **self.counts())
-            return
-        self.decode(rid, step)
+def closed_loop(scheduler: Scheduler, concurrency: int, prompts: int, prompt: int,
+                tokens: int) -> list[dict]:
+    """`vllm bench serve --max-concurrency C` against this scheduler on a Thor's clock, with no
+    wall clock: C clients, each sending its next request when its last one ends, `prompts` in
+    all. Each request's (sent, first token, end) seconds: what the fast tests pin and
+    bench/standin_model.py publishes, by the code the engine core runs."""
+    now, sent, done = 0.0, 0, {}
+    while sent < min(concurrency, prompts):
+        scheduler.add(f"r{sent}", prompt, tokens, "length")
+        done[f"r{sent}"] = {"sent": now}
+        sent += 1
+    while (step := scheduler.plan()) is not None:
+        now += step.seconds
+        for event in scheduler.finish(step):
+            times = done[event["rid"]]
+            times.setdefault("first", now)
+            if event["finish"] is not None:
+                times["end"] = now
+                if sent < prompts:
+                    scheduler.add(f"r{sent}", prompt, tokens, "length")
+                    done[f"r{sent}"] = {"sent": now}
+                    sent += 1
+    return list(done.values())
 
-    def plan_step(self, rid: str, step: int) -> None:
-        """Schedule the decode step that starts at token `step`: with EAGLE it yields 1 + the
-        drafts the target accepts, all in one output (v1/core/sched/scheduler.py
-        update_from_output: a request's new_token_ids are every token the step accepted), due
-        when that many tokens are out at the request's rate."""
-        request = self.running[rid]
-        spec = None
-        if self.spec_tokens:
-            spec = accepted_per_step(request["drafts"])
-            request["drafts"] += 1
-        request["spec"] = spec
-        request["n"] = min(1 + (spec or 0), request["steps"] - step)
-        request["clock"] += request["n"] / self.step_rate()
-        heapq.heappush(self.due, (request["clock"], step, rid))
 
-    def decode(self, rid: str, step: int) -> None:
-        """Tokens step..step+n-1 are out; the scheduler reports the drafts it verified
-        (v1/spec_decode/metrics.py SpecDecodingStats -> vllm:spec_decode_* on /metrics)."""
-        request = self.running[rid]
-        n, spec = request["n"], request["spec"]
-        request["held"] += n
-        finish = request["finish"] if step + n >= request["steps"] else None
-        if finish is not None:
-            del self.running[rid]
-            self.schedule()
-        else:
-            self.plan_step(rid, step + n)
-        self.send(rid=rid, step=step, n=n, finish=finish, spec=spec, **self.counts())
+class Core:
+    """The engine core's busy loop: a step at a time, each taking its cost in wall time; requests
+    that arrive during a step join the next (the scheduler runs between steps)."""
+
+    def __init__(self, out: socket.socket, scheduler: Scheduler, time_scale: float = 1.0):
+        self.out = out
+        self.scheduler = scheduler
+        self.time_scale = time_scale  # tests only: the same Thor, faster
+        self.step: Step | None = None
+        self.ends = 0.0  # when the step in flight ends
+        self.said: dict = {}  # the stats last sent
+
+    def send(self, **event) -> None:
+        self.said = {key: event[key] for key in ("running", "waiting", "kv")}
+        self.out.sendall((json.dumps(event) + "\n").encode())
+
+    def stats(self) -> None:
+        """The scheduler's stats, when they changed (a wait, an admission, a prefill's chunk)."""
+        counts = self.scheduler.counts()
+        if counts != self.said:
+            self.send(rid=None, **counts)
+
+    def start(self, now: float) -> None:
+        self.step = self.scheduler.plan()
+        if self.step is not None:
+            self.ends = now + self.step.seconds * self.time_scale
+
+    def end_step(self) -> None:
+        for event in self.scheduler.finish(self.step):
+            self.send(**event, **self.scheduler.counts())
+        # each step from the last one's end (its clock, not the loop's): the API server's work
+        # never slows the engine
+        self.start(self.ends)
+        self.stats()
 
     def handle(self, message: dict) -> None:
         if message["op"] == "add":
-            self.add(message["rid"], message["prompt"], message["steps"], message["finish"])
-        elif message["op"] == "abort":
-            self.abort(message["rid"])
+            self.scheduler.add(message["rid"], message["prompt"], message["steps"],
+                               message["finish"])
+        elif message["op"] == "abort" and not self.scheduler.abort(message["rid"]):
+            return  # neither running nor waiting: nothing changed
+        if self.step is None:  # idle: the scheduler runs now
+            self.start(time.monotonic())
+        # running or waiting, it shows on /metrics from the next step, as the scheduler reports
+        self.send(rid=None, **self.scheduler.counts())
 
     def busy_loop(self, inbox: socket.socket) -> None:
         selector = selectors.DefaultSelector()
         selector.register(inbox, selectors.EVENT_READ)
         pending = b""
         while True:
-            now = time.monotonic()
-            while self.due and self.due[0][0] <= now:
-                _, step, rid = heapq.heappop(self.due)
-                self.due_event(rid, step, now)
-            timeout = max(0.0, self.due[0][0] - time.monotonic()) if self.due else None
+            while self.step is not None and self.ends <= time.monotonic():
+                self.end_step()
+            timeout = max(0.0, self.ends - time.monotonic()) if self.step is not None else None
             if selector.select(timeout):
                 data = inbox.recv(65536)
                 if not data:  # the API server is gone: so is its engine core
@@ -191,25 +250,29 @@ class Core:
                     self.handle(json.loads(line))
 
 
+def scheduler_for(box: "thor.Box", max_running: int, budget: int, *kv) -> Scheduler:
+    return Scheduler(box.step_seconds, box.spec_tokens, box.accept_mean, max_running, budget, *kv)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--title", required=True)
-    parser.add_argument("--rate", type=float, required=True)
     parser.add_argument("--spec-tokens", type=int, required=True)
     parser.add_argument("--max-running", type=int, required=True)
-    parser.add_argument("--prefill-rate", type=float, required=True)
-    parser.add_argument("--chunk", type=int, required=True)
+    parser.add_argument("--budget", type=int, required=True)  # max_num_batched_tokens
     parser.add_argument("--kv-blocks", type=int, required=True)
     parser.add_argument("--block-size", type=int, required=True)
+    parser.add_argument("--time-scale", type=float, required=True)
     args = parser.parse_args(argv)
     import setproctitle  # a vLLM dependency; its title is how `ps` and `docker top` find it
 
     setproctitle.setproctitle(args.title)
     sock = socket.socket(fileno=args.fd)
+    scheduler = scheduler_for(thor.Box(thor.MISTRAL_SMALL_4, thor.THOR, args.spec_tokens),
+                              args.max_running, args.budget, args.kv_blocks, args.block_size)
     try:
-        Core(sock, args.rate, args.spec_tokens, args.max_running, args.prefill_rate,
-             args.chunk, args.kv_blocks, args.block_size).busy_loop(sock)
+        Core(sock, scheduler, args.time_scale).busy_loop(sock)
     except (BrokenPipeError, ConnectionResetError):
         pass
     return 0

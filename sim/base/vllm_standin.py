@@ -44,17 +44,19 @@ IMITATED (cannot run without a CUDA GPU and 66 GB of weights), each rule citing 
 - The engine core is a process of its own, titled `VLLM::EngineCore` as vLLM titles it
   (standin_core.py cites the split): frozen with SIGSTOP, the API server answers /health 200 and
   every request waits, as with a hung GPU; killed, the engine is dead and /health says so.
-- Scheduling (in that process): at most max_num_seqs requests decode at once, the rest wait first
-  come first served and are reported as waiting (vllm:num_requests_waiting), by the rule of vLLM's
-  scheduler (standin_core.Core.schedule cites it). A running request decodes at the box's rate
-  however many run.
-- Prefill: a prompt is prefilled max_num_batched_tokens a step at a Thor's derived pace
-  (PREFILL_TOKS, 1,500 tok/s; THORFLEET_SIM_PREFILL_TOKS overrides it for tests only), each chunk
-  taking KV-cache blocks that vllm:kv_cache_usage_perc reports; the first token comes after the
-  last chunk, so a long prompt's answer starts as late as on a Thor.
-- Decoding: token ids are chosen, not computed, at the seed's Thor rates (33.7 tok/s with the
-  EAGLE draft, 17.5 without; THORFLEET_SIM_DECODE_TOKS overrides it for tests only), with EAGLE
-  two tokens a step (1 + the accepted draft) in one output, as vLLM delivers a step's tokens:
+- Scheduling and time (in that process, standin_core.py): the engine runs in steps, each filled
+  from one token budget (max_num_batched_tokens) by vLLM's scheduler's rules: the running
+  requests' decode tokens (1 + the drafts to verify with EAGLE) and prefill chunks first, then
+  waiting requests admitted first come first served up to max_num_seqs (the rest reported as
+  waiting, vllm:num_requests_waiting). A step takes what thor.py's roofline says a Thor takes
+  for what it holds (its weights read, its KV cache, its FLOPs, a fixed cost fitted to the seed's
+  17.5 tok/s), so a long prompt delays the others' decode and a batch decodes slower each and
+  faster in all; prefill chunks fill KV-cache blocks that vllm:kv_cache_usage_perc reports, and
+  the first token comes with the last chunk. THORFLEET_SIM_DECODE_TOKS (tests only) runs the
+  same box's clock faster.
+- Decoding: token ids are chosen, not computed; alone, a box decodes at the seed's Thor rates
+  (33.7 tok/s with the EAGLE draft, 17.5 without), with EAGLE 1 + the accepted drafts a step
+  (1.87 of 3 on average, fitted to 33.7) in one output, as vLLM delivers a step's tokens:
   with tools in the prompt, the Mistral v11+ tool-call tokens `[TOOL_CALLS]name[ARGS]{json}` (so
   tool_calls appear only if vLLM's own parser is on; at temperature > 0 the tool is sometimes
   skipped); a prompt ending in `[THINK]` gets a trace, `[/THINK]`, then an answer; another chat
@@ -658,25 +660,22 @@ def check_model_files(model: Path, draft: Path | None) -> None:
 
 # ------------------------------------------------------------------ the engine
 
-EAGLE_TOKS, BASE_TOKS = 33.7, 17.5  # the seed's decode rates on a Thor (FACTS.md "Benchmark method")
-# A prefill's pace on a Thor, derived (no figure for this model is published): TensorRT Edge-LLM's
-# Thor benchmarks prefill Qwen3-30B-A3B (3.3B active, MoE, INT4) at 2,951 tok/s
-# (nvidia.github.io/TensorRT-Edge-LLM, user_guide/performance, v0.7.0, batch 1, 370 tokens);
-# prefill compute scales with the active parameters, and Mistral Small 4 has 6.5B
-# (seed 000: "119B total, 6.5B active"): 2,951 x 3.3 / 6.5 = 1,498 tok/s. A 256K prompt takes
-# about 3 minutes at that pace, before attention's growth with the context is counted.
-PREFILL_TOKS = 1500.0
-# A prefill's chunk is the max_num_batched_tokens the operator set, as a Thor's scheduler keeps
-# it ("Chunked prefill is enabled with max_num_batched_tokens=8192"); vLLM's CPU platform, which
-# the sim runs on, then turns chunked prefill off for an MLA model and sets the budget to
-# max_model_len (platforms/cpu.py: 0.19.0 L362-371, 0.26.0 L318-326, 0.33.0 L538-547), so it is
-# read from the arguments (serve()).
+# The seed's decode rates on a Thor (FACTS.md "Benchmark method"): what thor.py's step model is
+# fitted to, and what THORFLEET_SIM_DECODE_TOKS (tests only) scales the box's clock against.
+EAGLE_TOKS, BASE_TOKS = 33.7, 17.5
+# The engine's token budget a step is the max_num_batched_tokens the operator set, as a Thor's
+# scheduler keeps it ("Chunked prefill is enabled with max_num_batched_tokens=8192"); vLLM's CPU
+# platform, which the sim runs on, then turns chunked prefill off for an MLA model and sets the
+# budget to max_model_len (platforms/cpu.py: 0.19.0 L362-371, 0.26.0 L318-326, 0.33.0 L538-547), so
+# it is read from the arguments (serve()).
 PREFILL_CHUNK: int | None = None
 
 
-def decode_rate(vllm_config) -> float:
-    default = EAGLE_TOKS if vllm_config.speculative_config is not None else BASE_TOKS
-    return float(os.environ.get("THORFLEET_SIM_DECODE_TOKS", default))
+def time_scale(vllm_config) -> float:
+    """1 on a Thor's clock; tests may run the same box faster (THORFLEET_SIM_DECODE_TOKS: the
+    single-stream rate they want in place of the seed's)."""
+    seed = EAGLE_TOKS if vllm_config.speculative_config is not None else BASE_TOKS
+    return seed / float(os.environ.get("THORFLEET_SIM_DECODE_TOKS", seed))
 
 
 ANSWER = ("This is the thorfleet stand-in engine answering: the prompt went through vLLM's own "
@@ -730,10 +729,10 @@ class StandInCore:
         self.process = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("standin_core.py")),
              "--fd", str(theirs.fileno()), "--title", f"{envs.VLLM_PROCESS_NAME_PREFIX}::EngineCore",
-             "--rate", str(decode_rate(vllm_config)), "--spec-tokens", str(self.spec_tokens),
+             "--spec-tokens", str(self.spec_tokens),
              "--max-running", str(vllm_config.scheduler_config.max_num_seqs),
-             "--prefill-rate", os.environ.get("THORFLEET_SIM_PREFILL_TOKS", str(PREFILL_TOKS)),
-             "--chunk", str(PREFILL_CHUNK or vllm_config.scheduler_config.max_num_batched_tokens),
+             "--budget", str(PREFILL_CHUNK or vllm_config.scheduler_config.max_num_batched_tokens),
+             "--time-scale", str(time_scale(vllm_config)),
              "--kv-blocks", str(vllm_config.cache_config.num_gpu_blocks),
              "--block-size", str(vllm_config.cache_config.block_size)],
             pass_fds=(theirs.fileno(),))

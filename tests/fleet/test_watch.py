@@ -6,8 +6,8 @@ deploy running:
   hung GPU looks to vLLM's API server): /health stays 200, the watchdog restarts the server
   through the memory gate, and a chat succeeds again; the journal says why;
 - a 1500-token stream runs through many watchdog intervals and is not restarted;
-- a 48K-token prompt, whose prefill outlasts a verdict with both token counters flat, is answered
-  and not restarted (the KV cache's growth is the progress the watchdog reads);
+- a 48K-token prompt behind another, whose wait and prefill outlast a verdict with both token
+  counters flat, is answered and not restarted (the KV cache's growth is the progress the watchdog reads);
 - an engine that wedges after every start is restarted up to the cap, then left and reported
   failed (status, the gateway's check, the alert) until the operator restarts it;
 - a server the operator stopped stays stopped; `status` names it and exits non-zero, and
@@ -25,6 +25,7 @@ happen see no checks counted, or no "stopped" seen).
 Uses boxes 10, 11 and 12 and the gateway box gw-1 (with test_gateway: one group).
 """
 
+import concurrent.futures
 import json
 import subprocess
 import sys
@@ -87,7 +88,8 @@ class Watched:
         assert cores, f"no VLLM::EngineCore process on {host}"
         box(self.sim, host, f"kill -STOP {' '.join(cores)}")
 
-    def completion(self, host, max_tokens=8, timeout=60, stream=False, prompt="def fib(n):"):
+    def completion(self, host, max_tokens=8, timeout=60, stream=False, prompt="def fib(n):",
+                   body_file="/var/tmp/thorfleet-test-body.json"):
         """(curl's exit status, body) of a completion asked on the box itself (the firewall lets
         only the gateway in from outside)."""
         body = json.dumps({"model": "/model", "prompt": prompt, "max_tokens": max_tokens,
@@ -97,12 +99,12 @@ class Watched:
         # (Docker writes under a tmpfs like /run, where the box never sees it); the key from the
         # box's root-only secrets file into a root-only header file (printf is the shell's own):
         # never on a command line, where the box's process list would show it
-        self.sim.put(host, "/var/tmp/thorfleet-test-body.json", body, mode=0o644)
+        self.sim.put(host, body_file, body, mode=0o644)
         code, out = self.sim.exec(host, (
             "set -a; . /etc/thorfleet/secrets.env; set +a; umask 077; h=$(mktemp); "
             "printf 'Authorization: Bearer %s\\n' \"$VLLM_API_KEY\" > \"$h\"; "
             f"curl -sS -N -m {timeout} -H @\"$h\" -H 'Content-Type: application/json' "
-            "-d @/var/tmp/thorfleet-test-body.json http://127.0.0.1:8002/v1/completions; c=$?; "
+            f"-d @{body_file} http://127.0.0.1:8002/v1/completions; c=$?; "
             "rm -f \"$h\"; exit $c"), timeout=timeout + 30)
         return code, out
 
@@ -179,17 +181,24 @@ def test_a_long_stream_runs_past_many_checks_and_is_not_restarted(fleet, my_boxe
 
 
 def test_a_long_prefill_outlasts_a_verdict_and_is_answered_not_restarted(fleet, my_boxes):
-    """A 48K-token prompt: at a Thor's prefill pace (1,500 tok/s, 8,192 tokens a chunk: the sim's
-    engine, sim/base/standin_core.py) its first token comes after ~32 s, past three failed
-    checks' verdict (~15 s). Both token counters stay flat meanwhile; the KV cache fills chunk
-    by chunk, and the watchdog reads that as progress."""
+    """A 48K-token prompt behind another: at a Thor's prefill pace (sim/base/thor.py: about
+    15 s for 48K tokens, 8,192 tokens a step) the second's first token comes after ~30 s, past
+    three failed checks' verdict (~15 s), the box holding one request at a time (max_num_seqs 1:
+    the second waits). Both token counters stay flat through each prefill; the KV cache fills
+    chunk by chunk, and the watchdog reads that as progress."""
     host = my_boxes[0]
     began = time.time()
     checked = fleet.watchdog(host)["checks"]
-    code, out = fleet.completion(host, max_tokens=4, timeout=180, prompt=" hello" * 48000)
-    took = time.time() - began
-    assert code == 0 and '"choices"' in out, out[-2000:]
-    assert json.loads(out)["usage"]["prompt_tokens"] >= 40000, out[-2000:]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        ahead = pool.submit(fleet.completion, host, max_tokens=4, timeout=180,
+                            prompt=" hello" * 48000, body_file="/var/tmp/thorfleet-test-ahead.json")
+        time.sleep(2)  # the one ahead is in first
+        code, out = fleet.completion(host, max_tokens=4, timeout=180, prompt=" hello" * 48000)
+        took = time.time() - began
+        ahead_code, ahead_out = ahead.result()
+    for c, o in ((ahead_code, ahead_out), (code, out)):
+        assert c == 0 and '"choices"' in o, o[-2000:]
+        assert json.loads(o)["usage"]["prompt_tokens"] >= 40000, o[-2000:]
     assert took > 3 * 5 + 5, took  # longer than a verdict takes
     assert "restarting" not in fleet.journal(host, WATCHDOG_UNIT, began)
     watchdog = fleet.watchdog(host)
