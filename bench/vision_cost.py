@@ -7,9 +7,9 @@ behind gw-1): for pictures of several sizes, sent as JPEG data: URLs through the
 question, the request body's bytes, the prompt tokens vLLM counted with the picture and without
 it (vLLM's own multimodal processing and mistral_common's image encoder, on CPU), and the time to
 an answer of one token (median of --runs), against the question alone. The tokens are vLLM's own
-count; the time is the sim's: its engine prefills at the pace derived for a Thor
-(sim/base/vllm_standin.py PREFILL_TOKS), so it shows what the tokens cost there, not a Thor's
-encoder pass.
+count; the time is the sim's: its engine prefills as sim/base/thor.py's step model says a Thor
+does (bench/results/vision-cost.json was measured with the stand-in before that model, at a flat
+1,500 tok/s), so it shows what the tokens cost there, not a Thor's encoder pass.
 """
 
 from __future__ import annotations
