@@ -298,7 +298,11 @@ def test_what_waited_at_the_door_and_what_failed_is_said():
 
 
 def test_bench_draws_the_runs(tmp_path):
-    pytest.importorskip("matplotlib")
+    try:  # the extra `plot`: .ci/setup installs it; missing, CI would pass without drawing
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pytest.fail("matplotlib is missing: .ci/setup installs thorfleet's extra `plot` "
+                    "(pip install -e '.[test,plot]')", pytrace=False)
     runs = [{"model_id": "m", "shape": "s", "max_concurrency": c, "output_throughput": 30.0 * c,
              "median_ttft_ms": 90.0, "median_tpot_ms": 25.0 + c} for c in (1, 8)]
     assert bench.plot(runs, tmp_path / "bench.png")
