@@ -4,7 +4,8 @@ The reads run for real on this machine (a Debian box that is no Thor: each says 
 read the outputs the real tools print (haproxy -vv, keepalived --version here; nvpmodel's and
 jetson_clocks' as published); the verdicts are a table. The edits that break these: a release
 check that refuses R39; mode names not compared; swap areas not read; an unreadable zone dropped;
-PyTorch's arch list not read; FlashInfer's absence taken as fine; the sudo row forgotten.
+PyTorch's arch list not read; FlashInfer's absence taken as fine; the sudo row forgotten; the
+memory row's verdict not compared with preflight_min_memory_gib, or MemTotal read in other units.
 """
 
 import io
@@ -247,7 +248,17 @@ def test_the_reads_run_here_and_each_says_what_this_machine_is_not():
     table = {r["check"]: r for r in rows.thor_rows("this-machine", SETTINGS, sudo, got)}
     assert table["L4T release"]["verdict"] == "blocks"  # no /etc/nv_tegra_release
     assert table["nvpmodel modes"]["found"] == "unread: command not found on the box"
-    assert table["memory total"]["verdict"] in ("ok", "blocks")  # read: a number of GiB
+    # this machine's MemTotal, read here apart from the reads, and the one verdict its size gives
+    kib = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal:")))
+    assert table["memory total"]["found"] == f"{kib / 1024 ** 2:.1f} GiB"
+    expected = "blocks" if kib / 1024 ** 2 < SETTINGS.preflight_min_memory_gib else "ok"
+    assert table["memory total"]["verdict"] == expected, table["memory total"]
+    # and each verdict where it must be: under a threshold above it, and one below it
+    for least, verdict in ((kib // 1024 ** 2 + 1, "blocks"), (1, "ok")):
+        settings = SimpleNamespace(**{**vars(SETTINGS), "preflight_min_memory_gib": least})
+        again = {r["check"]: r for r in rows.thor_rows("this-machine", settings, sudo, got)}
+        assert again["memory total"]["verdict"] == verdict, (least, again["memory total"])
     assert table["swap and zram"]["found"] == "none"
     assert table["kernels"]["verdict"] == "not checked yet"  # thorfleet-serve not installed
 

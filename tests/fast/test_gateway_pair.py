@@ -3,13 +3,20 @@ before anything connects, both render one HAProxy config and one certificate nam
 address, each its keepalived config that keepalived's own parser accepts, and the check that keeps
 a gateway which missed a run from taking the address.
 
-Fast: no Docker, no SSH; haproxy and keepalived from Debian's packages (.ci/setup installs them).
+Fast: no Docker, no SSH; haproxy, keepalived and curl from Debian's packages (.ci/setup installs
+them): a missing one fails the test that needs it, as a broken machine, never a skip.
+
+The edits that break them: the keepalived template without its track_script, or tracking only
+the level check (the address stays on a gateway whose HAProxy is down: keepalived -t takes a
+config without one); a level check that takes a gateway behind the other for level.
 """
 
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +30,21 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "files" / "bin" / "thorfleet-door-check"
 PAIR = [("gw-1", {"ssh_hostname": "10.0.0.9"}), ("gw-2", {"ssh_hostname": "10.0.0.8"})]
 VIP = {"gateway_virtual_ip": "10.0.0.50/24"}
+
+
+def tool(name, package):
+    """`name`'s path. Missing, the test fails (pytrace off, the fix said): CI's machine is set up
+    by .ci/setup, and a skip there would pass without checking anything."""
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is missing: .ci/setup installs it (apt-get install "
+                    f"--no-install-recommends {package})", pytrace=False)
+    return found
+
+
+@pytest.fixture
+def curl():
+    return tool("curl", "curl")  # the level check asks the other gateway with curl
 
 
 def pair(tmp_path, gateway_data=VIP, gateway_hosts=PAIR):
@@ -95,8 +117,8 @@ def secure_check():
     shutil.rmtree(folder)
 
 
-@pytest.mark.skipif(shutil.which("keepalived") is None, reason="keepalived not installed")
 def test_each_gateways_keepalived_config_passes_keepalived_t(tmp_path, secure_check, monkeypatch):
+    keepalived = tool("keepalived", "keepalived")
     monkeypatch.setattr(layout, "GATEWAY_DOOR_CHECK", str(secure_check))
     settings = pair(tmp_path)
     # an interface this machine has (keepalived checks it is there; VRRP takes no loopback)
@@ -107,14 +129,77 @@ def test_each_gateways_keepalived_config_passes_keepalived_t(tmp_path, secure_ch
         assert f"10.0.0.50/24 dev {interface}" in text and "nopreempt" in text
         config = tmp_path / f"{name}.conf"
         config.write_text(text)
-        done = subprocess.run(["keepalived", "--config-test", "-f", str(config)],
+        done = subprocess.run([keepalived, "--config-test", "-f", str(config)],
                               capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
     # and a config it refuses is refused (an interface that is not there)
     config.write_text(text.replace(interface, "no-such-if"))
-    done = subprocess.run(["keepalived", "--config-test", "-f", str(config)],
+    done = subprocess.run([keepalived, "--config-test", "-f", str(config)],
                           capture_output=True, text=True, check=False)
     assert done.returncode != 0, done.stdout + done.stderr
+
+
+def keepalived_blocks(text):
+    """keepalived's config as its parser reads it: [(keyword, words, [children])], a `{` at a
+    line's end opening a block and a `}` alone closing it, `#` and `!` starting comments, a
+    quoted string one word."""
+    root = []
+    stack = [root]
+    for line in text.splitlines():
+        lexer = shlex.shlex(line, posix=True)
+        lexer.whitespace_split, lexer.commenters = True, "#!"
+        words = list(lexer)
+        if words == ["}"]:
+            stack.pop()
+        elif words:
+            opens = words[-1] == "{"
+            node = (words[0], words[1:-1] if opens else words[1:], [])
+            stack[-1].append(node)
+            if opens:
+                stack.append(node[2])
+    assert stack == [root], "a block left open"
+    return root
+
+
+def test_the_address_is_given_up_when_haproxy_stops(tmp_path, secure_check, monkeypatch):
+    """keepalived -t takes a config with no track_script (it is optional): what makes the
+    address leave a gateway whose HAProxy died is the instance tracking the script that checks
+    HAProxy. Read from the rendered config, each gateway's; the script run as keepalived runs it."""
+    keepalived = tool("keepalived", "keepalived")
+    monkeypatch.setattr(layout, "GATEWAY_DOOR_CHECK", str(secure_check))
+    settings = pair(tmp_path)
+    interface = next(n for n in sorted(os.listdir("/sys/class/net")) if n != "lo")
+    for name in ("gw-1", "gw-2"):
+        text = settings[name].keepalived_text(interface)
+        config = tmp_path / f"{name}.conf"
+        config.write_text(text)
+        done = subprocess.run([keepalived, "--config-test", "-f", str(config)],
+                              capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        blocks = keepalived_blocks(text)
+        scripts = {words[0]: {key: said for key, said, _ in body}
+                   for keyword, words, body in blocks if keyword == "vrrp_script"}
+        [instance] = [body for keyword, _, body in blocks if keyword == "vrrp_instance"]
+        tracked = [[key for key, _, _ in body] for keyword, _, body in instance
+                   if keyword == "track_script"]
+        assert len(tracked) == 1, f"{name}: no track_script in its vrrp_instance"
+        # among the tracked: the script that checks HAProxy, `thorfleet-door-check up`
+        checks_haproxy = [s for s in tracked[0]
+                          if shlex.split(scripts.get(s, {}).get("script", [""])[0])
+                          == [str(secure_check), "up"]]
+        assert checks_haproxy, (name, tracked[0], scripts)
+    # and that script passes while a process named haproxy runs (pidof): a copy of sleep, so
+    # HAProxy's own absence here says nothing (another test may run one: no check of "down")
+    fake = tmp_path / "haproxy"
+    shutil.copy(shutil.which("sleep"), fake)
+    running = subprocess.Popen([str(fake), "30"])
+    try:
+        time.sleep(0.1)
+        command = shlex.split(scripts[checks_haproxy[0]]["script"][0])
+        assert subprocess.run(command, check=False).returncode == 0
+    finally:
+        running.kill()
+        running.wait()
 
 
 @pytest.mark.parametrize("value", ["eth 0", "eth0;", "a{b", "x\"y", "#x", "!x", ""])
@@ -139,7 +224,6 @@ def level_check(tmp_path, own, other, seen=None):
                           capture_output=True, text=True, check=False).returncode
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
 @pytest.mark.parametrize("own, other, seen, level", [
     ("100 aa", "100 aa", None, True),        # set by the same run
     ("100 aa", "200 aa", None, True),        # one run set it here, a later one there: alike
@@ -150,12 +234,12 @@ def level_check(tmp_path, own, other, seen=None):
     ("100 aa", "<html>", "100 aa", True),    # an answer that is no level is not taken for one
     (None, "100 aa", None, False),           # never set by a run
 ])
-def test_a_gateway_behind_the_other_fails_its_level_check(tmp_path, own, other, seen, level):
+def test_a_gateway_behind_the_other_fails_its_level_check(tmp_path, curl, own, other, seen,
+                                                          level):
     assert (level_check(tmp_path, own, other, seen) == 0) is level
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
-def test_what_the_other_said_is_kept_until_a_run_brings_this_one_level(tmp_path):
+def test_what_the_other_said_is_kept_until_a_run_brings_this_one_level(tmp_path, curl):
     assert level_check(tmp_path, "100 aa", "200 bb") == 1
     # the other goes away: still behind, from what it said last
     assert level_check(tmp_path, "100 aa", None, seen=(tmp_path / "peer-level").read_text()

@@ -7,7 +7,13 @@ unprintable character...) and arbitrary ones. An accepted value is rendered and 
 readers read it (tests/parse_back.py): the unit as systemd does, vllm.yaml with PyYAML (what vLLM's
 --config loads), secrets.env as systemd and thorfleet-serve do, the copy's ssh words as rsync does,
 the copy user's forced command as sh does. Bounded (derandomized, a few dozen examples a key) to
-stay in the fast set.
+stay in the fast set. A refusal alone proves nothing (a schema refusing every value would pass):
+each key's valid values are asserted taken and read back, and the vision run must take some of
+the non-empty domain lists it draws.
+
+The edits that break them: a value rendered unquoted or unescaped into a file it reaches (it
+reads back as something else); a refusal that does not name its key; the schema refusing what is
+valid (every non-empty service_media_domains, every gateway_virtual_ip).
 """
 
 import math
@@ -243,13 +249,14 @@ def monitor_reads_back(values):
     assert f"--storage.tsdb.retention.time={values.monitor_retention}" in args.split()
 
 
-def outcome(key, value):
-    """Refused naming `key`, or accepted and read back as itself everywhere it lands."""
+def outcome(key, value) -> bool:
+    """Refused naming `key` (False), or accepted and read back as itself everywhere it lands
+    (True). A schema that refuses everything passes this alone: accepted() says what must pass."""
     values, problems = schema.check({**PINS, key: value}, api_key=KEY, groups=GROUPS)
     if problems:
         assert any(key in line for line in problems), problems
         assert all("\n" not in line.replace("\\n", "") for line in problems), problems
-        return
+        return False
     assert getattr(values, key) == value and type(getattr(values, key)) is type(value)
     if isinstance(value, float):
         assert math.isfinite(value)
@@ -259,6 +266,14 @@ def outcome(key, value):
     secrets_read_back(s)
     commands_read_back(s)
     monitor_reads_back(values)
+    return True
+
+
+def accepted(key, value):
+    """`value` is valid: it is taken, and reads back."""
+    _, problems = schema.check({**PINS, key: value}, api_key=KEY, groups=GROUPS)
+    assert problems == [], (key, value, problems)
+    assert outcome(key, value)
 
 
 DEFAULT = Settings(schema.check(PINS, api_key=KEY)[0], api_key=KEY)
@@ -303,26 +318,52 @@ def vision_reads_back(s):
 
 DOMAINS = st.one_of(st.lists(around(["images.example.com", "cdn-2.example.org", "a.b"]),
                              max_size=3),
+                    # valid lists, drawn on their own: among the mixed ones a bounded run drew none
+                    st.lists(st.sampled_from(["images.example.com", "cdn-2.example.org", "a.b"]),
+                             min_size=1, max_size=3),
                     st.lists(st.text(max_size=12), max_size=2),
                     st.sampled_from(["images.example.com", None, [None], [1], {}]))
 
 
+def vision_outcome(domains, images) -> bool:
+    """Refused naming the key that is wrong (False), or accepted and read back (True)."""
+    data = {**PINS, "service_profile": "vision", "service_media_domains": domains,
+            "service_images_per_prompt": images}
+    values, problems = schema.check(data, api_key=KEY, groups=GROUPS)
+    if problems:
+        # each line names the key it refuses: the domains only when they are not a list of
+        # domain names, the images only when they are not a count
+        for line in problems:
+            assert "service_media_domains" in line or "service_images_per_prompt" in line, line
+            assert "\n" not in line.replace("\\n", ""), line
+        return False
+    assert values.service_media_domains == domains and values.service_images_per_prompt == images
+    vision_reads_back(Settings(values, api_key=KEY))
+    return True
+
+
+# Domain lists vLLM's check takes (whole lowercase names): each must be accepted.
+GOOD_DOMAINS = [[], ["images.example.com"], ["images.example.com", "cdn-2.example.org"], ["a.b"],
+                ["xn--bcher-kva.example"], ["a" * 63 + ".example.com"]]
+
+
+@pytest.mark.parametrize("domains", GOOD_DOMAINS)
+def test_a_vision_box_takes_every_list_of_domain_names(domains):
+    assert vision_outcome(domains, 4), domains
+
+
 def test_a_vision_box_reads_back_its_images_and_domains():
+    taken = []
+
     @BOUND
     @given(DOMAINS, st.one_of(st.integers(-2, 70), st.sampled_from([4, "4", 4.0, True, None])))
     def check(domains, images):
-        data = {**PINS, "service_profile": "vision", "service_media_domains": domains,
-                "service_images_per_prompt": images}
-        values, problems = schema.check(data, api_key=KEY, groups=GROUPS)
-        if problems:
-            assert all("service_media_domains" in line or "service_images_per_prompt" in line
-                       for line in problems), problems
-            assert all("\n" not in line.replace("\\n", "") for line in problems), problems
-            return
-        assert values.service_media_domains == domains and values.service_images_per_prompt == images
-        vision_reads_back(Settings(values, api_key=KEY))
+        if vision_outcome(domains, images) and domains:
+            taken.append(domains)
 
     check()
+    # the run drew valid non-empty lists (around() keeps the valid ones): some were taken
+    assert taken, "every non-empty list of domains was refused"
 
 
 @pytest.mark.parametrize("key", STRINGS)
@@ -333,6 +374,26 @@ def test_a_string_setting_is_refused_or_reads_back(key):
         outcome(key, value)
 
     check()
+
+
+@pytest.mark.parametrize("key", STRINGS)
+def test_each_valid_string_is_taken_and_reads_back(key):
+    """What the property tests' refusals are measured against: a schema refusing everything
+    would pass them."""
+    for value in VALID[key]:
+        accepted(key, value)
+
+
+@pytest.mark.parametrize("key", NUMBERS)
+def test_each_numbers_default_is_taken_and_reads_back(key):
+    default = schema.FIELDS[key].default
+    accepted(key, 1.0 if default is None else default)  # None: memory_min_available_gib's
+
+
+@pytest.mark.parametrize("key, value", [("service_docker_ulimits", {"memlock": "-1"}),
+                                        ("service_extra_env", {"VLLM_LOGGING_LEVEL": "DEBUG"})])
+def test_a_valid_mapping_is_taken_and_reads_back(key, value):
+    accepted(key, value)
 
 
 @pytest.mark.parametrize("key", STRINGS)

@@ -12,7 +12,7 @@ no drain before the restart (requests fail during the rollout: the box's port cl
 them); no retries/redispatch (a killed box's refused connections reach the client); the firewall
 task left out (another box reaches the port); with gateway_clients, a digest looked up in the
 wrong case (every client 401) or no reload when only the clients changed (a revoked key still
-served).
+served); the usage exporter not stopped, or its unit left, when the clients go.
 
 Uses boxes 10, 11 and 12 and the gateway box gw-1.
 """
@@ -301,7 +301,12 @@ def test_each_client_has_a_key_and_a_limit_of_its_own_and_a_revoked_key_is_refus
     assert run.returncode == 0, outcome(run, GATEWAY)
     assert front.request("GET", "/v1/models")[0] == 200
     assert box(sim_fleet, GATEWAY, "ls /etc/haproxy/thorfleet") == "gateway.pem"
-    assert box(sim_fleet, GATEWAY, "systemctl is-active thorfleet-door-usage || true") != "active"
+    # the usage exporter went with them: stopped ("inactive", systemctl's 3; not "failed", not a
+    # read that failed), its unit and its tool removed
+    code, state = sim_fleet.exec(GATEWAY, "systemctl is-active thorfleet-door-usage")
+    assert (code, state.strip()) == (3, "inactive"), (code, state)
+    box(sim_fleet, GATEWAY, "test ! -e /etc/systemd/system/thorfleet-door-usage.service "
+                            "&& test ! -e /usr/local/sbin/thorfleet-door-usage")
 
 
 def test_a_rolling_change_under_load_fails_no_request(sim_fleet, front):

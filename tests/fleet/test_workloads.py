@@ -13,7 +13,9 @@ them: the EAGLE clients never lose their last box. Then clients ask by name:
 - `python -m thorfleet bench` runs vLLM's own `vllm bench serve` on a box through the door, per
   model and concurrency (tiny shapes; each answer its full length, as --ignore-eos asks), and
   writes bench.json and bench.png; the long-context
-  model's second request waits at the door, and the result says so.
+  model's second request waits at the door, and the result says so; while it runs the key is on
+  no command line on the box and not in the bench container's `docker inspect`, and after it no
+  file under the box's /tmp holds it.
 
 Then the operator turns the long-context box into a vision box (service_profile "vision", image
 URLs allowed from one domain): its proof sends the repository's picture, which vLLM's own
@@ -25,9 +27,11 @@ The edits that break them: a box drained in the backend `thors` rather than its 
 (HAProxy has no such backend: the drain fails and the rollout with it); the door without http-buffer-request or with HAProxy's 16 KB buffer (the large request
 goes to an EAGLE box, which answers with its own name); served_model_name not rendered (the boxes
 answer `mistral-small-4-256k` with 404); the stand-in stopping at its answer's end despite
---ignore-eos (bench's outputs fall short); --language-model-only kept for the vision profile
+--ignore-eos (bench's outputs fall short); the bench key given to the container by -e or
+--env-file (docker inspect shows it) or on the box's command line; --language-model-only kept for the vision profile
 (the picture is refused: "At most 0 image(s)"); allowed_media_domains left empty (vLLM fetches
-the other domain's URL, and the 400 does not name the allowed domains). A batch holding every box
+the other domain's URL, and the 400 does not name the allowed domains); the operator's domains not
+rendered (the allowed domain is refused with a 400, never fetched). A batch holding every box
 of a model is tests/fast/test_models.py's table.
 
 Uses boxes 10, 11 and 12 and the gateway box gw-1, after the gateway's and the watchdog's stories
@@ -183,16 +187,41 @@ def test_a_model_no_box_serves_is_404_and_the_list_is_the_fleets(mixed):
     assert status == 200 and answer["model"] == EAGLE, answer
 
 
-def test_bench_runs_vllms_own_benchmark_through_the_door_per_model(mixed, tmp_path):
+def test_bench_runs_vllms_own_benchmark_through_the_door_per_model(sim_fleet, my_boxes, mixed,
+                                                                    tmp_path):
     door, _, _ = mixed
+    runner = my_boxes[0]  # bench runs on the inventory's first Thor
     out = tmp_path / "bench"
-    done = subprocess.run(
+    bench = subprocess.Popen(
         [sys.executable, "-m", "thorfleet", "bench", str(door.inventory), "--out", str(out),
          "--max-concurrency", "1,2", "--num-prompts", "4", "--random-input-len", "16",
          "--random-output-len", "40"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
-        check=False)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL)
+    # while it runs: the key is on no process's command line on the box, and not in the bench
+    # container's configuration (docker inspect: Config.Env, Cmd, Args)
+    inspected = []
+    while bench.poll() is None:
+        names = box(sim_fleet, runner, "docker ps --filter name=thorfleet-bench- "
+                                       "--format '{{.Names}}'").split()
+        processes = box(sim_fleet, runner, "ps -ww -eo args")
+        assert door.key not in processes, "the key on a command line on the box"
+        for name in names:
+            code, shown = sim_fleet.exec(runner, f"docker inspect {name}")
+            if code == 0:  # (gone between the two reads: the next run's is read)
+                assert door.key not in shown, f"the key in docker inspect {name}"
+                inspected.append(name)
+        time.sleep(0.5)
+    said, log = bench.communicate()
+    done = subprocess.CompletedProcess(bench.args, bench.returncode, said, log)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert inspected, "no bench container was seen running: nothing was checked"
+    # after it: no file under the box's /tmp holds the key (the pattern read from a root-only
+    # file, so grep's own command line does not carry it)
+    sim_fleet.put(runner, "/root/bench-key-probe", door.key + "\n")
+    code, found = sim_fleet.exec(runner, "grep -rlF -D skip -f /root/bench-key-probe /tmp; "
+                                         "rc=$?; rm -f /root/bench-key-probe; exit $rc")
+    assert code == 1 and found.strip() == "", (code, found)  # 1: read, and found nowhere
     runs = json.loads((out / "bench.json").read_text())["runs"]
     assert [(r["model_id"], r["max_concurrency"]) for r in runs] == [
         (EAGLE, 1), (EAGLE, 2), (LONG, 1), (LONG, 2)], runs
@@ -276,6 +305,11 @@ def test_images_over_the_limit_are_a_400_and_an_allowed_domain_is_fetched(vision
     status, said = door.chat(VISION, [QUESTION, picture(), picture(), picture()])
     assert status == 400, said
     assert said["error"]["message"] == "At most 2 image(s) may be provided in one prompt.", said
-    # the allowed domain passes the check and the box tries it (the sim has no such host)
+    # the allowed domain passes the check and the box tries it (the sim has no such host): vLLM
+    # 0.19.0's fetch raises aiohttp's connector error, no ValueError, which its handler answers
+    # 500 InternalServerError with the error's text (entrypoints/utils.py create_error_response;
+    # aiohttp ClientConnectorError.__str__). Any other error (the door's, a 400) is not this.
     status, said = door.chat(VISION, [QUESTION, picture("http://images.example.com/cat.png")])
-    assert status != 200 and "allowed domains" not in json.dumps(said), said
+    assert status == 500 and said["error"]["type"] == "InternalServerError", said
+    assert said["error"]["message"].startswith(
+        "Cannot connect to host images.example.com:80 ssl:default ["), said

@@ -11,8 +11,9 @@ the model's own tokenizer (its weights folder, read-only). vLLM and the tokenize
 laptop often has neither, and the image is built for the box (arm64). Each run is its own
 `docker run --rm` (`--runtime nvidia`: the image's PyTorch loads the Jetson libcuda, as the server
 does). It asks the door as any client does, with a client's key (`--client`) or the fleet's: the
-door's limits apply. The key reaches the box on the SSH command's stdin and the container in a
-root-only env file removed after the run, never on a command line. The results come back as vLLM
+door's limits apply. The key reaches the box on the SSH command's stdin and the container on its
+own stdin, which the container's shell reads into vLLM's environment: never on a command line,
+in a file, or in the container's configuration (`docker inspect`). The results come back as vLLM
 wrote them (`--save-result`); the laptop writes DIR/bench.json ({"runs": [...]}, vLLM's keys plus
 thorfleet's `shape`, `box_slots` and `queued`) and draws DIR/bench.png when matplotlib is installed
 (the optional extra `plot`).
@@ -103,23 +104,41 @@ def bench_words(run: Run, url: str, goodput=()) -> list[str]:
             "--save-result", "--result-dir", "/out", "--result-filename", RESULT]
 
 
-_ENV, _OUT = object(), object()  # the run's own folder's files, named by the shell's $d
+_NAME, _OUT = object(), object()  # the container's name and the run's folder: $name and $d
+# What the container runs first: the key's line off its stdin into its own environment, then vLLM.
+# `read` is sh's builtin: the key is in no process's arguments and not in the container's
+# configuration (docker inspect's Config.Env holds what -e and --env-file gave it).
+_KEY_FROM_STDIN = 'IFS= read -r OPENAI_API_KEY && export OPENAI_API_KEY && exec "$@"'
+CONTAINER = "thorfleet-bench-"  # the bench container's name: this and the run's folder's suffix
+# The signals that end the box's shell early (the SSH session gone: HUP or PIPE; ^C; a kill):
+# each exits, so the EXIT trap runs. dash runs the EXIT trap on `exit` only, not on a signal.
+_SIGNALS = (("HUP", 129), ("INT", 130), ("PIPE", 141), ("TERM", 143))
 
 
 def box_command(run: Run, url: str, add_host, image: str, model_dir: str, goodput=()) -> str:
     """The shell command the box runs as root (under sudo -n): stdin is the key's line (read by
-    the shell's own `read`, which takes one line and no more, and written by its builtin printf:
-    no process sees it in its arguments), then the CA's certificate. A root-only folder for both
-    and the result, removed after; vLLM's result is printed after MARK."""
-    docker = ["docker", "run", "--rm", "--runtime", "nvidia", "--network", "host",
-              *(["--add-host", add_host] if add_host else []),
-              "--env-file", _ENV, "-e", "SSL_CERT_FILE=/out/ca.pem",
-              "-v", f"{model_dir}:/model:ro", "-v", _OUT, image, *bench_words(run, url, goodput)]
-    line = " ".join({_ENV: '"$d/env"', _OUT: '"$d":/out'}.get(w) if w in (_ENV, _OUT)
+    the shell's own `read`, which takes one line and no more), then the CA's certificate. The key
+    is written on no disk and into no process's arguments: the shell's builtin printf pipes it to
+    the container's stdin (`docker run -i`), where the container's shell reads it into its own
+    environment before it runs vLLM. A root-only folder for the CA and the result, removed after,
+    and the container removed with it when the shell is stopped early (HUP, INT, PIPE, TERM);
+    vLLM's result is printed after MARK."""
+    docker = ["docker", "run", "-i", "--rm", "--name", _NAME, "--runtime", "nvidia",
+              "--network", "host", *(["--add-host", add_host] if add_host else []),
+              "-e", "SSL_CERT_FILE=/out/ca.pem", "-v", f"{model_dir}:/model:ro", "-v", _OUT,
+              image, "sh", "-c", _KEY_FROM_STDIN, "sh", *bench_words(run, url, goodput)]
+    line = " ".join({_NAME: '"$name"', _OUT: '"$d":/out'}.get(w) if w in (_NAME, _OUT)
                     else shlex.quote(w) for w in docker)
-    script = ("umask 077; d=$(mktemp -d); trap 'rm -rf \"$d\"' EXIT; "
-              "IFS= read -r key; printf '%s\\n' \"$key\" > \"$d/env\"; cat > \"$d/ca.pem\"; "
-              f"{line} >&2; rc=$?; echo {MARK}; cat \"$d/{RESULT}\" 2>/dev/null; exit $rc")
+    traps = "; ".join(f"trap 'exit {code}' {signal}" for signal, code in _SIGNALS)
+    script = ("umask 077; d=$(mktemp -d) || exit 1; "
+              f"name={CONTAINER}" + "${d##*.}; "
+              "trap 'docker rm -f \"$name\" >/dev/null 2>&1; rm -rf \"$d\"' EXIT; "
+              f"{traps}; "
+              "IFS= read -r key; cat > \"$d/ca.pem\"; "
+              # in the background, so a signal is taken at once (a shell waiting for a
+              # foreground command runs its traps only after it ends)
+              f"printf '%s\\n' \"$key\" | {line} >&2 & key=; wait $!; rc=$?; "
+              f"echo {MARK}; cat \"$d/{RESULT}\" 2>/dev/null; exit $rc")
     return "sudo -n sh -c " + shlex.quote(script)
 
 
@@ -261,7 +280,7 @@ def run_all(inventory, settings, out: Path, *, models=None, shapes=None, client=
               f"({r.shape})", file=err, flush=True)
         command = box_command(r, url, add_host, box.image_tag, box.model_dir, goodput)
         code, said, log = run(runner, command, timeout or 86400,
-                              stdin=f"OPENAI_API_KEY={key}\n{ca}".encode())
+                              stdin=f"{key}\n{ca}".encode())
         result = result_of(said)
         if code != 0 or result is None:
             tail = " / ".join(line for line in (log or said).strip().splitlines()[-3:])
