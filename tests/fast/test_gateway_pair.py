@@ -104,6 +104,10 @@ def test_each_gateways_keepalived_config_passes_keepalived_t(tmp_path, secure_ch
     for name, peer in (("gw-1", "10.0.0.8"), ("gw-2", "10.0.0.9")):
         text = settings[name].keepalived_text(interface)
         assert f"unicast_peer {{\n        {peer}\n    }}" in text, text
+        # adverts are taken from that peer only: any other LAN host's is dropped (finding 8)
+        instance = text[text.index("vrrp_instance"):]
+        assert "    check_unicast_src\n" in instance, instance
+        assert f"unicast_src_ip {settings[name].own_address}\n" in instance
         assert f"10.0.0.50/24 dev {interface}" in text and "nopreempt" in text
         config = tmp_path / f"{name}.conf"
         config.write_text(text)
