@@ -66,7 +66,9 @@ def run(g, lock=True):
                      src=str(FILES / "bin" / "thorfleet-rotation"), path=GATEWAY_ROTATION,
                      mode="755")
     keys = _client_maps(g)  # before the config: `haproxy -c` reads the maps it names
-    level = _level(g)  # before the config too: it names the level file
+    # before the config too: it names the level file. A run dying before the reload leaves it
+    # unread: HAProxy reads it with its config, and the check asks HAProxy (door-check)
+    level = _level(g)
     config = files.whole_file(
         name=f"Write HAProxy's config: {len(g.backends)} box(es), queue "
              f"{g.gateway_queue_timeout_s}s (haproxy -c checks it before it goes live)",
@@ -89,8 +91,9 @@ def run(g, lock=True):
 
 
 def _level(g):
-    """With gateway_virtual_ip: what this run sets here, recorded for the other gateway to read
-    (a digest, dated by the run that first set it). Returns whether it changed."""
+    """With gateway_virtual_ip: what this run sets here, recorded for HAProxy to answer both
+    gateways' checks with (a digest, dated by the run that first set it; claimed once HAProxy
+    reloads). Returns whether it changed."""
     if not g.gateway_virtual_ip:
         return lambda: False
     op = gateway.level_recorded(name="Record what this run sets here (the other gateway reads it)",

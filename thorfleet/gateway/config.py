@@ -221,10 +221,10 @@ class GatewaySettings(Checked):
         runs) or `level` (not behind the other gateway)."""
         if kind == "up":
             return [layout.GATEWAY_DOOR_CHECK, "up"]
+        # this gateway's own HAProxy first (the level it runs), then the other's
         urls = [f"http://{target(address, layout.GATEWAY_LEVEL_PORT)}/"
-                for _, address in self.peers]
-        return [layout.GATEWAY_DOOR_CHECK, "level", layout.GATEWAY_LEVEL,
-                layout.GATEWAY_PEER_LEVEL, *urls]
+                for _, address in [(self.name, self.own_address), *self.peers]]
+        return [layout.GATEWAY_DOOR_CHECK, "level", layout.GATEWAY_PEER_LEVEL, *urls]
 
     def keepalived_text(self, interface: str) -> str:
         """keepalived's config on this gateway, holding gateway_virtual_ip on `interface` (the
@@ -234,9 +234,10 @@ class GatewaySettings(Checked):
     @cached_property
     def level_digest(self) -> str:
         """What must be alike on both gateways before either may hold the address: the config,
-        the certificate, the client keys' maps (a digest: none of it in clear)."""
+        the certificate, the client keys' maps (a digest: none of it in clear). The config is
+        taken with '-' where it carries this digest (its level frontend's header)."""
         digest = hashlib.sha256()
-        for part in (self.config_text, self.pem,
+        for part in (self._config("-"), self.pem,
                      *((self.clients_map_text, self.box_key_map_text)
                        if self.gateway_clients else ())):
             digest.update(hashlib.sha256(part.encode()).digest())
@@ -415,4 +416,8 @@ class GatewaySettings(Checked):
 
     @cached_property
     def config_text(self) -> str:
-        return _HAPROXY.get_template("haproxy.cfg.j2").render(g=self, layout=layout)
+        # two gateways: the config carries its level, so HAProxy says the level it runs
+        return self._config(self.level_digest if self.peers else None)
+
+    def _config(self, level) -> str:
+        return _HAPROXY.get_template("haproxy.cfg.j2").render(g=self, layout=layout, level=level)
