@@ -9,6 +9,7 @@ Fast: no Docker, no SSH; haproxy and keepalived from Debian's packages (.ci/setu
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -19,7 +20,13 @@ from typing import ClassVar
 import pytest
 
 from tests.fast.test_gateway_render import haproxy_check, inventory
-from thorfleet.gateway.config import firewall_script, keepalived_word
+from thorfleet.gateway.config import (
+    GATEWAY_FIREWALL,
+    GATEWAY_FIREWALL_DROPIN,
+    GATEWAY_FIREWALL_TABLE,
+    firewall_script,
+    keepalived_word,
+)
 from thorfleet.settings import layout
 from thorfleet.settings.hosts import SettingsError, settings_for_inventory
 
@@ -314,3 +321,43 @@ def test_the_level_a_gateway_claims_is_the_one_its_haproxy_runs(tmp_path, netns)
     done = run("sh", *gw2_check)
     assert done.returncode == 0 and f"own: 200 {new['gw-2'].level_digest};" in done.stdout, \
         done.stdout + done.stderr
+
+
+SEND_VRRP = """import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, 112)
+s.bind((sys.argv[1], 0))
+s.sendto(bytes([0x21, 51, 255, 1, 0, 1, 0, 0]) + socket.inet_aton("10.0.0.50"), ("10.0.0.9", 0))
+"""
+
+
+def vrrp_dropped(run):
+    listed = run("nft", "list", "table", *GATEWAY_FIREWALL_TABLE).stdout
+    line = next(x for x in listed.splitlines() if "l4proto" in x and "drop" in x)
+    return int(line.split("packets ")[1].split()[0])
+
+
+@pytest.mark.skipif(not (shutil.which("nft") and os.geteuid() == 0),
+                    reason="needs nft and root (a network namespace)")
+def test_vrrp_reaches_a_gateway_from_the_other_only(tmp_path, netns):
+    """gw-1's own table, in a network namespace: an advert at priority 255 from a third LAN
+    host is dropped, the peer's passes; nft -c takes the script, the unit loads the file the
+    deploy writes (keepalived's drop-in)."""
+    run, _ = netns
+    g = pair(tmp_path)["gw-1"]
+    (tmp_path / "firewall.nft").write_text(g.peer_firewall)
+    assert "ip saddr 10.0.0.8 meta l4proto { 112 } accept" in g.peer_firewall
+    assert "10.0.0.9" not in g.peer_firewall  # the peer's only, not its own
+    checked = run("nft", "-c", "-f", str(tmp_path / "firewall.nft"))
+    assert checked.returncode == 0, checked.stderr
+    assert run("nft", "-f", str(tmp_path / "firewall.nft")).returncode == 0
+    assert run("ip", "addr", "add", "10.0.0.7/32", "dev", "lo").returncode == 0
+    sent = run(sys.executable, "-c", SEND_VRRP, "10.0.0.7")  # a third host on the LAN
+    assert sent.returncode == 0, sent.stderr
+    assert vrrp_dropped(run) == 1
+    sent = run(sys.executable, "-c", SEND_VRRP, "10.0.0.8")  # the other gateway
+    assert sent.returncode == 0 and vrrp_dropped(run) == 1
+    dropin = (layout.FILES / "systemd" / GATEWAY_FIREWALL_DROPIN).read_text().splitlines()
+    assert {f"ExecStartPre=/usr/sbin/nft -f {GATEWAY_FIREWALL}",
+            f"ExecReload=/usr/sbin/nft -f {GATEWAY_FIREWALL}",
+            f"ExecStopPost=-/usr/sbin/nft delete table {' '.join(GATEWAY_FIREWALL_TABLE)}"
+            } <= set(dropin)
