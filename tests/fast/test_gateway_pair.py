@@ -3,7 +3,13 @@ before anything connects, both render one HAProxy config and one certificate nam
 address, each its keepalived config that keepalived's own parser accepts, and the check that keeps
 a gateway which missed a run from taking the address.
 
-Fast: no Docker, no SSH; haproxy and keepalived from Debian's packages (.ci/setup installs them).
+Fast: no Docker, no SSH; haproxy and keepalived from Debian's packages (.ci/setup installs them);
+network namespaces (root) for real HAProxys and the gateways' nftables table.
+
+The edits that break them: no `check_unicast_src` (any LAN host's advert is taken); the door-check
+reading its own level from the file a run writes before the reload, or taking the level file's
+body without the running config's digest (x-thorfleet-level); the gateways' VRRP accept rule
+without its source address.
 """
 
 import os
