@@ -619,5 +619,12 @@ def test_a_laptop_secret_others_can_read_or_replace_is_refused(tmp_path, api_key
     assert refused({"service_api_key_file": str(key)}, api_key_file) == [
         (f"service_api_key_file={str(key)!r} is in {shared}, which other users can write (mode "
          f"777): they could replace it; chmod go-w {shared}")]
-    shared.chmod(0o1777)  # sticky, as /tmp: only the owner may replace it
+    # sticky, as /tmp: the file cannot be renamed away, but anyone may put theirs there before
+    # thorfleet makes one (a client's key, the fleet CA's): the folder that holds a secret is
+    # never one others can write (tests/fast/test_laptop_secrets.py holds the rest of the family)
+    shared.chmod(0o1777)
+    assert refused({"service_api_key_file": str(key)}, api_key_file) == [
+        (f"service_api_key_file={str(key)!r} is in {shared}, which other users can write (mode "
+         f"1777): they could replace it; chmod go-w {shared}")]
+    shared.chmod(0o700)
     settings_for({**GOOD, "service_api_key_file": str(key)})
