@@ -38,8 +38,8 @@ def test_a_fleet_ca_folder_others_can_write_is_refused(tmp_path, mode):
     ca.mkdir()
     ca.chmod(mode)
     assert refused(inventory(tmp_path)) == [
-        f"gw-1: gateway_ca_dir={str(ca)!r} is in {ca}, which other users can write (mode "
-        f"{mode:o}): they could replace it; chmod go-w {ca}"]
+        (f"gw-1: gateway_ca_dir={str(ca)!r} is in {ca}, which other users can write (mode "
+         f"{mode:o}): they could replace it; chmod go-w {ca}")]
     ca.chmod(0o700)
     settings_for_inventory(inventory(tmp_path))
 
@@ -51,9 +51,9 @@ def test_a_fleet_ca_folder_under_a_folder_others_can_write_is_refused(tmp_path):
     shared.chmod(0o777)
     data = {"gateway_ca_dir": str(shared / "ca")}
     assert refused(inventory(tmp_path, gateway_data=data)) == [
-        f"gw-1: gateway_ca_dir={str(shared / 'ca')!r}: {shared}, above it, can be written by "
-        f"other users (mode 777): they could swap {shared / 'ca'} for their own; "
-        f"chmod go-w {shared}"]
+        (f"gw-1: gateway_ca_dir={str(shared / 'ca')!r}: {shared}, above it, can be written by "
+         f"other users (mode 777): they could swap {shared / 'ca'} for their own; "
+         f"chmod go-w {shared}")]
     # sticky above a folder of ours that is there already: nobody else can rename it
     shared.chmod(0o1777)
     settings_for_inventory(inventory(tmp_path, gateway_data=data))
@@ -66,10 +66,10 @@ def test_a_fleet_ca_folder_not_made_yet_in_a_sticky_folder_is_refused(tmp_path):
     sticky.chmod(0o1777)
     data = {"gateway_ca_dir": str(sticky / "fleet" / "ca")}
     assert refused(inventory(tmp_path, gateway_data=data)) == [
-        f"gw-1: gateway_ca_dir={str(sticky / 'fleet' / 'ca')!r}: {sticky / 'fleet'} is not there "
-        f"yet, and other users can write {sticky} (mode 1777): one could make it first and hold "
-        f"what thorfleet puts there; mkdir -m 700 {sticky / 'fleet'} yourself now, or keep it "
-        "under your home"]
+        (f"gw-1: gateway_ca_dir={str(sticky / 'fleet' / 'ca')!r}: {sticky / 'fleet'} is not there "
+         f"yet, and other users can write {sticky} (mode 1777): one could make it first and hold "
+         f"what thorfleet puts there; mkdir -m 700 {sticky / 'fleet'} yourself now, or keep it "
+         "under your home")]
     (sticky / "fleet").mkdir(mode=0o700)  # the fix it names
     settings_for_inventory(inventory(tmp_path, gateway_data=data))
 
@@ -79,8 +79,8 @@ def test_a_client_key_folder_others_can_write_is_refused_before_its_key_is_made(
     folder = tmp_path / "clients"
     folder.chmod(0o1777)
     assert refused(inventory(tmp_path, gateway_data={"gateway_clients": clients})) == [
-        f"gw-1: gateway_clients['alice']={clients['alice']!r} is in {folder}, which other users "
-        f"can write (mode 1777): they could replace it; chmod go-w {folder}"]
+        (f"gw-1: gateway_clients['alice']={clients['alice']!r} is in {folder}, which other users "
+         f"can write (mode 1777): they could replace it; chmod go-w {folder}")]
     assert not (folder / "alice.key").exists()  # refused before anything was made
 
 
@@ -97,9 +97,9 @@ def test_the_boxes_copy_keys_folder_is_held_to_the_same(tmp_path):
                       "weights_peer_key_file": str(shared / "peer_ed25519"),
                       "image_peer_key_file": str(tmp_path / "image_ed25519")}))
     assert refused(inv) == [
-        f"thor-1, thor-2: weights_peer_key_file={str(shared / 'peer_ed25519')!r} is in "
-        f"{shared}, which other users can write (mode 777): they could replace it; "
-        f"chmod go-w {shared}"]
+        (f"thor-1, thor-2: weights_peer_key_file={str(shared / 'peer_ed25519')!r} is in "
+         f"{shared}, which other users can write (mode 777): they could replace it; "
+         f"chmod go-w {shared}")]
 
 
 def test_a_folder_of_another_user_is_refused(tmp_path):
@@ -109,8 +109,8 @@ def test_a_folder_of_another_user_is_refused(tmp_path):
     folder.mkdir(mode=0o700)
     os.chown(folder, 4242, -1)
     assert private_folder_problems("gateway_ca_dir", str(folder), folder) == [
-        f"gateway_ca_dir={str(folder)!r}: {folder} belongs to another user (uid 4242), who could "
-        "replace what it holds: keep the secret in a folder of yours, like ~/.config/thorfleet"]
+        (f"gateway_ca_dir={str(folder)!r}: {folder} belongs to another user (uid 4242), who could "
+         "replace what it holds: keep the secret in a folder of yours, like ~/.config/thorfleet")]
 
 
 def test_the_walk_stops_at_the_home_folder(tmp_path, monkeypatch):
