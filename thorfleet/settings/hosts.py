@@ -469,10 +469,19 @@ def client_problems(clients, box_keys) -> list[str]:
         problems.append("gateway_clients: the door sends the boxes one key of its own, their "
                         "service_api_key_file's: give every Thor the same one, of 16 to 512 "
                         "letters, digits and -._~+/= (openssl rand -hex 24)")
+    files = {}  # {the file, resolved: the first client naming it}
     for name, path in sorted(clients.items()):
         key_name = f"gateway_clients[{name!r}]"
         problems += private_file_problems(key_name, path)
         file = Path(path).expanduser()
+        # one file, two clients (made or not: the run would make one key for both): revoking one
+        # would leave the key working under the other's name
+        same = files.setdefault(file.resolve(), name)
+        if same != name:
+            problems.append(f"{key_name}: {file} is client {same!r}'s key file too: each client "
+                            f"needs a file (and a key) of its own, or revoking one leaves the key "
+                            f"working as the other; point {key_name} at another file")
+            continue
         if not file.exists():
             continue
         try:
