@@ -396,6 +396,8 @@ def _the_gateway(inventory, settings):
         backends.append(Backend(t.name, target, box.service_port, _max_num_seqs(box),
                                 box.watchdog_port, box.service_profile, tuple(box.served_names),
                                 box.service_images_per_prompt if box.vision else 0))
+    if first.gateway_virtual_ip:
+        problems += _shared_address_problems(hosts, first.gateway_virtual_ip, sources, backends)
     box_key = None
     if first.gateway_clients:
         box_keys = {settings[b.name].api_key for b in backends}
@@ -458,6 +460,40 @@ def _on_network(name, source, virtual) -> list[str]:
         return [(f"{name}: gateway_virtual_ip {virtual} is the gateway's own address: pick a "
                  "free address of its network, which only the one holding it answers")]
     return []
+
+
+def _shared_address_problems(hosts, virtual, sources, backends) -> list[str]:
+    """A shared address whose network leaves out a box the gateways dial (by an IPv4 address).
+
+    keepalived adds gateway_virtual_ip with its prefix, and with it a route to that network from
+    the shared address. A prefix longer than the LAN's (10.0.0.50/25 on a /24) makes the holder
+    dial the boxes inside the /25 from the shared address, which their firewall does not let in
+    (it admits each gateway's own address): all marked down, the door shut. The LAN's prefix is
+    not in the inventory, but the boxes the gateways dial are on it (or the shared address has
+    nothing to do with them): each must be inside the shared address's network. A box dialed by
+    name is not known here; the prefix itself is only knowable on the gateway (ip -4 addr).
+    """
+    interface = ipaddress.IPv4Interface(virtual)
+    outside = [(b.name, b.address) for b in backends if is_ip_address(b.address)
+               and ipaddress.ip_address(b.address).version == 4
+               and ipaddress.ip_address(b.address) not in interface.network]
+    if not outside:
+        return []
+    # the longest prefix whose network holds the shared address, the gateways and the boxes: the
+    # LAN's is that or shorter
+    every = [interface.ip, *(ipaddress.ip_address(a) for _, a in outside),
+             *(ipaddress.ip_address(s) for s in sources
+               if is_ip_address(s) and ipaddress.ip_address(s).version == 4)]
+    prefix = interface.network.prefixlen
+    while any(a not in ipaddress.IPv4Interface(f"{interface.ip}/{prefix}").network for a in every):
+        prefix -= 1
+    boxes = ", ".join(f"{name} ({address})" for name, address in outside)
+    return [(f"{' and '.join(h.name for h in hosts)}: gateway_virtual_ip {virtual} leaves out "
+             f"{boxes}, which the gateways dial: its network {interface.network} is narrower than "
+             "the LAN the boxes are on, so the gateway holding it would dial the boxes inside "
+             f"{interface.network} from {interface.ip}, which their firewall does not let in, and "
+             "mark them all down; write it with the LAN's own prefix (ip -4 addr on a gateway "
+             f"shows it: /{prefix} or shorter, to hold them all), like {interface.ip}/{prefix}")]
 
 
 def client_problems(clients, box_keys) -> list[str]:
