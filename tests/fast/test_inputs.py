@@ -32,7 +32,7 @@ from thorfleet.settings import schema
 from thorfleet.settings.hosts import SettingsError, settings_for_inventory
 from thorfleet.settings.render import Settings
 
-KEY = "sk-test-key"
+KEY = "sk-test-key-0123456789"
 
 
 def problems_of(change, **check):

@@ -40,7 +40,7 @@ from thorfleet.settings import layout, schema
 from thorfleet.settings.recipe import NO_MEDIA_DOMAIN, PROFILES, RECIPE_ENV
 from thorfleet.settings.render import Settings
 
-KEY = "sk-Az09-._~+/="
+KEY = "sk-0123456789-Az09-._~+/="
 GROUPS = {"all", "canary", "sim_thors"}
 BOUND = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

@@ -1,6 +1,11 @@
 """thorfleet's operations, facts in and commands out (as pyinfra tests its own): each yields only
-what closes the gap, and nothing (a noop) when the box is already right."""
+what closes the gap, and nothing (a noop) when the box is already right.
 
+The edits that break the staging tests (tried once, see /tmp/laptop-report.md): files._replace
+naming the staged upload after the content's sha256 again (`digest[:16]`); whole_file deciding
+to upload from anything but the box's reported sha256."""
+
+import hashlib
 from io import StringIO
 from types import SimpleNamespace
 
@@ -247,11 +252,34 @@ def test_a_unit_state_a_run_cannot_put_right_fails_saying_how_to(state, said):
 def test_whole_file_is_staged_then_renamed_into_place():
     commands, _ = run(files.whole_file, {facts.FileState: None}, path="/etc/x",
                       src=StringIO("hello\n"))
-    staged = f".thorfleet-upload/{SHA_OF_HELLO[:16]}"
-    assert commands[1] == f"upload {staged}"
+    staged = commands[1].removeprefix("upload ")
+    assert staged.startswith(".thorfleet-upload/") and commands[1] == f"upload {staged}"
     # the live file only ever changes by a rename of a complete file beside it
     assert f"sudo install -m 644 -o root -g root {staged} /etc/x.thorfleet-tmp" in commands[2]
     assert "sudo mv -fT /etc/x.thorfleet-tmp /etc/x" in commands[2]
+
+
+def test_a_secrets_staged_name_tells_nothing_of_it_and_a_converged_box_is_still_a_noop():
+    """`sudo install STAGED ...` is in the box's process list while it runs: a name derived from
+    the content (once the first 16 hex of its sha256) let anyone on the box check guesses of the
+    boxes' key (secrets.env, the door's box-key map) offline. Whether to upload comes from the
+    sha256 the box reports of the live file, not from the staged name."""
+    secret = "VLLM_API_KEY=sk-a-key-0123456789abcdef\n"
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    names = set()
+    for _ in range(2):
+        commands, _ = run(files.whole_file, {facts.FileState: None}, path="/etc/s",
+                          src=StringIO(secret), mode="600")
+        staged = commands[1].removeprefix("upload .thorfleet-upload/")
+        assert staged not in digest and digest[:8] not in "".join(commands), commands
+        assert f"{files.BOX_UPLOAD_STAGING}/{staged}" in commands[2]  # installed, then removed
+        names.add(staged)
+    assert len(names) == 2  # not a function of the content at all
+    converged = {"type": "regular file", "sha256": digest, "mode": "600", "user": "root",
+                 "group": "root"}
+    for _ in range(2):
+        assert run(files.whole_file, {facts.FileState: converged}, path="/etc/s",
+                   src=StringIO(secret), mode="600") == ([], ["/etc/s is already in place"])
 
 
 def test_checkpoint_complete_is_a_noop_and_missing_is_fetched():

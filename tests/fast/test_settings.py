@@ -2,6 +2,9 @@
 
 Fast: no Docker, no SSH. The schema (thorfleet/settings/schema.py) against group_data/all.py, every rule
 refusing a bad value with its message, a typo'd key told the real one, a good inventory passing.
+
+The edits that break the API key's length test (tried once, see /tmp/laptop-report.md):
+schema.API_KEY_MIN lowered below 16; the length's problem naming the key itself.
 """
 
 import ast
@@ -46,7 +49,7 @@ GOOD = {
 @pytest.fixture
 def api_key_file(tmp_path):
     path = tmp_path / "api_key"
-    path.write_text("sk-test-key\n")
+    path.write_text("sk-test-key-0123456789\n")
     path.chmod(0o600)
     return str(path)
 
@@ -108,9 +111,9 @@ def test_only_the_pins_have_no_usable_default():
 def test_good_data_renders(api_key_file):
     s = settings_for({**GOOD, "service_api_key_file": api_key_file})
     assert s.listen_host == "0.0.0.0"
-    assert "sk-test-key" not in s.unit_text + s.config_text  # the key only reaches secrets.env
-    assert s.secrets_env_text == "VLLM_API_KEY=sk-test-key\n"
-    assert "sk-test-key" not in repr(s)
+    assert "sk-test-key-0123456789" not in s.unit_text + s.config_text  # the key only reaches secrets.env
+    assert s.secrets_env_text == "VLLM_API_KEY=sk-test-key-0123456789\n"
+    assert "sk-test-key-0123456789" not in repr(s)
     assert s.service_port == 8002 and s.memory_gate_margin_gib == 7
     assert "--margin-gib 7 " in s.unit_text  # a number renders as written
 
@@ -577,7 +580,7 @@ def test_the_fingerprint_holds_nothing_derived_from_the_key(tmp_path):
     # its hash, a short key could be brute-forced from it and the unit and config (readable on
     # the box). Whether the server runs the live key is compared on the box instead.
     prints = set()
-    for key in ("sk-first-key", "sk-rotated-key"):
+    for key in ("sk-first-key-0123456789", "sk-rotated-key-0123456789"):
         path = tmp_path / key
         path.write_text(key + "\n")
         path.chmod(0o600)
@@ -601,6 +604,29 @@ def test_every_unit_container_and_user_thorfleet_installs_is_refused_as_service_
         assert any("is a name thorfleet uses for something else" in p for p in problems), name
 
 
+def test_an_api_key_shorter_than_a_client_key_is_refused_without_showing_it(tmp_path,
+                                                                              monkeypatch):
+    """The boxes' key opens every box (and the door, without gateway_clients): at least 16
+    characters, as a client key (gateway.config.CLIENT_KEY), from the file or the environment."""
+    key = tmp_path / "api_key"
+    for short in ("sk-12345678901", "x" * 15):
+        key.write_text(short + "\n")
+        key.chmod(0o600)
+        inv = Inventory((["thor-1"], {**GOOD, "service_api_key_file": str(key)}))
+        with pytest.raises(SettingsError) as error:
+            settings_for_inventory(inv)
+        assert error.value.problems == [
+            (f"thor-1: the API key (service_api_key_file or THORFLEET_API_KEY) is {len(short)} "
+             "characters, under 16: anyone who can reach a box could guess it; make a longer one: "
+             "(umask 077; openssl rand -hex 24 > FILE)")]
+        assert short not in str(error.value)
+    monkeypatch.setenv("THORFLEET_API_KEY", "sk-short")
+    with pytest.raises(SettingsError, match="is 8 characters, under 16"):
+        settings_for({**GOOD, "service_api_key_file": None})
+    key.write_text("x" * 16 + "\n")
+    settings_for({**GOOD, "service_api_key_file": str(key)})
+
+
 def test_a_laptop_secret_others_can_read_or_replace_is_refused(tmp_path, api_key_file):
     """The class: every secret file thorfleet reads on the laptop (the API key, the hub token;
     the gateway's TLS key is held to the same in tests/fast/test_gateway_render.py)."""
@@ -614,10 +640,17 @@ def test_a_laptop_secret_others_can_read_or_replace_is_refused(tmp_path, api_key
     shared.mkdir()
     shared.chmod(0o777)  # anyone may swap the file for their own key
     key = shared / "api_key"
-    key.write_text("sk-test-key\n")
+    key.write_text("sk-test-key-0123456789\n")
     key.chmod(0o600)
     assert refused({"service_api_key_file": str(key)}, api_key_file) == [
         (f"service_api_key_file={str(key)!r} is in {shared}, which other users can write (mode "
          f"777): they could replace it; chmod go-w {shared}")]
-    shared.chmod(0o1777)  # sticky, as /tmp: only the owner may replace it
+    # sticky, as /tmp: the file cannot be renamed away, but anyone may put theirs there before
+    # thorfleet makes one (a client's key, the fleet CA's): the folder that holds a secret is
+    # never one others can write (tests/fast/test_laptop_secrets.py holds the rest of the family)
+    shared.chmod(0o1777)
+    assert refused({"service_api_key_file": str(key)}, api_key_file) == [
+        (f"service_api_key_file={str(key)!r} is in {shared}, which other users can write (mode "
+         f"1777): they could replace it; chmod go-w {shared}")]
+    shared.chmod(0o700)
     settings_for({**GOOD, "service_api_key_file": str(key)})

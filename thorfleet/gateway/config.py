@@ -355,7 +355,12 @@ class GatewaySettings(Checked):
                 tls.write_whole(file, (secrets.token_hex(24) + "\n").encode())
                 print(f"thorfleet: made a key for client {name} at {file} (0600): hand it to "
                       "them; it opens the gateway's door", file=sys.stderr)
-            keys[name] = client_key(name, file)
+            key = client_key(name, file)
+            same = next((other for other, taken in keys.items() if taken == key), None)
+            if same is not None:  # the settings check refuses it first (hosts.client_problems)
+                raise ValueError(f"client {name}'s key file {file} holds client {same}'s key: "
+                                 "each client needs a key of its own")
+            keys[name] = key
         return keys
 
     @property

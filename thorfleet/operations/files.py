@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from io import BytesIO, StringIO
 from pathlib import Path, PurePosixPath
+from secrets import token_hex
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, StringCommand, operation
@@ -60,12 +61,17 @@ def whole_file(path, src, mode="644", check=(), *, current):
         yield f"{sh('chown', 'root:root', path)} && {sh('chmod', mode, path)}"
         return
     # anything else (no file, other content, a link even to the same content) is replaced whole
-    yield from _replace(path, content, wanted, mode, check)
+    yield from _replace(path, content, mode, check)
 
 
-def _replace(path, content, digest, mode, check=()):
-    """The commands that put `content` (whose sha256 is `digest`) at `path` whole (whole_file)."""
-    staged = f"{BOX_UPLOAD_STAGING}/{digest[:16]}"
+def _replace(path, content, mode, check=()):
+    """The commands that put `content` at `path` whole (whole_file).
+
+    The staged copy's name is random, never of the content: it shows in the box's process list
+    (`sudo install STAGED ...`), and a digest of a secret there (secrets.env, the door's key map)
+    could be checked against guesses. Whether to upload at all is the caller's, from the sha256
+    the box reports of the live file against the content's (facts.FileState, facts.TreeState)."""
+    staged = f"{BOX_UPLOAD_STAGING}/{token_hex(16)}"
     tmp = f"{path}.thorfleet-tmp"
     yield StringCommand(sh("install", "-d", "-m", "700", BOX_UPLOAD_STAGING), _sudo=False)
     yield FileUploadCommand(BytesIO(content), staged, _sudo=False)
@@ -231,7 +237,7 @@ def tree(src, dest, *, current):
         if found and found.get("sha256") == on_box["sha256"]:  # the content is right: its mode
             yield f"{sh('chown', on_box['owner'], path)} && {sh('chmod', on_box['mode'], path)}"
         else:
-            yield from _replace(path, content, on_box["sha256"], on_box["mode"])
+            yield from _replace(path, content, on_box["mode"])
     extra = sorted(set(current) - set(wanted))
     if extra:
         yield sh("rm", "-f", "--", *(f"{dest}/{name}" for name in extra))

@@ -89,24 +89,71 @@ def _read_secret_of(data, key, env_name):
 
 
 def private_file_problems(key, path) -> list[str]:
-    """A laptop secret (the API key, the hub token, the gateway's TLS key) that another user could
-    read, or replace (its folder writable by others, no sticky bit): refused, with the fix."""
+    """A laptop secret (the API key, the hub token, the gateway's TLS key, a client's key, the
+    boxes' copy keys) that another user could read, or replace: the file readable by others, or
+    a folder it is in another user can write (private_folder_problems). Refused, with the fix;
+    a missing file is reported where it is read (or made), but its folders are still checked."""
     if not path:
         return []
     file = Path(path).expanduser()
-    try:
-        mode, folder = file.stat().st_mode, file.resolve().parent
-        folder_mode = folder.stat().st_mode
-    except OSError:
-        return []  # a missing file is reported where it is read
     problems = []
-    if mode & 0o077:
+    try:
+        mode = file.stat().st_mode
+    except OSError:
+        mode = None
+    if mode is not None and mode & 0o077:
         problems.append(f"{key}={str(path)!r} can be read by other users (mode {mode & 0o777:o}): "
                         f"chmod 600 {file}")
-    if folder_mode & 0o022 and not folder_mode & 0o1000:
-        problems.append(f"{key}={str(path)!r} is in {folder}, which other users can write (mode "
-                        f"{folder_mode & 0o777:o}): they could replace it; chmod go-w {folder}")
+    folders = [file.parent] + ([file.resolve().parent] if file.is_symlink() else [])
+    for folder in folders:
+        problems += [p for p in private_folder_problems(key, path, folder) if p not in problems]
     return problems
+
+
+def private_folder_problems(key, path, folder) -> list[str]:
+    """`folder`, which holds (or will hold) the laptop secret `key`=`path`, and every folder above
+    it up to the user's home (else up to /), as OpenSSH's StrictModes holds ~/.ssh: each must be
+    this user's or root's and writable by neither group nor others, or another user could put
+    their own secret in its place (a CA key before the first run, a client key thorfleet makes
+    when missing) or swap the folder holding it. A sticky folder (/tmp, 1777) only keeps others
+    from renaming what is in it already: it is safe above a folder of ours that is there, never
+    as the folder that holds the secret, nor above one not made yet (anyone may make it first).
+    """
+    current = Path(os.path.realpath(Path(folder).expanduser()))
+    home = Path(os.path.realpath(Path.home()))
+    missing = None  # the first folder of the path not there yet: thorfleet makes it (0700)
+    while not current.is_dir() and current.parent != current:
+        missing, current = current, current.parent
+    problems, below, me = [], None, os.getuid()
+    said = f"{key}={str(path)!r}"
+    while True:
+        try:
+            stat = current.stat()
+        except OSError:
+            return problems  # unreadable: reported where the secret is read or made
+        mode = stat.st_mode & 0o7777
+        if stat.st_uid not in (0, me):
+            problems.append(f"{said}: {current} belongs to another user (uid {stat.st_uid}), who "
+                            "could replace what it holds: keep the secret in a folder of yours, "
+                            "like ~/.config/thorfleet")
+        elif stat.st_mode & 0o022:
+            sticky = stat.st_mode & 0o1000
+            if below is None and missing is None:
+                problems.append(f"{said} is in {current}, which other users can write (mode "
+                                f"{mode:o}): they could replace it; chmod go-w {current}")
+            elif below is None:
+                fix = (f"mkdir -m 700 {missing} yourself now, or keep it under your home"
+                       if sticky else f"chmod go-w {current}")
+                problems.append(f"{said}: {missing} is not there yet, and other users can write "
+                                f"{current} (mode {mode:o}): one could make it first and hold "
+                                f"what thorfleet puts there; {fix}")
+            elif not sticky:
+                problems.append(f"{said}: {current}, above it, can be written by other users "
+                                f"(mode {mode:o}): they could swap {below} for their own; "
+                                f"chmod go-w {current}")
+        if current == home or current.parent == current:
+            return problems
+        below, current = current, current.parent
 
 
 def settings_for(data, *, groups=None, image_files=None):
@@ -180,6 +227,7 @@ def settings_for_inventory(inventory):
     if any(fleet_copy(checked, inventory) or image_copy(checked, inventory)
            for checked in settings.values()):
         found += peer_address_problems(inventory)
+    found += _peer_key_problems(inventory, settings)
     for (addr, ssh_port, port), names in boxes.items():
         if len(names) > 1:
             found.append(f"{', '.join(names)}: the same box ({addr}:{ssh_port}) twice with "
@@ -205,6 +253,19 @@ def settings_for_inventory(inventory):
         else:
             settings[name] = monitor
     return settings
+
+
+def _peer_key_problems(inventory, settings) -> list[str]:
+    """The boxes' copy keys (weights_peer_key_file, image_peer_key_file) as laptop secrets, for
+    the runs that use them (private_file_problems): each named once, by the hosts that use it."""
+    users = {}
+    for name, checked in settings.items():
+        for key, used in (("weights_peer_key_file", fleet_copy(checked, inventory)),
+                          ("image_peer_key_file", image_copy(checked, inventory))):
+            if used:
+                users.setdefault((key, getattr(checked, key)), []).append(name)
+    return [f"{', '.join(names)}: {p}" for (key, path), names in users.items()
+            for p in private_file_problems(key, path)]
 
 
 def _the_monitor(inventory, settings, gateways):
@@ -278,6 +339,10 @@ def _the_gateway(inventory, settings):
         "gateway_tls_key_file", h.data.get("gateway_tls_key_file"))]
     if problems:
         return {}, problems
+    # the fleet CA's folder (made on the first run): every client trusts what its key signs
+    problems += [f"{h.name}: {p}" for h, values, _ in checked if not values.gateway_tls_cert_file
+                 for p in private_folder_problems("gateway_ca_dir", values.gateway_ca_dir,
+                                                  values.gateway_ca_dir)]
     first = checked[0][1]
     addresses = [h.data.get("ssh_hostname") or h.name for h in hosts]
     sources = [values.gateway_fleet_address or address
@@ -331,6 +396,8 @@ def _the_gateway(inventory, settings):
         backends.append(Backend(t.name, target, box.service_port, _max_num_seqs(box),
                                 box.watchdog_port, box.service_profile, tuple(box.served_names),
                                 box.service_images_per_prompt if box.vision else 0))
+    if first.gateway_virtual_ip:
+        problems += _shared_address_problems(hosts, first.gateway_virtual_ip, sources, backends)
     box_key = None
     if first.gateway_clients:
         box_keys = {settings[b.name].api_key for b in backends}
@@ -395,6 +462,40 @@ def _on_network(name, source, virtual) -> list[str]:
     return []
 
 
+def _shared_address_problems(hosts, virtual, sources, backends) -> list[str]:
+    """A shared address whose network leaves out a box the gateways dial (by an IPv4 address).
+
+    keepalived adds gateway_virtual_ip with its prefix, and with it a route to that network from
+    the shared address. A prefix longer than the LAN's (10.0.0.50/25 on a /24) makes the holder
+    dial the boxes inside the /25 from the shared address, which their firewall does not let in
+    (it admits each gateway's own address): all marked down, the door shut. The LAN's prefix is
+    not in the inventory, but the boxes the gateways dial are on it (or the shared address has
+    nothing to do with them): each must be inside the shared address's network. A box dialed by
+    name is not known here; the prefix itself is only knowable on the gateway (ip -4 addr).
+    """
+    interface = ipaddress.IPv4Interface(virtual)
+    outside = [(b.name, b.address) for b in backends if is_ip_address(b.address)
+               and ipaddress.ip_address(b.address).version == 4
+               and ipaddress.ip_address(b.address) not in interface.network]
+    if not outside:
+        return []
+    # the longest prefix whose network holds the shared address, the gateways and the boxes: the
+    # LAN's is that or shorter
+    every = [interface.ip, *(ipaddress.ip_address(a) for _, a in outside),
+             *(ipaddress.ip_address(s) for s in sources
+               if is_ip_address(s) and ipaddress.ip_address(s).version == 4)]
+    prefix = interface.network.prefixlen
+    while any(a not in ipaddress.IPv4Interface(f"{interface.ip}/{prefix}").network for a in every):
+        prefix -= 1
+    boxes = ", ".join(f"{name} ({address})" for name, address in outside)
+    return [(f"{' and '.join(h.name for h in hosts)}: gateway_virtual_ip {virtual} leaves out "
+             f"{boxes}, which the gateways dial: its network {interface.network} is narrower than "
+             "the LAN the boxes are on, so the gateway holding it would dial the boxes inside "
+             f"{interface.network} from {interface.ip}, which their firewall does not let in, and "
+             "mark them all down; write it with the LAN's own prefix (ip -4 addr on a gateway "
+             f"shows it: /{prefix} or shorter, to hold them all), like {interface.ip}/{prefix}")]
+
+
 def client_problems(clients, box_keys) -> list[str]:
     """What is wrong with the door's client keys (gateway_clients) and the key it sends the
     boxes, each naming the file or setting (never a key). A key file not there yet is made by the
@@ -404,10 +505,19 @@ def client_problems(clients, box_keys) -> list[str]:
         problems.append("gateway_clients: the door sends the boxes one key of its own, their "
                         "service_api_key_file's: give every Thor the same one, of 16 to 512 "
                         "letters, digits and -._~+/= (openssl rand -hex 24)")
+    files = {}  # {the file, resolved: the first client naming it}
     for name, path in sorted(clients.items()):
         key_name = f"gateway_clients[{name!r}]"
         problems += private_file_problems(key_name, path)
         file = Path(path).expanduser()
+        # one file, two clients (made or not: the run would make one key for both): revoking one
+        # would leave the key working under the other's name
+        same = files.setdefault(file.resolve(), name)
+        if same != name:
+            problems.append(f"{key_name}: {file} is client {same!r}'s key file too: each client "
+                            f"needs a file (and a key) of its own, or revoking one leaves the key "
+                            f"working as the other; point {key_name} at another file")
+            continue
         if not file.exists():
             continue
         try:

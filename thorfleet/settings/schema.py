@@ -753,6 +753,8 @@ PINNED_KEYS = ("weights_model_revision", "weights_draft_revision", "image_base")
 # What secrets.env (systemd's EnvironmentFile, and thorfleet-serve, read it unquoted) and an HTTP
 # Authorization header hold as they are: visible ASCII; the key without quotes, \, $ or `.
 API_KEY = re.compile(r"[!#%&(-\[\]-_a-~]+")
+# As short as a client key may be (gateway.config.CLIENT_KEY): long enough that nobody guesses it.
+API_KEY_MIN = 16
 _TOKEN = re.compile(r"[!-~]+")
 
 
@@ -762,6 +764,11 @@ def _secret_problems(api_key, hf_token, data):
         problems.append("the API key (service_api_key_file or THORFLEET_API_KEY) holds whitespace, "
                         "a quote, a backslash, $, ` or something unprintable, which secrets.env "
                         "cannot hold as it is: use a key of letters, digits and - . _ ~ + / =")
+    elif api_key and len(api_key) < API_KEY_MIN:  # its length only: never a part of it
+        problems.append(f"the API key (service_api_key_file or THORFLEET_API_KEY) is "
+                        f"{len(api_key)} characters, under {API_KEY_MIN}: anyone who can reach a "
+                        "box could guess it; make a longer one: (umask 077; openssl rand -hex 24 "
+                        "> FILE)")
     if hf_token and not _TOKEN.fullmatch(hf_token):
         problems.append("the Hugging Face token (weights_hf_token_file or HF_TOKEN) holds "
                         "whitespace or something unprintable: put the token alone in the file")
