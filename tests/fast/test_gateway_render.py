@@ -211,7 +211,7 @@ def test_the_gateway_is_checked_with_its_own_settings_and_each_thor_told_its_add
 
 def test_without_a_gateway_the_thors_have_none(tmp_path):
     key = tmp_path / "api_key"
-    key.write_text("sk-test\n")
+    key.write_text("sk-test-0123456789\n")
     key.chmod(0o600)
     inv = Inventory(([("thor-1", {"ssh_hostname": "10.0.0.1"})],
                      {**PINS, "service_api_key_file": str(key)}))
@@ -709,7 +709,7 @@ def test_ssh_files_that_do_not_exist_are_named_for_every_host_the_gateway_too(tm
 
 def api_key(tmp_path):
     key = tmp_path / "api_key"
-    key.write_text("sk-test\n")
+    key.write_text("sk-test-0123456789\n")
     key.chmod(0o600)
     return key
 

@@ -49,7 +49,7 @@ def inventory(tmp_path, thor_hosts=THORS, monitor_hosts=None, gateway_data=None,
               with_gateway=False):
     """Thors, and a gateway (the monitor by default) or, with `monitor_hosts`, a monitor group."""
     key = tmp_path / "api_key"
-    key.write_text("sk-test\n")
+    key.write_text("sk-test-0123456789\n")
     key.chmod(0o600)
     groups = {"thors": ([n for n, _ in thor_hosts], {**PINS, "service_api_key_file": str(key)})}
     hosts = list(thor_hosts)
@@ -152,7 +152,7 @@ def test_the_monitor_group_overrides_the_gateway_and_serves_no_model(tmp_path):
 
 def test_no_gateway_and_no_monitor_group_is_no_monitor(tmp_path):
     key = tmp_path / "api_key"
-    key.write_text("sk-test\n")
+    key.write_text("sk-test-0123456789\n")
     key.chmod(0o600)
     inv = Inventory((THORS, {**PINS, "service_api_key_file": str(key)}))
     assert monitor_of(inv) is None

@@ -28,7 +28,7 @@ RIGHT = {**READY, facts.PowerMode: 1, facts.ClocksLocked: True,
 
 @pytest.mark.parametrize("box", [BARE, RIGHT], ids=["bare", "right"])
 def test_every_task_plans_and_every_operation_body_runs(box, monkeypatch):
-    monkeypatch.setenv("THORFLEET_API_KEY", "sk-test")
+    monkeypatch.setenv("THORFLEET_API_KEY", "sk-test-0123456789")
     monkeypatch.setenv("THORFLEET_BATCH_READS", "0")  # each read from the table, no round trip
     inventory = Inventory((["thor-1", "thor-2"], {**GOOD, "image_registry": "reg.lan:5000/t"}))
     state = State(check_for_changes=False)  # as `pyinfra -y`: bodies run at execution only
@@ -55,7 +55,7 @@ def test_every_task_plans_and_every_operation_body_runs(box, monkeypatch):
 def test_the_first_host_builds_before_any_other_asks_for_the_image(extra, shipped, monkeypatch):
     # pyinfra runs each operation on every host in the order of the lines that call it: the other
     # hosts' pull or load must come after the first host's build, or each builds its own
-    monkeypatch.setenv("THORFLEET_API_KEY", "sk-test")
+    monkeypatch.setenv("THORFLEET_API_KEY", "sk-test-0123456789")
     monkeypatch.setenv("THORFLEET_BATCH_READS", "0")
     # as the CLI orders operations: by the lines that call them (the API counts them per host)
     monkeypatch.setattr(pyinfra, "is_cli", True)

@@ -27,7 +27,7 @@ from thorfleet.settings.render import Settings
 
 TOOL = ROOT / "files" / "bin" / "thorfleet-serve"
 SERVICE = "thorfleet-vllm"
-KEY = "sk-box-key"
+KEY = "sk-box-key-0123456789"
 
 FAKE_BOX = r"""#!/bin/sh
 # systemctl, journalctl and docker as thorfleet-serve uses them; the unit's state in $FAKE_BOX.
@@ -544,15 +544,15 @@ def test_the_proof_refuses_inline_reasoning_and_a_tool_call_streamed_as_content(
 def test_one_setting_gives_vllm_docker_and_systemd_their_times():
     data = {"weights_model_revision": "a" * 40, "weights_draft_revision": "b" * 40,
             "image_base": "r/vllm@sha256:" + "c" * 64, "rollout_drain_timeout_s": 300}
-    values, problems = schema.check(data, api_key="k")
+    values, problems = schema.check(data, api_key="k" * 16)
     assert not problems
-    s = Settings(values, api_key="k")
+    s = Settings(values, api_key="k" * 16)
     assert re.search(r"^shutdown_timeout: 300 ", s.config_text, re.MULTILINE)
     assert f"ExecStop=/usr/bin/docker stop -t 330 {SERVICE}\n" in s.unit_text
     assert "\nTimeoutStopSec=360\n" in s.unit_text
     # thorfleet-serve reads the drain time back from the rendered config
     assert int(box_program("thorfleet-serve").SHUTDOWN_TIMEOUT.search(s.config_text)[1]) == 300
-    assert schema.check({**data, "rollout_drain_timeout_s": 1.5}, api_key="k")[1] == [(
+    assert schema.check({**data, "rollout_drain_timeout_s": 1.5}, api_key="k" * 16)[1] == [(
         "rollout_drain_timeout_s=1.5 must be a whole number of seconds, 0 or more "
         "(0: a restart cuts answers in flight)")]
 

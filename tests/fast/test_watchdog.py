@@ -42,7 +42,7 @@ from thorfleet.settings.render import Settings
 
 TOOL = ROOT / "files" / "bin" / "thorfleet-watchdog"
 SERVICE = "thorfleet-vllm"
-KEY = "sk-watchdog-key"
+KEY = "sk-watchdog-key-0123456789"
 
 
 def load_tool():
