@@ -120,11 +120,12 @@ def _shared_address(g):
                      mode="755")
     files.directory(name="Create the folder of what the other gateway last said",
                     path=GATEWAY_PEER_LEVEL.rsplit("/", 1)[0], mode="700")
-    interface = read(facts.InterfaceOf, address=g.own_address)
-    if interface is None:
-        gateway.holds_address(name=f"{g.own_address} is on an interface here",
-                              address=g.own_address)
-        return
+    found = read(facts.InterfaceOf, address=g.own_address)
+    gateway.holds_address(name=f"{g.own_address} is on the LAN {g.gateway_virtual_ip} is for",
+                          address=g.own_address, virtual=g.gateway_virtual_ip)
+    if gateway.shared_address_problem(g.own_address, g.gateway_virtual_ip, found):
+        return  # failed above, naming the fix: nothing of keepalived written
+    interface = found.name
     firewall = _peer_firewall(g)
     held_by = " or ".join(name for name, _ in g.pair)
     config = files.whole_file(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from shlex import quote as q
+from typing import NamedTuple
 
 from pyinfra.api import FactBase
 
@@ -406,20 +407,27 @@ class FirewallMark(FactBase[str]):
         return lines[0] if lines else UNMARKED
 
 
-class InterfaceOf(FactBase[str | None]):
-    """The network interface that holds IPv4 `address` (`ip -o -4 addr show`: "2: eth0 inet
-    172.18.0.5/16 brd ..."), where keepalived adds the gateways' shared address; None when none
-    does."""
+class Interface(NamedTuple):
+    name: str
+    prefix: int  # the LAN's prefix length, as the address is configured
+
+
+class InterfaceOf(FactBase[Interface | None]):
+    """The network interface that holds IPv4 `address`, and that address's prefix (`ip -o -4 addr
+    show`: "2: eth0 inet 172.18.0.5/16 brd ..."): where keepalived adds the gateways' shared
+    address, and the LAN's prefix it must be given; None when no interface has it."""
 
     requires_command = "ip"
 
     def command(self, address):
         return ("ip -o -4 addr show | awk -v a=" + q(address)
-                + " '$3 == \"inet\" { split($4, p, \"/\"); if (p[1] == a) print $2 }'")
+                + " '$3 == \"inet\" { split($4, p, \"/\"); if (p[1] == a) print $2, p[2] }'")
 
     def process(self, output):
-        names = [line.strip().split("@")[0] for line in output if line.strip()]
-        return names[0] if names else None
+        found = [line.split() for line in output if line.strip()]
+        if not found or len(found[0]) != 2 or not found[0][1].isdigit():
+            return None
+        return Interface(found[0][0].split("@")[0], int(found[0][1]))
 
 
 class FirstLine(FactBase[str | None]):

@@ -82,18 +82,36 @@ def level_recorded(since, digest, *, live):
            f"mv {sh(tmp, GATEWAY_LEVEL)}")
 
 
+def shared_address_problem(address, virtual, interface) -> str | None:
+    """Why keepalived cannot hold `virtual` (gateway_virtual_ip) beside `address` on this
+    gateway, `interface` its fact (InterfaceOf), or None. Its prefix must be the LAN's: keepalived
+    adds the address with it, and so a route to its network from the shared address; a longer one
+    (10.0.0.50/25 on a /24) makes the holder dial the boxes of that network from an address
+    their firewall does not admit, and it marks them all down."""
+    if interface is None:
+        return (f"no interface of this gateway has {address} (gateway_fleet_address, else "
+                "ssh_hostname): keepalived adds gateway_virtual_ip beside it; set "
+                "gateway_fleet_address to this gateway's own address on the LAN the gateways "
+                "share")
+    host_part, _, prefix = virtual.partition("/")
+    if int(prefix) != interface.prefix:
+        return (f"gateway_virtual_ip {virtual} has prefix /{prefix}, but this gateway's LAN "
+                f"({address} on {interface.name}) is /{interface.prefix}: keepalived would "
+                "route that network from the shared address; set gateway_virtual_ip to "
+                f"{host_part}/{interface.prefix}")
+    return None
+
+
 @reads(interface=lambda address, **_: (facts.InterfaceOf, {"address": address}))
 @operation()
-def holds_address(address, *, interface):
-    """This gateway has `address` (gateway_fleet_address) on an interface, where keepalived adds
-    gateway_virtual_ip; a gateway without it fails, saying so."""
-    if interface is not None:
-        host.noop(f"{address} is on {interface}")
+def holds_address(address, virtual, *, interface):
+    """This gateway has `address` (gateway_fleet_address) on an interface of the LAN that
+    `virtual` (gateway_virtual_ip) is written for; a gateway without it fails, saying why."""
+    problem = shared_address_problem(address, virtual, interface)
+    if problem is None:
+        host.noop(f"{address} is on {interface.name}, /{interface.prefix} as {virtual}")
         return
-    yield fail_host(f"no interface of this gateway has {address} (gateway_fleet_address, else "
-                    "ssh_hostname): keepalived adds gateway_virtual_ip beside it; set "
-                    "gateway_fleet_address to this gateway's own address on the LAN the "
-                    "gateways share")
+    yield fail_host(problem)
 
 
 @reads(header=lambda **_: (facts.FirstLine, {"path": KEEPALIVED_CONFIG}))
