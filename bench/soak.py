@@ -4,7 +4,7 @@ the sim, and a prober on this machine's side of every box's vLLM port.
     python -m sim up --hosts 3 --gateways 2
     python -m bench.soak --hosts 1-3 --minutes 20 --out bench/results/soak.json \\
         --plot bench/results/soak.png
-    python -m bench.soak --hosts 1-3 --short          # CI's schedule: three cheap faults, ~2 min
+    python -m bench.soak --hosts 1-3 --short    # CI's: three cheap faults over 2 min (~5 min)
 
 Setup: the boxes thor-<hosts> behind gw-1 and gw-2 (gateway_virtual_ip: the sim's, keepalived),
 with three gateway_clients (alice, bob, carol; their keys made by the deploy under the run's
@@ -575,6 +575,8 @@ def _box(soak, i):
 def freeze_engine(soak):
     host = _box(soak, 0)
     cores = soak.engine_cores(host)
+    if not cores:  # nothing frozen is no fault: the window would count a fleet left alone
+        raise RuntimeError(f"engine_frozen: no VLLM::EngineCore process on {host}")
     soak.sim.exec(host, f"kill -STOP {' '.join(cores)}")
     log(f"engine_frozen: SIGSTOP {cores} on {host}")
     return host, cores
@@ -628,6 +630,8 @@ def nft_by_hand(soak):
     host = _box(soak, 2)
     code, out = soak.sim.exec(host, "nft -f /etc/nftables.conf")
     log(f"nft_by_hand on {host}: exit {code} {out.strip()[:200]}")
+    if code != 0:  # a ruleset not loaded is no fault
+        raise RuntimeError(f"nft_by_hand on {host}: exit {code}: {out.strip()[:500]}")
     return host
 
 
@@ -791,7 +795,8 @@ def main(argv=None):
     parser.add_argument("--hosts", default="1-3")
     parser.add_argument("--minutes", type=float, default=20.0)
     parser.add_argument("--short", action="store_true",
-                        help=f"CI's schedule: {', '.join(SHORT)} in about 2 minutes")
+                        help=f"CI's schedule: {', '.join(SHORT)}, spaced over 2 minutes "
+                             "(each waits for the fleet whole after the one before)")
     parser.add_argument("--faults", nargs="+", choices=list(FAULTS),
                         help="these faults, in this order (default: all, or --short's)")
     parser.add_argument("--vision", action="store_true",
