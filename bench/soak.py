@@ -808,6 +808,7 @@ def main(argv=None):
     minutes = 2.0 if args.short else args.minutes
     sim = fleet.attach()
     workdir = Path(tempfile.mkdtemp(prefix="soak-"))
+    log(f"workdir {workdir}: each run's inventory and report, the client keys, records.json")
     soak = setup(sim, parse_range(args.hosts), workdir, vision=args.vision)
     faults = schedule(names, minutes)
     records, windows, probes = soak_run(soak, faults, minutes)
