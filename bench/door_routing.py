@@ -140,7 +140,7 @@ def measure_door(requests: int) -> dict:
         with tempfile.TemporaryDirectory() as folder:
             process, port, context, servers, g = _door(Path(folder), profiles)
             try:
-                row = {"routed": g.routed, "bufsize": g.bufsize if g.routed else 16384}
+                row = {"routed": g.routed, "bufsize": g.bufsize}
                 for label, size in (("2KB", 2_000), ("1MB", 1_000_000)):
                     body = _chat("mistral-small-4", size)
                     _timed(port, context, body, 5)  # warm

@@ -67,9 +67,13 @@ def test_the_rendered_config_passes_haproxy_c(tmp_path):
     # each box takes max_num_seqs at a time; the rest queue 45 s at the gateway
     assert "server thor-1 thorfleet-thor-1:8002 port 9105 maxconn 1" in lines
     assert "timeout queue 45s" in lines
-    # a refused connection is tried on another box; nothing else is retried
-    assert {"retries 3", "option redispatch 1"} <= set(lines)
-    assert not any(line.startswith("retry-on") for line in lines)
+    # a request that failed before its answer began is tried on another box (retry-on's events
+    # all come before a response is forwarded); a 500 or a timeout is not
+    assert {"retries 3", "option redispatch 1",
+            "retry-on conn-failure empty-response junk-response 502 503"} <= set(lines)
+    # connections bounded at the door, with room above them for the runtime API
+    assert f"maxconn {g.maxconn}" in lines and f"maxconn {g.global_maxconn}" in lines
+    assert g.maxconn < g.global_maxconn
     # in rotation while the watchdog (on the check port) says the box generates
     assert "http-check send meth GET uri /healthy" in lines
     assert f"bind :{g.gateway_port} ssl crt {layout.GATEWAY_PEM} alpn http/1.1" in lines
@@ -415,11 +419,14 @@ def test_a_gateway_that_dials_a_family_its_firewall_source_is_not_is_refused(tmp
 
 
 @contextlib.contextmanager
-def running_door(tmp_path, thors=1, gateway_data=None, servers_out=None, thor_data=()):
+def running_door(tmp_path, thors=1, gateway_data=None, servers_out=None, thor_data=(),
+                 handlers=()):
     """HAProxy itself on the rendered config of a gateway at ::1 in front of `thors` Thors at ::1
     (stand-ins answering on their vLLM and watchdog ports; `thor_data`: each one's own host data,
-    in order): yields (the door's port, its settings, the running HAProxy)."""
-    servers = [_Server6(("::1", 0), _Box) for _ in range(2 * thors)]
+    in order; `handlers`: each one's vLLM stand-in, _Box where none): yields (the door's port,
+    its settings, the running HAProxy)."""
+    servers = [_Server6(("::1", 0), handlers[n // 2] if n % 2 == 0 and n // 2 < len(handlers)
+                        else _Box) for n in range(2 * thors)]
     if servers_out is not None:
         servers_out.extend(servers)
     for server in servers:
@@ -780,7 +787,10 @@ def test_each_client_opens_the_door_with_its_own_key_and_the_boxes_get_the_doors
             status, body = ask(door, g, "/v1/models", key)
             assert status == 401 and body["error"]["type"] == "invalid_api_key", (key, body)
         assert boxes[0].asked == asked  # ...and no box was asked
-        assert ask(door, g, "/health")[0] == 200  # liveness needs no key
+        health = urllib.request.urlopen(f"https://[::1]:{door}/health", timeout=10,
+                                        context=ssl.create_default_context(cafile=g.ca_file))
+        assert health.status == 200  # liveness needs no key: the door's own answer
+        assert boxes[0].asked == asked
     # the door holds digests, never a key
     assert alice not in g.config_text + g.clients_map_text and bob not in g.clients_map_text
     assert hashlib.sha256(alice.encode()).hexdigest() in g.clients_map_text

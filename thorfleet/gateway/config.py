@@ -47,6 +47,24 @@ SERVER_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 # watchdog_port): 200 only while vLLM's own /health answers 200 and the last check that the
 # server generates passed. vLLM's /health alone stays 200 on a wedged engine.
 HEALTH_PATH = "/healthy"
+# How long the door waits for a request's headers, and then for its body where it reads one.
+REQUEST_TIMEOUT_S = 30
+# What the door sends again, to another box, when a request failed before any byte of its answer
+# (HAProxy's retry-on): a connection refused, a box that closed without answering or answered
+# junk, a 502 or 503 from a server going down. Not 500 (vLLM's answer to a request it cannot
+# take, which would fail on every box) nor response-timeout (a request held for `timeout server`
+# would then hold another box as long).
+RETRY_ON = ("conn-failure", "empty-response", "junk-response", "502", "503")
+# Failed answers in a row that take a box out of rotation at the door (observe layer7): one is a
+# passing fault, three a server that fails whatever it is sent. Its checks put it back.
+ERROR_LIMIT = 3
+# What the door's request buffers may hold at once, at worst (each connection a full buffer of
+# tune.bufsize): the door's connections are bounded by it.
+DOOR_BUFFER_BUDGET = 1 << 30
+# The most connections the door takes at once however small its buffer, and the room above them
+# for the runtime API and the pair's level frontend.
+DOOR_MAXCONN_CAP = 4000
+DOOR_MAXCONN_SPARE = 100
 
 
 def haproxy_word(value):
@@ -416,30 +434,69 @@ class GatewaySettings(Checked):
         return json.dumps({"object": "list", "data": data}, separators=(",", ":"))
 
     @property
+    def body_limits(self) -> dict[str, int]:
+        """{pool: the largest request body it takes}: the longest context its boxes serve, at
+        recipe.BODY_BYTES_PER_TOKEN, and a vision box's images at recipe.IMAGE_BODY_BYTES each;
+        over it, 413 (a fleet of one model too)."""
+        return {pool: max(PROFILES[b.profile]["max_model_len"] * BODY_BYTES_PER_TOKEN
+                          + b.images * IMAGE_BODY_BYTES for b in boxes)
+                for pool, boxes in self.pools.items()}
+
+    @property
     def body_limit(self) -> int:
-        """The largest request body the door reads whole to route it: the longest context a
-        pool serves, at recipe.BODY_BYTES_PER_TOKEN, and a vision box's images at
-        recipe.IMAGE_BODY_BYTES each; over it, 413."""
-        return max(PROFILES[b.profile]["max_model_len"] * BODY_BYTES_PER_TOKEN
-                   + b.images * IMAGE_BODY_BYTES for b in self.backends)
+        """The largest body any pool takes: a body declared over it is refused before it is
+        read, and one buffer holds it."""
+        return max(self.body_limits.values())
 
     @property
     def bufsize(self) -> int:
-        """HAProxy's tune.bufsize when routed: a body up to body_limit and its headers (64 KiB)
-        in one buffer, which is all `option http-buffer-request` waits for."""
+        """HAProxy's tune.bufsize: a body up to body_limit and its headers (64 KiB) in one
+        buffer, which is all `wait-for-body` waits for and what a retry can send again."""
         return self.body_limit + 65536
 
     @property
+    def request_timeout_s(self) -> int:
+        return REQUEST_TIMEOUT_S
+
+    @property
+    def retry_on(self) -> tuple[str, ...]:
+        return RETRY_ON
+
+    @property
+    def error_limit(self) -> int:
+        return ERROR_LIMIT
+
+    @property
+    def maxconn(self) -> int:
+        """The door's connections at once (frontend maxconn): as many full buffers as
+        DOOR_BUFFER_BUDGET holds, at most DOOR_MAXCONN_CAP, and never fewer than four a box's
+        slot (its maxconn), so the boxes' slots and a queue as long fit."""
+        slots = sum(b.maxconn for b in self.backends)
+        return max(4 * slots, min(DOOR_MAXCONN_CAP, DOOR_BUFFER_BUDGET // self.bufsize))
+
+    @property
+    def global_maxconn(self) -> int:
+        return self.maxconn + DOOR_MAXCONN_SPARE
+
+    @property
+    def no_box_body(self) -> str:
+        """/health at the door with no box of the first pool in rotation."""
+        return error_body(503, "service_unavailable", "no box is in rotation; try again later")
+
+    def too_large_body(self, limit: int, pool: str | None = None) -> str:
+        """The door's 413: over `limit`, the most the door (or `pool`'s model) takes."""
+        whom = f"the model {self.pools[pool][0].model}" if pool else "any model here"
+        return error_body(413, "BadRequestError",
+                          f"the request body is over {limit} bytes, the most this door takes "
+                          f"for {whom}")
+
+    @property
     def route_errors(self) -> dict:
-        """The door's answers when routing: a model no box serves (404, as vLLM types it), a body
-        too large to read whole (413)."""
+        """The door's answer when routing to a model no box serves (404, as vLLM types it)."""
         return {  # the 404 names no model: it may answer a client without a key (no clients)
             "unknown": error_body(404, "NotFoundError",
                                   "no box here serves the model this request names: GET "
                                   "/v1/models lists the models served"),
-            "too_large": error_body(413, "BadRequestError",
-                                    f"the request body is over {self.body_limit} bytes, the most "
-                                    "this door reads to route it by model"),
         }
 
     @cached_property
