@@ -110,12 +110,13 @@ def test_serves_with_the_seed_environment(docker_client, base_image, model_dir):
         status, metrics = server.request("GET", "/metrics")
         assert status == 200 and re.search(r"vllm:generation_tokens_total\{[^}]*\} 3[67]\.0",
                                            metrics), metrics
-        # EAGLE: the scheduler's draft counters, 0.93 accepted per step of 3 drafted
+        # EAGLE: the scheduler's draft counters, 1.87 accepted per step of 3 drafted (0.62, fitted
+        # to the seed's 33.7 tok/s: bench/results/standin-model.json); a few steps, so roughly
         counts = {name: float(value) for name, value in re.findall(
             r"^vllm:spec_decode_(num_drafts|num_draft_tokens|num_accepted_tokens)_total\{[^}]*\} "
             r"(\S+)$", metrics, re.MULTILINE)}
         assert counts["num_drafts"] > 0, metrics
-        assert 0.25 < counts["num_accepted_tokens"] / counts["num_draft_tokens"] < 0.4, counts
+        assert 0.55 < counts["num_accepted_tokens"] / counts["num_draft_tokens"] < 0.7, counts
 
 
 def test_marlin_only_the_way_an_operator_reaches_it(docker_client, base_image, model_dir):
