@@ -180,9 +180,10 @@ def box(settings):
     unit_path = f"{BOX_UNIT_DIR}/{FIREWALL_UNIT}"
     dropin_dir = f"{BOX_UNIT_DIR}/{settings.service_name}.service.d"
     if settings.gateway is None:
-        gateway.no_firewall(name="No gateway: no firewall table of thorfleet's")
+        # disabled first: the watchdog loads an enabled unit's table again once it is gone
         files.absent(name="No gateway: no firewall unit",
                      path=f"{BOX_UNIT_DIR}/multi-user.target.wants/{FIREWALL_UNIT}")
+        gateway.no_firewall(name="No gateway: no firewall table of thorfleet's")
         files.absent(name="No gateway: no firewall unit file", path=unit_path)
         files.absent(name="No gateway: no firewall script", path=BOX_FIREWALL)
         gone = files.absent(name="No gateway: the server waits for no firewall",

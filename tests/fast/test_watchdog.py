@@ -32,6 +32,7 @@ import pytest
 from tests.helpers import ROOT
 from tests.parse_back import PINS, command_words, unit_entries
 from thorfleet import readings
+from thorfleet.gateway.config import firewall_script
 from thorfleet.settings import layout, schema
 from thorfleet.settings.render import Settings
 
@@ -622,20 +623,110 @@ def test_status_prints_the_contracts_json(box):
     assert box.status()["watchdog"]["running"] is False
 
 
-@pytest.mark.parametrize("enabled, listed, expected", [
-    ("disabled", 0, None),  # no gateway: no firewall expected
-    ("enabled", 0, True),
-    ("enabled", 1, False),  # the table did not load: the server is held down, the alert fires
+SCRIPT, MARK = firewall_script((8002, 9105), "172.18.0.5")
+LISTED = SCRIPT[SCRIPT.rindex("table inet thorfleet {"):].replace("    ", "\t").replace(
+    "counter drop", "counter packets 0 bytes 0 drop")  # as `nft list table` says it
+
+
+@pytest.mark.parametrize("enabled, listed, stdout, expected", [
+    ("disabled", 0, "", None),  # no gateway: no firewall expected
+    ("enabled", 0, LISTED, True),
+    ("enabled", 1, "", False),  # the table did not load: the server is held down, the alert fires
+    # there but emptied (`nft flush table`): it closes nothing
+    ("enabled", 0, "table inet thorfleet {\n}\n", False),
+    ("enabled", 0, "\n".join(x for x in LISTED.splitlines() if " drop " not in x), False),
+    # a drop of an older script (the deploy's fact reloads that one; here it is not the mark)
+    ("enabled", 0, LISTED.replace(MARK, "thorfleet 0123456789abcdef"), False),
 ])
-def test_the_firewall_reading(monkeypatch, enabled, listed, expected):
+def test_the_firewall_reading(monkeypatch, tmp_path, enabled, listed, stdout, expected):
+    (tmp_path / "firewall.nft").write_text(SCRIPT)
+    monkeypatch.setattr(wd, "FIREWALL_SCRIPT", str(tmp_path / "firewall.nft"))
+
     def run(*cmd, timeout=30):
         if cmd[:2] == ("systemctl", "is-enabled"):
             assert cmd[2] == layout.FIREWALL_UNIT
             return Namespace(returncode=0, stdout=enabled + "\n")
         assert cmd == ("nft", "list", "table", *layout.FIREWALL_TABLE)
-        return Namespace(returncode=listed, stdout="")
+        return Namespace(returncode=listed, stdout=stdout)
     monkeypatch.setattr(wd, "run", run)
     assert wd.firewall_loaded() is expected
+
+
+def test_a_reload_of_nftables_loads_the_table_again():
+    """`systemctl reload nftables` (its `flush ruleset`) reloads thorfleet's unit after it, as a
+    restart restarts it; what no unit sees is the watchdog's (below)."""
+    unit = (layout.FILES / "systemd" / layout.FIREWALL_UNIT).read_text().splitlines()
+    assert {"After=nftables.service", "PartOf=nftables.service",
+            "ReloadPropagatedFrom=nftables.service"} <= set(unit)
+    assert f"ExecReload=/usr/sbin/nft -f {layout.BOX_FIREWALL}" in unit
+    assert not any(x.startswith(("Requires=nftables", "BindsTo=nftables")) for x in unit)
+
+
+@pytest.fixture
+def netns():
+    """A network namespace of its own (removed after): its name."""
+    name = f"tf-wd-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    yield name
+    subprocess.run(["ip", "netns", "delete", name], check=False)
+
+
+# Debian's /etc/nftables.conf as the package ships it: what `systemctl start|reload nftables`
+# and `nft -f /etc/nftables.conf` load, the whole ruleset flushed first
+NFTABLES_CONF = """#!/usr/sbin/nft -f
+flush ruleset
+table inet filter {
+    chain input { type filter hook input priority filter; }
+    chain forward { type filter hook forward priority filter; }
+    chain output { type filter hook output priority filter; }
+}
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"),
+                    reason="needs root and nft (a network namespace)")
+def test_a_ruleset_loaded_by_hand_does_not_open_the_vllm_port(monkeypatch, tmp_path, netns):
+    """In a network namespace: thorfleet's table loaded, then the ruleset loaded as nftables
+    loads it (`flush ruleset` first): the watchdog's look finds the table gone and loads it again;
+    emptied (`flush table`), the same; a table that cannot load stops the server."""
+    (tmp_path / "firewall.nft").write_text(SCRIPT)
+    (tmp_path / "nftables.conf").write_text(NFTABLES_CONF)
+    monkeypatch.setattr(wd, "FIREWALL_SCRIPT", str(tmp_path / "firewall.nft"))
+    said, calls = [], []
+    monkeypatch.setattr(wd, "say", said.append)
+
+    def nft(*words):
+        return subprocess.run(["ip", "netns", "exec", netns, "nft", *words], capture_output=True,
+                              text=True, timeout=30, check=False)
+
+    def run(*cmd, timeout=30):
+        calls.append(cmd)
+        if cmd[0] == "nft":
+            return nft(*cmd[1:])
+        if cmd[:2] == ("systemctl", "is-enabled"):
+            return Namespace(returncode=0, stdout="enabled\n", stderr="")
+        if cmd[:2] == ("systemctl", "show"):
+            return Namespace(returncode=0, stdout="ActiveState=active\n", stderr="")
+        return Namespace(returncode=0, stdout="", stderr="")
+    monkeypatch.setattr(wd, "run", run)
+
+    assert nft("-f", str(tmp_path / "firewall.nft")).returncode == 0
+    assert wd.keep_firewall(SERVICE, SERVICE) is True and said == []
+    for by_hand in (["-f", str(tmp_path / "nftables.conf")],  # as nftables.service loads it
+                    ["flush", "table", *layout.FIREWALL_TABLE]):  # there, but empty
+        assert nft(*by_hand).returncode == 0
+        assert wd.firewall_loaded() is False  # the alert's reading
+        assert wd.keep_firewall(SERVICE, SERVICE) is True, said
+        assert MARK in nft("list", "table", *layout.FIREWALL_TABLE).stdout
+        assert "loaded it again" in said[-1]
+    assert not any(c[:2] == ("systemctl", "stop") for c in calls)
+    # a script nft refuses: the server is stopped, not left open
+    (tmp_path / "firewall.nft").write_text(SCRIPT.replace("accept", "acept"))
+    assert nft("-f", str(tmp_path / "nftables.conf")).returncode == 0
+    assert wd.keep_firewall(SERVICE, SERVICE) is False
+    assert ("docker", "kill", SERVICE) in calls and ("systemctl", "stop", "--no-block",
+                                                     SERVICE) in calls
+    assert f"stopping {SERVICE}" in said[-1]
 
 
 def test_status_without_a_watchdog_run_says_so(box):
@@ -647,6 +738,8 @@ def test_status_without_a_watchdog_run_says_so(box):
 
 def test_the_layout_the_deploy_writes_is_the_one_the_tools_read():
     assert wd.LAYOUT == layout.BOX_LAYOUT_ENV
+    assert (wd.FIREWALL_UNIT, wd.FIREWALL_TABLE, wd.FIREWALL_SCRIPT) == (
+        layout.FIREWALL_UNIT, layout.FIREWALL_TABLE, layout.BOX_FIREWALL)
     written = dict(line.split("=", 1) for line in layout.layout_env_text().splitlines()
                    if not line.startswith("#"))
     assert set(wd.LAYOUT_KEYS) <= set(written)
