@@ -7,6 +7,10 @@ and vLLM is a local http.server whose completions can hang (a wedged engine: /he
 The tool runs from a folder of its own with thorfleet/readings.py copied beside it as
 thorfleet_readings.py, as the box has them (layout.BOX_WATCHDOG, layout.BOX_READINGS): the test
 runs the import the box runs, not a fallback only a checkout has.
+
+The edits that break the firewall's (in a network namespace): an existing table counted as loaded
+however empty; the watchdog only reporting a table gone (not loading it again), or not stopping
+the server when it cannot; the firewall unit without ExecReload (`systemctl reload nftables`).
 """
 
 import ast

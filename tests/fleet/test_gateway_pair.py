@@ -10,14 +10,16 @@ certificate naming the address, and each Thor's firewall lets both in. Then:
 - a rollout behind the two drains each box on both and fails no request;
 - a gateway that was down during a run that changed the door never takes the address: it stays
   out (keepalived's level check) even when the other dies, until a run reaches it;
-- keepalived's config edited by hand is put back by a re-run, which otherwise changes nothing.
+- keepalived's config edited by hand is put back by a re-run, which otherwise changes nothing;
+- a ruleset loaded by hand on a Thor never leaves its vLLM port open for long (the watchdog).
 
 The edits that break them: no track script (the address stays on a gateway whose HAProxy is
 stopped); a level check that passes when it cannot read its own level or when the digests
 differ (the stale gateway takes the address), or keepalived not started on a gateway that comes
 back (nothing holds the address, and the story used to pass on that absence); a drain on the first gateway only (the holder, if
 it is the second, cuts requests in the rollout); a firewall naming one gateway (the other's
-health checks are dropped, every box is down behind it).
+health checks are dropped, every box is down behind it); the watchdog's firewall guard not
+started (`nft -f /etc/nftables.conf` leaves the port open to every host).
 
 Uses boxes 2 and 9 (after the fault stories) and the gateway boxes gw-2 and gw-3.
 """
@@ -206,3 +208,23 @@ def test_keepalived_config_edited_by_hand_is_put_back(sim_fleet, door):
     assert "advert_int 1" in box(sim_fleet, target, "cat /etc/keepalived/keepalived.conf")
     run, _ = door.converge("drift-again", gateway_data={"gateway_retry_after_s": 7})
     assert [changed_on(run, h) for h in PAIR] == [[], []]
+
+
+FIREWALL_BACK_S = 5  # the watchdog looks every second; nft loads in well under one
+
+
+def test_a_ruleset_loaded_by_hand_never_opens_a_boxs_port(sim_fleet, door, my_boxes):
+    """`nft -f /etc/nftables.conf` by hand on a Thor (its `flush ruleset` removes thorfleet's
+    table, and no unit sees it): within seconds the vLLM port answers no other host again, the
+    table is back, and the gateways still reach the box."""
+    thor, other = my_boxes[0], my_boxes[1]
+    probe = (f"curl -s -o /dev/null -m 2 -w '%{{http_code}}' "
+             f"http://{sim_fleet.ip(thor)}:8002/health")
+    assert sim_fleet.exec(other, probe)[1].strip() == "000"
+    box(sim_fleet, thor, "if [ -f /etc/nftables.conf ]; then nft -f /etc/nftables.conf; "
+                         "else nft flush ruleset; fi")
+    assert wait_for(lambda: sim_fleet.exec(thor, "nft list table inet thorfleet")[0] == 0
+                    and sim_fleet.exec(other, probe)[1].strip() == "000", FIREWALL_BACK_S)
+    assert "loaded it again" in box(sim_fleet, thor, "journalctl -t thorfleet-watchdog "
+                                                     "--no-pager -o cat -n 50")
+    assert wait_for(lambda: door.completion(4)[0], MOVED_S, every=1)
