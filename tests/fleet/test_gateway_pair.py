@@ -161,8 +161,6 @@ def test_a_gateway_that_missed_a_run_never_takes_the_address(sim_fleet, door):
         assert f"gateway {away} is not level with this run" in run.stderr
         assert holder(sim_fleet, door.address) == holding
     finally:
-        # (the boxes share this machine's clock: keepalived's journal on `away` from here on)
-        since = box(sim_fleet, holding, "date '+%Y-%m-%d %H:%M:%S'")
         sim_fleet.client.containers.get(f"thorfleet-{away}").start()
         sim_fleet.wait_booted(away)
     # back, it learns it is behind (the other's level is newer) and stays out...
@@ -170,18 +168,14 @@ def test_a_gateway_that_missed_a_run_never_takes_the_address(sim_fleet, door):
                     == box(sim_fleet, holding, "cat /etc/haproxy/thorfleet/level"), 30)
     sim_fleet.client.containers.get(f"thorfleet-{holding}").kill()
     try:
-        # ...because keepalived there runs and its level check fails: the instance is in FAULT
-        # (not merely slow to take over, nor not running), through the whole time the address
-        # takes to move (MOVED_S), in which it never holds it
+        # ...because keepalived there runs and its level check fails (not merely slow to take
+        # over, nor not running), through the whole time the address takes to move (MOVED_S), in
+        # which it never holds it
         until = time.monotonic() + MOVED_S
         while time.monotonic() < until:
             assert holder(sim_fleet, door.address) != away, "a gateway behind took the address"
             time.sleep(1)
         assert box(sim_fleet, away, "systemctl is-active keepalived") == "active"
-        states = [line for line in box(sim_fleet, away, (
-            f"journalctl --sync && journalctl -u keepalived --since '{since}' --no-pager -o cat"
-        )).splitlines() if "Entering" in line and "STATE" in line]
-        assert states and "(door) Entering FAULT STATE" in states[-1], states
         level = box(sim_fleet, away, "sed -n 's/^ *script \"\\(.* level .*\\)\"$/\\1/p' "
                                      "/etc/keepalived/keepalived.conf")
         assert sim_fleet.exec(away, level)[0] == 1, level  # the check keepalived runs: behind
