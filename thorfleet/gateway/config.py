@@ -34,7 +34,7 @@ from thorfleet.settings.recipe import (
     LEGACY_MODEL,
     PROFILES,
 )
-from thorfleet.settings.schema import Checked
+from thorfleet.settings.schema import API_KEY_MIN, Checked
 
 # HAProxy's config words (configuration.txt, 2.2 "Quoting and escaping"): outside quotes a space
 # or '#' ends a word, '\', '"', "'" and '$' start an escape, a quote or a variable. A plain word
@@ -125,7 +125,7 @@ _KEEPALIVED = _environment(keepalived_word)
 
 # A client key, as a bearer token goes (RFC 6750's b64token): letters, digits and -._~+/=, and
 # long enough that nobody guesses it.
-CLIENT_KEY = re.compile(r"[A-Za-z0-9._~+/-]{16,512}=*")
+CLIENT_KEY = re.compile(rf"[A-Za-z0-9._~+/-]{{{API_KEY_MIN},512}}=*")
 
 
 def error_body(status, kind, message) -> str:

@@ -753,7 +753,8 @@ PINNED_KEYS = ("weights_model_revision", "weights_draft_revision", "image_base")
 # What secrets.env (systemd's EnvironmentFile, and thorfleet-serve, read it unquoted) and an HTTP
 # Authorization header hold as they are: visible ASCII; the key without quotes, \, $ or `.
 API_KEY = re.compile(r"[!#%&(-\[\]-_a-~]+")
-# As short as a client key may be (gateway.config.CLIENT_KEY): long enough that nobody guesses it.
+# As short as the boxes' key, or a client's (gateway.config.CLIENT_KEY), may be: long enough that
+# nobody guesses it.
 API_KEY_MIN = 16
 _TOKEN = re.compile(r"[!-~]+")
 
