@@ -252,7 +252,9 @@ def main() -> None:
     if args.what == "sample":
         sample(args.samples)
         return
-    groups = [json.loads(line) for line in args.groups.read_text().splitlines() if line.strip()]
+    # a run that stopped before any story group (the fast tier failed) has no groups file
+    groups = ([json.loads(line) for line in args.groups.read_text().splitlines() if line.strip()]
+              if args.groups.exists() else [])
     phases = [dict(zip(("name", "start", "end"), (n, float(a), float(b)), strict=True))
               for n, a, b in (line.rsplit(" ", 2) for line in
                               args.phases.read_text().splitlines() if line.strip())]

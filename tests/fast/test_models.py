@@ -12,6 +12,7 @@ name goes to another pool); a batch of the rollout holding every box of a model.
 import http.client
 import json
 import ssl
+import subprocess
 
 import pytest
 import yaml
@@ -36,15 +37,22 @@ MIXED = ({}, {}, {"service_profile": "no-eagle"})  # two EAGLE boxes, one long-c
 
 
 def post(door, g, body: bytes, chunked=False, key=BOX_KEY):
-    """(status, JSON answer) of a POST of `body` through the door."""
-    connection = http.client.HTTPSConnection(
-        "::1", door, timeout=60, context=ssl.create_default_context(cafile=g.ca_file))
+    """(status, JSON answer) of a POST of `body` through the door; `chunked`: sent by curl with
+    no length declared, reading the answer as it sends, so a 413 the door gives before the body
+    ends is seen as a client sees it (http.client only reads once it has sent the whole body)."""
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
     if chunked:
-        connection.request("POST", "/v1/chat/completions", body=iter([body[:1000], body[1000:]]),
-                           headers=headers, encode_chunked=True)
-    else:
-        connection.request("POST", "/v1/chat/completions", body=body, headers=headers)
+        out = subprocess.run(
+            ["curl", "-sS", "--cacert", str(g.ca_file), "--data-binary", "@-",
+             "-H", "Transfer-Encoding: chunked", *[a for k, v in headers.items()
+                                                   for a in ("-H", f"{k}: {v}")],
+             "-w", "\n%{http_code}", f"https://[::1]:{door}/v1/chat/completions"],
+            input=body, capture_output=True, timeout=60, check=True).stdout
+        answer, _, status = out.rpartition(b"\n")
+        return int(status), json.loads(answer)
+    connection = http.client.HTTPSConnection(
+        "::1", door, timeout=60, context=ssl.create_default_context(cafile=g.ca_file))
+    connection.request("POST", "/v1/chat/completions", body=body, headers=headers)
     answer = connection.getresponse()
     return answer.status, json.loads(answer.read())
 
