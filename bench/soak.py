@@ -156,8 +156,16 @@ def percentile(values, q):
 
 
 def window_of(start, windows):
-    """The window a request started at `start` belongs to (the first that holds it), or None."""
+    """The window a moment `start` falls in (the first that holds it), or None."""
     return next((w for w in windows if w.start <= start < w.until), None)
+
+
+def hit_by(record, windows):
+    """The window a request belongs to: the one it started in, else the first fault injected
+    while it was in flight (a stream begun a second before a box froze is that fault's
+    casualty, not a failure of the quiet fleet), or None."""
+    return window_of(record.start, windows) or next(
+        (w for w in windows if record.start < w.start <= record.end), None)
 
 
 def counts(records, probes):
@@ -167,6 +175,10 @@ def counts(records, probes):
     return {"sent": len(records),
             "answered": sum(r.outcome == "ok" for r in records),
             "failed_after_retries": sum(r.outcome == "failed" for r in records),
+            # of those, streams whose answer had begun: never sent again (the door retries only
+            # what never started), so the client gets an error event mid-answer
+            "failed_mid_answer": sum(r.outcome == "failed" and r.first_token is not None
+                                     for r in records),
             "cut_silently": sum(r.outcome == "cut_silently" for r in records),
             "refused_revoked": sum(r.outcome == "refused_revoked" for r in records),
             "served_revoked": sum(r.outcome == "served_revoked" for r in records),
@@ -181,14 +193,14 @@ def report(records, windows, probes):
     """A row per fault window, one for outside them, and the totals: (rows, totals)."""
     rows = []
     for w in windows:
-        mine = [r for r in records if window_of(r.start, windows) is w]
+        mine = [r for r in records if hit_by(r, windows) is w]
         seen = [p for p in probes if window_of(p[0], windows) is w]
         rows.append({"window": w.name, "start_s": round(w.start, 1), "end_s": round(w.end, 1),
                      "healed_at_s": None if w.healed_at is None else round(w.healed_at, 1),
                      "whole_after_s": (None if w.healed_at is None
                                        else round(w.healed_at - w.start, 1)),
                      "remedied": w.remedied, **counts(mine, seen)})
-    rest = [r for r in records if window_of(r.start, windows) is None]
+    rest = [r for r in records if hit_by(r, windows) is None]
     rows.append({"window": "outside", **counts(rest, [p for p in probes
                                                       if window_of(p[0], windows) is None])})
     return rows, {"window": "all", **counts(records, probes)}
@@ -777,7 +789,7 @@ def soak_run(soak, faults, minutes, tail_s=20.0):
 
 
 def setup(sim, hosts, workdir, vision=False):
-    soak = Soak(sim, [f"thor-{i}" for i in hosts], workdir, vision=vision)
+    soak = Soak(sim, list(hosts), workdir, vision=vision)  # names: thor-<i>
     for gateway in soak.gateways:
         sim.heal(gateway)
     run = soak.converge("converge")

@@ -3,7 +3,8 @@ counts, the timeline, the door's rotation as HAProxy's `show stat` says it, and 
 the prober against a server of this test's own on loopback (the real OpenAI SDK, its retries).
 
 The edits that break them (each made once, seen failing, reverted):
-- a request put in the window its answer came in, not the one it started in (report);
+- a request put in the window its answer came in, not the one it started in (report); one in
+  flight when a fault was injected counted outside, not in that fault's window;
 - a window ending when the heal ends, not when the fleet is whole (requests between the two
   counted outside);
 - p99 taken as the largest value rather than the nearest rank;
@@ -37,9 +38,10 @@ def rec(start, outcome="ok", ttft=None, end=None, client="alice", kind="chat", r
 
 def test_a_request_counts_in_the_window_it_started_in_until_the_fleet_is_whole():
     """Breaks with: a request put in the window its answer came in; a window ending at its heal,
-    not when the fleet is whole."""
+    not when the fleet is whole; a request in flight when the fault came counted outside."""
     windows = [Window("engine_frozen", 10, 40, healed_at=70)]
-    records = [rec(5, ttft=0.1), rec(9.5, "failed", end=12),  # started before: outside
+    records = [rec(5, ttft=0.1), rec(9.5, "failed", ttft=0.2, end=12),  # in flight at 10: hit
+               rec(3, "failed", end=9.9),  # over before the fault: outside
                rec(15, ttft=2.0), rec(20, "failed"), rec(50, "cut_silently", ttft=0.5),
                rec(65, ttft=1.0),  # healed at 40, whole at 70: still the window's
                rec(71, ttft=0.2)]
@@ -47,13 +49,13 @@ def test_a_request_counts_in_the_window_it_started_in_until_the_fleet_is_whole()
     rows, totals = soak.report(records, windows, probes)
     fault, outside = rows
     assert fault == {"window": "engine_frozen", "start_s": 10, "end_s": 40, "healed_at_s": 70,
-                     "whole_after_s": 60, "remedied": False, "sent": 4, "answered": 2,
-                     "failed_after_retries": 1, "cut_silently": 1, "refused_revoked": 0,
-                     "served_revoked": 0, "retried": 0, "ttft_p50_s": 1.0, "ttft_p99_s": 2.0,
+                     "whole_after_s": 60, "remedied": False, "sent": 5, "answered": 2,
+                     "failed_after_retries": 2, "failed_mid_answer": 1, "cut_silently": 1, "refused_revoked": 0,
+                     "served_revoked": 0, "retried": 0, "ttft_p50_s": 0.5, "ttft_p99_s": 2.0,
                      "probes": 2, "prober_answers": 1}
     assert (outside["window"], outside["sent"], outside["answered"], outside["failed_after_retries"],
             outside["prober_answers"]) == ("outside", 3, 2, 1, 1)
-    assert outside["ttft_p50_s"] == 0.1 and totals["sent"] == 7 and totals["prober_answers"] == 2
+    assert outside["ttft_p50_s"] == 0.1 and totals["sent"] == 8 and totals["prober_answers"] == 2
 
 
 def test_p99_is_the_nearest_rank_not_the_largest():
