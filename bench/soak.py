@@ -35,7 +35,8 @@ operator's remedy (a converge), and its row says so (`remedied`).
 Windows: a fault's window runs from its injection to when the fleet is whole again (or the end
 of its heal when it never was); a request belongs to the window it started in, the rest are
 `outside`. The goal (goal()): 0 requests failed after retries, except those in flight during a
-gateway's own loss (the FAILOVER_S after the gateway holding the address is killed), 0 streams
+gateway's own loss (the FAILOVER_S after the gateway holding the address is killed) and streams
+already answering when a box was lost (BOX_LOSS), each counted apart; 0 streams
 cut silently, 0 prober answers, 0 requests served with a revoked key.
 """
 
@@ -66,6 +67,9 @@ BIN_S = 5.0  # the timeline's availability bins
 # gateway pair's story allows the address 20 s to move and serve (MOVED_S): the bound stated here.
 FAILOVER_S = 20.0
 GATEWAY_LOSS = ("gateway_killed",)  # the faults whose first FAILOVER_S are the door's own loss
+# the faults that take a box's engine away mid-answer: a stream it had begun cannot be sent
+# again (the door retries only what never started), so it fails with an error event
+BOX_LOSS = ("engine_frozen", "box_killed")
 EAGLE, VISION = "mistral-small-4", "mistral-small-4-vision"
 PAIR = ("gw-1", "gw-2")
 CLIENTS = ("alice", "bob", "carol")
@@ -213,19 +217,28 @@ def gateway_loss(windows, failover_s=FAILOVER_S):
 
 def goal(records, windows, probes, failover_s=FAILOVER_S):
     """The issue's four counts, each to be 0. A request failed after retries is excused when it
-    was in flight at any moment of a gateway's own loss (gateway_loss())."""
+    was in flight at any moment of a gateway's own loss (gateway_loss()), or when it is a stream
+    whose answer had begun and was in flight as a box was lost (BOX_LOSS): its box stopped
+    answering mid-stream, the one failure no retry may mend. Both are counted, apart."""
     losses = gateway_loss(windows, failover_s)
+    box_losses = [w.start for w in windows if w.name in BOX_LOSS]
 
-    def excused(r):
+    def in_gateway_loss(r):
         return any(r.start <= b and r.end >= a for a, b in losses)
 
+    def in_box_loss(r):
+        return r.first_token is not None and any(r.start < t <= r.end for t in box_losses)
+
     failed = [r for r in records if r.outcome == "failed"]
-    found = {"failed_after_retries": sum(not excused(r) for r in failed),
+    found = {"failed_after_retries": sum(not in_gateway_loss(r) and not in_box_loss(r)
+                                         for r in failed),
              "cut_silently": sum(r.outcome == "cut_silently" for r in records),
              "prober_answers": sum(1 for p in probes if p[2]),
              "served_revoked": sum(r.outcome == "served_revoked" for r in records)}
     return {**found, "met": not any(found.values()),
-            "excused_in_gateway_loss": sum(excused(r) for r in failed),
+            "excused_in_gateway_loss": sum(in_gateway_loss(r) for r in failed),
+            "excused_mid_answer_in_box_loss": sum(in_box_loss(r) and not in_gateway_loss(r)
+                                                  for r in failed),
             "failover_s": failover_s}
 
 

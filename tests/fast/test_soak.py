@@ -84,7 +84,8 @@ def test_a_revoked_key_must_be_refused_only_once_its_deploy_is_done():
 
 def test_the_goal_excuses_only_what_was_in_flight_in_the_gateways_own_loss():
     """Breaks with: a failure excused only when it started inside the loss; the whole gateway
-    window excused rather than its first FAILOVER_S."""
+    window excused rather than its first FAILOVER_S; a box's loss excusing a request whose
+    answer had not begun (the door and the SDK retry those), or one over before it."""
     windows = [Window("gateway_killed", 100, 130, healed_at=200),
                Window("box_killed", 300, 310, healed_at=350)]
     loss_end = 100 + soak.FAILOVER_S
@@ -92,13 +93,16 @@ def test_the_goal_excuses_only_what_was_in_flight_in_the_gateways_own_loss():
                rec(110, "failed", end=111),  # inside the loss: excused
                rec(loss_end + 5, "failed"),  # the gateway's window, after its loss: counted
                rec(305, "failed"),  # another fault: counted
+               rec(299, "failed", ttft=0.5, end=302),  # answering as the box was lost: excused
+               rec(298, "failed", end=301),  # not answering yet: the door could retry it
+               rec(290, "failed", ttft=0.5, end=299),  # over before the box was lost
                rec(320, "cut_silently"), rec(330, "served_revoked", client="carol"),
                rec(340, "refused_revoked", client="carol")]
     probes = [(50, "thor-1", False, None), (306, "thor-2", True, 403)]
     verdict = soak.goal(records, windows, probes)
-    assert verdict == {"failed_after_retries": 2, "cut_silently": 1, "prober_answers": 1,
+    assert verdict == {"failed_after_retries": 4, "cut_silently": 1, "prober_answers": 1,
                        "served_revoked": 1, "met": False, "excused_in_gateway_loss": 2,
-                       "failover_s": soak.FAILOVER_S}
+                       "excused_mid_answer_in_box_loss": 1, "failover_s": soak.FAILOVER_S}
     assert soak.goal([rec(1), rec(2)], windows, [(1, "thor-1", False, None)])["met"] is True
 
 
