@@ -41,10 +41,11 @@ BOXES = {
     "test_workloads": (10, 11, 12),  # and gw-1: after the watch stories (file order), mixed
     "test_bases": (13, 14),  # the newer base
     "test_gateway_pair": (2, 9),  # after the faults: and the gateway boxes gw-2 and gw-3
+    "test_soak": (2, 9),  # after the gateway pair (file order): gw-2 and gw-3 too
 }
 # The gateway boxes a module uses besides its Thors (the sim brings up gw-1 ... gw-3).
 GATEWAYS = {"test_gateway": ("gw-1",), "test_watch": ("gw-1",), "test_workloads": ("gw-1",),
-            "test_gateway_pair": ("gw-2", "gw-3")}
+            "test_gateway_pair": ("gw-2", "gw-3"), "test_soak": ("gw-2", "gw-3")}
 # The boxes whose stories prove a first install from nothing (the base pulled: test_deploy's
 # first run, the air-gapped box). The others start warm, their disks holding the base already
 # (sim/fleet.py warm_disk): their stories are about what comes after.
@@ -57,7 +58,7 @@ GROUP_ORDER = [
     "thor-3+4+5",  # 1193: rollout, benchmark, shared image
     "thor-1+7",  # 1052: deploy, drift, disk hygiene, security (+ the weights copy)
     "thor-13+14",  # 1021 with a third box: the newer bases (0.26.0 through a canary, 0.33.0)
-    "thor-2+9",  # 850: faults, and two gateways with one address
+    "thor-2+9",  # 850 (before the soak's ~4 min): faults, two gateways with one address, soak
     "thor-8",  # 600: says no
     "thor-6",  # 527: air-gapped, doctor, drain, the bare box
     "test_patches",  # 285
