@@ -22,7 +22,11 @@ from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
 from thorfleet import facts
-from thorfleet.gateway.config import firewall_script
+from thorfleet.gateway.config import (
+    GATEWAY_FIREWALL,
+    GATEWAY_FIREWALL_DROPIN,
+    firewall_script,
+)
 from thorfleet.operations import files, gateway, preflight, system
 from thorfleet.run.runstate import run_state
 from thorfleet.run.snapshot import read
@@ -47,6 +51,7 @@ from thorfleet.settings.layout import (
 )
 
 HAPROXY_UNIT = "haproxy.service"
+KEEPALIVED_DROPINS = f"{BOX_UNIT_DIR}/{KEEPALIVED_UNIT}.d"
 
 
 @deploy("Gateway")
@@ -66,7 +71,9 @@ def run(g, lock=True):
                      src=str(FILES / "bin" / "thorfleet-rotation"), path=GATEWAY_ROTATION,
                      mode="755")
     keys = _client_maps(g)  # before the config: `haproxy -c` reads the maps it names
-    level = _level(g)  # before the config too: it names the level file
+    # before the config too: it names the level file. A run dying before the reload leaves it
+    # unread: HAProxy reads it with its config, and the check asks HAProxy (door-check)
+    level = _level(g)
     config = files.whole_file(
         name=f"Write HAProxy's config: {len(g.backends)} box(es), queue "
              f"{g.gateway_queue_timeout_s}s (haproxy -c checks it before it goes live)",
@@ -89,8 +96,9 @@ def run(g, lock=True):
 
 
 def _level(g):
-    """With gateway_virtual_ip: what this run sets here, recorded for the other gateway to read
-    (a digest, dated by the run that first set it). Returns whether it changed."""
+    """With gateway_virtual_ip: what this run sets here, recorded for HAProxy to answer both
+    gateways' checks with (a digest, dated by the run that first set it; claimed once HAProxy
+    reloads). Returns whether it changed."""
     if not g.gateway_virtual_ip:
         return lambda: False
     op = gateway.level_recorded(name="Record what this run sets here (the other gateway reads it)",
@@ -103,6 +111,7 @@ def _shared_address(g):
     of thorfleet's."""
     if not g.gateway_virtual_ip:
         gateway.no_shared_address(name="No gateway_virtual_ip: no keepalived of thorfleet's")
+        _no_peer_firewall()
         return
     system.packages(name="Install keepalived and curl (the distribution's packages)",
                     packages=gateway.SHARED_ADDRESS_PACKAGES)
@@ -117,6 +126,7 @@ def _shared_address(g):
     if gateway.shared_address_problem(g.own_address, g.gateway_virtual_ip, found):
         return  # failed above, naming the fix: nothing of keepalived written
     interface = found.name
+    firewall = _peer_firewall(g)
     held_by = " or ".join(name for name, _ in g.pair)
     config = files.whole_file(
         name=f"Write keepalived's config: {g.gateway_virtual_ip} held by {held_by} "
@@ -124,9 +134,33 @@ def _shared_address(g):
         src=StringIO(g.keepalived_text(interface)), path=KEEPALIVED_CONFIG, mode="644",
         check=("keepalived", "--config-test", "-f"))
     files.unit_enabled(name="Enable keepalived at boot", unit=KEEPALIVED_UNIT)
-    system.reloaded(name="Reload keepalived for its new config (the address stays put)",
-                    unit=KEEPALIVED_UNIT, _if=config.did_change)
+    system.reloaded(name="Reload keepalived for its new config and firewall (the address stays put)",
+                    unit=KEEPALIVED_UNIT, _if=lambda: config.did_change() or firewall())
     system.running(name="keepalived is running", unit=KEEPALIVED_UNIT)
+
+
+def _peer_firewall(g):
+    """VRRP and the level port answer the other gateway only: an nftables table keepalived's
+    drop-in loads before keepalived starts (and at its reloads). Returns whether it changed."""
+    system.packages(name="Install nftables (the distribution's package)", packages=("nftables",))
+    peers = " and ".join(address for _, address in g.peers)
+    script = files.whole_file(
+        name=f"Write the gateways' firewall: VRRP and the level port answer {peers} only "
+             "(nft -c checks it)",
+        src=StringIO(g.peer_firewall), path=GATEWAY_FIREWALL, mode="644", check=("nft", "-c", "-f"))
+    files.directory(name="Create keepalived's drop-in folder", path=KEEPALIVED_DROPINS, mode="755")
+    dropin = files.whole_file(
+        name="keepalived starts only once the gateways' firewall is loaded",
+        src=str(FILES / "systemd" / GATEWAY_FIREWALL_DROPIN),
+        path=f"{KEEPALIVED_DROPINS}/{GATEWAY_FIREWALL_DROPIN}", mode="644")
+    systemd.daemon_reload(name="systemd reads keepalived's drop-in", _if=dropin.did_change)
+    return lambda: script.did_change() or dropin.did_change()
+
+
+def _no_peer_firewall():
+    files.absent(name="No gateway_virtual_ip: keepalived loads no gateways' firewall",
+                 path=f"{KEEPALIVED_DROPINS}/{GATEWAY_FIREWALL_DROPIN}")
+    files.absent(name="No gateway_virtual_ip: no gateways' firewall script", path=GATEWAY_FIREWALL)
 
 
 CLIENT_MAPS = ((GATEWAY_CLIENTS_MAP, "the clients' key digests", "clients_map_text"),

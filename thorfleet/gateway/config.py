@@ -149,23 +149,39 @@ def pool_name(model: str) -> str:
     return f"{layout.GATEWAY_BACKEND}-{model}"
 
 
-def firewall_script(ports, *sources: str) -> tuple[str, str]:
+# Two gateways: VRRP and the level port answer the other only, in a table of their own (a
+# gateway may be a Thor too, with layout.FIREWALL_TABLE), loaded by keepalived's drop-in.
+GATEWAY_FIREWALL_TABLE = ("inet", "thorfleet_gateway")
+GATEWAY_FIREWALL = "/etc/haproxy/thorfleet/firewall.nft"  # beside the level file
+GATEWAY_FIREWALL_DROPIN = "thorfleet-keepalived-firewall.conf"  # files/systemd/
+VRRP = 112  # its IP protocol number (RFC 5798)
+
+
+def firewall_script(ports, *sources: str, protocols=(), table=layout.FIREWALL_TABLE
+                    ) -> tuple[str, str]:
     """(script, mark) of a Thor's nftables table: its `ports` (vLLM's, the watchdog's) answer
-    the `sources` (the gateway's IP, a monitor host's) and the box itself only. The last rule's
-    comment is `mark`, a digest of the rest, so a fact tells the live table is this one from
-    `nft list table` alone."""
+    the `sources` (the gateway's IP, a monitor host's) and the box itself only; so do the IP
+    `protocols` (numbers) but from the `sources` only. The last rule's comment is `mark`, a
+    digest of the rest, so a fact tells the live table is this one from `nft list table` alone."""
     addresses = sorted({ipaddress.ip_address(s) for s in sources if s},
                        key=lambda a: (a.version, a))
-    family, table = layout.FIREWALL_TABLE
+    family, table = table
     ports = sorted({_port(p) for p in ports})
+    protocols = tuple(sorted({_protocol(p) for p in protocols})) or None
 
     def render(mark):
         return _NFT.get_template("firewall.nft.j2").render(
-            family=family, table=table, ports=tuple(ports),
+            family=family, table=table, ports=tuple(ports), protocols=protocols,
             sources=[("ip" if a.version == 4 else "ip6", a) for a in addresses], mark=mark)
 
     mark = f"thorfleet {hashlib.sha256(render('thorfleet').encode()).hexdigest()[:16]}"
     return render(mark), mark
+
+
+def _protocol(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
+        raise ValueError(f"{value!r} is not an IP protocol number")
+    return value
 
 
 def _port(value) -> int:
@@ -239,10 +255,10 @@ class GatewaySettings(Checked):
         runs) or `level` (not behind the other gateway)."""
         if kind == "up":
             return [layout.GATEWAY_DOOR_CHECK, "up"]
+        # this gateway's own HAProxy first (the level it runs), then the other's
         urls = [f"http://{target(address, layout.GATEWAY_LEVEL_PORT)}/"
-                for _, address in self.peers]
-        return [layout.GATEWAY_DOOR_CHECK, "level", layout.GATEWAY_LEVEL,
-                layout.GATEWAY_PEER_LEVEL, *urls]
+                for _, address in [(self.name, self.own_address), *self.peers]]
+        return [layout.GATEWAY_DOOR_CHECK, "level", layout.GATEWAY_PEER_LEVEL, *urls]
 
     def keepalived_text(self, interface: str) -> str:
         """keepalived's config on this gateway, holding gateway_virtual_ip on `interface` (the
@@ -252,9 +268,10 @@ class GatewaySettings(Checked):
     @cached_property
     def level_digest(self) -> str:
         """What must be alike on both gateways before either may hold the address: the config,
-        the certificate, the client keys' maps (a digest: none of it in clear)."""
+        the certificate, the client keys' maps (a digest: none of it in clear). The config is
+        taken with '-' where it carries this digest (its level frontend's header)."""
         digest = hashlib.sha256()
-        for part in (self.config_text, self.pem,
+        for part in (self._config("-"), self.pem,
                      *((self.clients_map_text, self.box_key_map_text)
                        if self.gateway_clients else ())):
             digest.update(hashlib.sha256(part.encode()).digest())
@@ -264,6 +281,13 @@ class GatewaySettings(Checked):
     def peers(self) -> list[tuple[str, str]]:
         """[(host, address)] of the other gateway sharing gateway_virtual_ip (none alone)."""
         return [(name, source) for name, source in self.pair if name != self.name]
+
+    @property
+    def peer_firewall(self) -> str:
+        """This gateway's nftables table (two gateways): VRRP and the level port answer the other
+        gateway only, and the gateway itself."""
+        return firewall_script((layout.GATEWAY_LEVEL_PORT,), *(a for _, a in self.peers),
+                               protocols=(VRRP,), table=GATEWAY_FIREWALL_TABLE)[0]
 
     @property
     def error_responses(self) -> list[dict]:
@@ -477,4 +501,8 @@ class GatewaySettings(Checked):
 
     @cached_property
     def config_text(self) -> str:
-        return _HAPROXY.get_template("haproxy.cfg.j2").render(g=self, layout=layout)
+        # two gateways: the config carries its level, so HAProxy says the level it runs
+        return self._config(self.level_digest if self.peers else None)
+
+    def _config(self, level) -> str:
+        return _HAPROXY.get_template("haproxy.cfg.j2").render(g=self, layout=layout, level=level)
