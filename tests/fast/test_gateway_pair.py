@@ -12,12 +12,16 @@ the level check (the address stays on a gateway whose HAProxy is down: keepalive
 config without one); no `check_unicast_src` (any LAN host's advert is taken); the door-check
 reading its own level from the file a run writes before the reload, or taking the level file's
 body without the running config's digest (x-thorfleet-level); the gateways' VRRP accept rule
-without its source address.
+without its source address; the level check's keepalived timeout no longer above its HTTP calls'
+max times together (a second spare), `fall 1`, or a curl in it without `--max-time` (a silent
+other gateway then holds the check until keepalived kills it).
 """
 
 import os
+import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -226,6 +230,37 @@ def test_the_address_is_given_up_when_haproxy_stops(tmp_path, secure_check, monk
         running.wait()
 
 
+def level_vrrp_script(g):
+    """The vrrp_script of gateway `g`'s rendered keepalived config that runs the level check:
+    {keyword: words}, "command" its script's words."""
+    scripts = [{key: said for key, said, _ in body}
+               for keyword, _, body in keepalived_blocks(g.keepalived_text("eth0"))
+               if keyword == "vrrp_script"]
+    [level] = [{**s, "command": shlex.split(s["script"][0])} for s in scripts
+               if shlex.split(s["script"][0])[1:2] == ["level"]]
+    return level
+
+
+def test_one_slow_level_check_never_moves_the_address(tmp_path):
+    """In the full story run (four workers on two cores) the preferred gateway lost the address,
+    most likely to its level check: two HTTP calls of up to 1 s each in keepalived's 2 s, and one
+    failure (fall 1) gave the address up. keepalived's timeout now exceeds the check's calls' max
+    times together, a second to spare for the shell, and it takes two failures in a row."""
+    calls = [line for line in CHECK.read_text().splitlines()
+             if re.search(r"\bcurl\b", line.split("#")[0])]
+    # one call site (level_at), run once for each URL of the command: this gateway's, the other's
+    assert len(calls) == 1, calls
+    max_time = re.search(r"--max-time ([0-9.]+)(?:\s|$)", calls[0])
+    assert max_time, f"a curl with no --max-time waits as long as keepalived lets it: {calls[0]}"
+    for name in ("gw-1", "gw-2"):
+        level = level_vrrp_script(pair(tmp_path)[name])
+        urls = [word for word in level["command"] if word.startswith("http://")]
+        assert len(urls) == 2, level["command"]
+        calls_at_most = float(max_time.group(1)) * len(urls)
+        assert float(level["timeout"][0]) >= calls_at_most + 1, (name, level, calls_at_most)
+        assert int(level["fall"][0]) >= 2, (name, level)
+
+
 @pytest.mark.parametrize("value", ["eth 0", "eth0;", "a{b", "x\"y", "#x", "!x", ""])
 def test_keepalived_refuses_what_would_be_more_than_a_word(value):
     with pytest.raises(ValueError):
@@ -309,6 +344,24 @@ def test_what_the_other_said_is_kept_until_a_run_brings_this_one_level(tmp_path,
                        seen=(tmp_path / "peer-level").read_text().strip()) == 1
     # a run reaches this gateway: level again
     assert level_check(tmp_path, levels, "300 bb", None, seen="200 bb") == 0
+
+
+def test_a_silent_other_gateway_costs_the_check_a_bounded_wait(tmp_path, curl, levels):
+    """The other gateway takes the connection and never answers (its HAProxy stalled on a loaded
+    host): the check waits out its max time, well inside keepalived's timeout, and passes on what
+    it knows (a missed read says nothing: this one is not behind)."""
+    timeout = float(level_vrrp_script(pair(tmp_path)["gw-1"])["timeout"][0])
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nothing ever reads the request
+        _Levels.answers = {"/own": answer("100 aa")}
+        started = time.monotonic()
+        done = subprocess.run(["sh", str(CHECK), "level", str(tmp_path / "peer-level"),
+                               f"{levels}/own", f"http://127.0.0.1:{silent.getsockname()[1]}/"],
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        took = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert took < timeout - 1, f"{took:.1f} s of keepalived's {timeout:g} s"
 
 
 @pytest.fixture
