@@ -819,6 +819,20 @@ def test_without_clients_the_door_opens_to_the_fleets_key_alone(tmp_path):
     assert "track-sc0" not in g.config_text and "stick-table" not in g.config_text
 
 
+def test_without_clients_the_fleets_key_opens_the_door_and_no_other_key_does(tmp_path):
+    """The fleet's key is served, with the boxes' key sent on; no key, a wrong one, or the
+    digest the map holds: 401 from the door, as JSON, and no box asked."""
+    boxes = []
+    with running_door(tmp_path, servers_out=boxes) as (door, g, _):
+        status, body = ask(door, g, "/v1/models", BOX_KEY)
+        assert status == 200 and body["auth"] == f"Bearer {BOX_KEY}", body
+        digest = hashlib.sha256(BOX_KEY.encode()).hexdigest()
+        for key in (None, "mallory-key-0123456789abcdef", digest):
+            status, body = ask(door, g, "/v1/models", key)
+            assert status == 401 and body["error"]["type"] == "invalid_api_key", (key, body)
+        assert boxes[0].asked == 1
+
+
 @pytest.mark.parametrize("thor_2", [
     {"service_api_key_file": "OTHER"},  # a key of its own: the door would open to one of two
     {"service_api_key_file": "ODD"},  # no bearer token: not one word of the header and the map
