@@ -70,7 +70,7 @@ def run(g, lock=True):
     files.whole_file(name="Install the rotation tool (drain, ready through the runtime API)",
                      src=str(FILES / "bin" / "thorfleet-rotation"), path=GATEWAY_ROTATION,
                      mode="755")
-    keys = _client_maps(g)  # before the config: `haproxy -c` reads the maps it names
+    keys = _door_maps(g)  # before the config: `haproxy -c` reads the maps it names
     # before the config too: it names the level file. A run dying before the reload leaves it
     # unread: HAProxy reads it with its config, and the check asks HAProxy (door-check)
     level = _level(g)
@@ -79,7 +79,6 @@ def run(g, lock=True):
              f"{g.gateway_queue_timeout_s}s (haproxy -c checks it before it goes live)",
         src=StringIO(g.config_text), path=GATEWAY_CONFIG, mode="644",
         check=("haproxy", "-c", "-q", "-f"))
-    _no_client_maps(g)
     files.directory(name="Create HAProxy's drop-in folder",
                     path=GATEWAY_STATE_DROPIN.rsplit("/", 1)[0], mode="755")
     dropin = files.whole_file(
@@ -163,26 +162,18 @@ def _no_peer_firewall():
     files.absent(name="No gateway_virtual_ip: no gateways' firewall script", path=GATEWAY_FIREWALL)
 
 
-CLIENT_MAPS = ((GATEWAY_CLIENTS_MAP, "the clients' key digests", "clients_map_text"),
-               (GATEWAY_BOX_KEY_MAP, "the key the door sends the boxes", "box_key_map_text"))
+MAPS_HOLD = {GATEWAY_CLIENTS_MAP: "the door's key digests (each client's, or the fleet's)",
+             GATEWAY_BOX_KEY_MAP: "the key the door sends the boxes"}
 
 
-def _client_maps(g):
-    """The door's clients (gateway_clients): each key's digest and the key the door sends the
-    boxes, in root-only maps HAProxy reads, written before the config that names them; removed
-    after a config that names none. Returns whether either changed: a reload then (idle
-    connections close, so a revoked key's next request comes on a new one, and is refused)."""
-    if g.gateway_clients:
-        ops = [files.secret_file(name=f"Write the map of {what} (root-only)", path=path,
-                                 content=getattr(g, text)) for path, what, text in CLIENT_MAPS]
-        return lambda: any(op.did_change() for op in ops)
-    return lambda: False
-
-
-def _no_client_maps(g):
-    if not g.gateway_clients:
-        for path, what, _ in CLIENT_MAPS:
-            files.absent(name=f"No gateway_clients: no map of {what}", path=path)
+def _door_maps(g):
+    """What opens the door (each client's key, or the fleet's one key, by its digest) and the key
+    the door sends the boxes, in root-only maps HAProxy reads, written before the config that
+    names them. Returns whether either changed: a reload then (idle connections close, so a
+    revoked key's next request comes on a new one, and is refused)."""
+    ops = [files.secret_file(name=f"Write the map of {MAPS_HOLD[path]} (root-only)", path=path,
+                             content=text) for path, text in g.maps.items()]
+    return lambda: any(op.did_change() for op in ops)
 
 
 def _door_usage(g):

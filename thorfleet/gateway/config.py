@@ -126,6 +126,10 @@ _KEEPALIVED = _environment(keepalived_word)
 # A client key, as a bearer token goes (RFC 6750's b64token): letters, digits and -._~+/=, and
 # long enough that nobody guesses it.
 CLIENT_KEY = re.compile(rf"[A-Za-z0-9._~+/-]{{{API_KEY_MIN},512}}=*")
+# The name the clients map gives the fleet's one key (service_api_key_file), which opens the door
+# without gateway_clients. Outside schema.CLIENT_NAME's grammar (a letter first), so no client is
+# ever named so; and the map holds it only when there are no clients.
+FLEET_CLIENT = "_fleet"
 
 
 def error_body(status, kind, message) -> str:
@@ -220,7 +224,7 @@ class Backend:
 class GatewaySettings(Checked):
     """The gateway host's checked settings (`g.gateway_port`, ...) and what is rendered from them."""
 
-    def __init__(self, values, name: str, address: str, backends: list[Backend], box_key=None,
+    def __init__(self, values, name: str, address: str, backends: list[Backend], box_key: str,
                  names=None, pair=None):
         super().__init__(values, name)
         self.address = address  # how the laptop reaches it (ssh_hostname): a name clients use
@@ -231,7 +235,9 @@ class GatewaySettings(Checked):
         # inventory order (the first is the one keepalived prefers).
         self.pair = pair or [(name, address)]
         self.backends = backends
-        self.box_key = box_key  # the boxes' service key: the door's own, with gateway_clients
+        # the boxes' service key: the one the door sends them; without gateway_clients, the one
+        # it opens to
+        self.box_key = box_key
         self.health_path = HEALTH_PATH
         self.monitor_role = None  # MonitorSettings when Prometheus runs here (settings.py)
 
@@ -268,12 +274,10 @@ class GatewaySettings(Checked):
     @cached_property
     def level_digest(self) -> str:
         """What must be alike on both gateways before either may hold the address: the config,
-        the certificate, the client keys' maps (a digest: none of it in clear). The config is
+        the certificate, the door's key maps (a digest: none of it in clear). The config is
         taken with '-' where it carries this digest (its level frontend's header)."""
         digest = hashlib.sha256()
-        for part in (self._config("-"), self.pem,
-                     *((self.clients_map_text, self.box_key_map_text)
-                       if self.gateway_clients else ())):
+        for part in (self._config("-"), self.pem, *self.maps.values()):
             digest.update(hashlib.sha256(part.encode()).digest())
         return digest.hexdigest()[:32]
 
@@ -295,6 +299,8 @@ class GatewaySettings(Checked):
         `type` and `code`, not HAProxy's HTML page; a 503 (no box free within
         gateway_queue_timeout_s, or none in rotation) says when to try again (Retry-After)."""
         said = {
+            401: ("invalid_api_key", ("no client key, or one this door does not know: send "
+                                      "yours as Authorization: Bearer <key>"), None),
             404: ("not_found", "this route is not served here: the OpenAI API is under /v1/",
                   None),
             502: ("bad_gateway", "the box answering this request failed; try again", None),
@@ -303,9 +309,6 @@ class GatewaySettings(Checked):
                   self.gateway_retry_after_s),
             504: ("gateway_timeout", "the box did not answer in time", None),
         }
-        if self.gateway_clients:
-            said[401] = ("invalid_api_key", ("no client key, or one this door does not know: "
-                                             "send yours as Authorization: Bearer <key>"), None)
         return [{"status": status, "retry_after": retry, "body": error_body(status, kind, message)}
                 for status, (kind, message, retry) in sorted(said.items())]
 
@@ -382,15 +385,27 @@ class GatewaySettings(Checked):
         return keys
 
     @property
+    def door_keys(self) -> dict[str, str]:
+        """{name: key} of what opens the door: each client's (gateway_clients), else the fleet's
+        one key, the boxes' own, as FLEET_CLIENT."""
+        return self.client_keys if self.gateway_clients else {FLEET_CLIENT: self.box_key}
+
+    @property
     def clients_map_text(self) -> str:
-        """HAProxy's map of the door's clients: the SHA-256 (hex) of each key, and its name."""
+        """HAProxy's map of the door's keys: the SHA-256 (hex) of each, and its name."""
         return "".join(f"{haproxy_word(hashlib.sha256(key.encode()).hexdigest())} "
-                       f"{haproxy_word(name)}\n" for name, key in self.client_keys.items())
+                       f"{haproxy_word(name)}\n" for name, key in self.door_keys.items())
 
     @property
     def box_key_map_text(self) -> str:
         """HAProxy's map of the one key the door sends the boxes (the boxes' service key)."""
         return f"box {haproxy_word(self.box_key)}\n"
+
+    @property
+    def maps(self) -> dict[str, str]:
+        """{path on the gateway: text} of the maps haproxy.cfg reads, root-only beside it."""
+        return {layout.GATEWAY_CLIENTS_MAP: self.clients_map_text,
+                layout.GATEWAY_BOX_KEY_MAP: self.box_key_map_text}
 
     # --- routing by model: one pool of boxes per model the fleet serves ------------------------------
     @cached_property
@@ -493,7 +508,7 @@ class GatewaySettings(Checked):
     @property
     def route_errors(self) -> dict:
         """The door's answer when routing to a model no box serves (404, as vLLM types it)."""
-        return {  # the 404 names no model: it may answer a client without a key (no clients)
+        return {  # the 404 names no model, though only a client with a key is answered it
             "unknown": error_body(404, "NotFoundError",
                                   "no box here serves the model this request names: GET "
                                   "/v1/models lists the models served"),
