@@ -32,8 +32,7 @@ from thorfleet.settings.layout import (
     FILES,
     FIREWALL_DROPIN,
     FIREWALL_UNIT,
-    GATEWAY_BOX_KEY_MAP,
-    GATEWAY_CLIENTS_MAP,
+    GATEWAY_CLIENT_MAPS,
     GATEWAY_CONFIG,
     GATEWAY_DOOR_CHECK,
     GATEWAY_DOOR_USAGE,
@@ -129,26 +128,23 @@ def _shared_address(g):
     system.running(name="keepalived is running", unit=KEEPALIVED_UNIT)
 
 
-CLIENT_MAPS = ((GATEWAY_CLIENTS_MAP, "the clients' key digests", "clients_map_text"),
-               (GATEWAY_BOX_KEY_MAP, "the key the door sends the boxes", "box_key_map_text"))
-
-
 def _client_maps(g):
-    """The door's clients (gateway_clients): each key's digest and the key the door sends the
-    boxes, in root-only maps HAProxy reads, written before the config that names them; removed
-    after a config that names none. Returns whether either changed: a reload then (idle
-    connections close, so a revoked key's next request comes on a new one, and is refused)."""
+    """The door's clients (gateway_clients): each key's digest, the key the door sends the
+    boxes and each client's policy, in root-only maps HAProxy reads (GatewaySettings.
+    client_maps), written before the config that names them; removed after a config that names
+    none. Returns whether any changed: a reload then (idle connections close, so a revoked key's
+    next request comes on a new one, and is refused)."""
     if g.gateway_clients:
         ops = [files.secret_file(name=f"Write the map of {what} (root-only)", path=path,
-                                 content=getattr(g, text)) for path, what, text in CLIENT_MAPS]
+                                 content=text) for path, what, text in g.client_maps]
         return lambda: any(op.did_change() for op in ops)
     return lambda: False
 
 
 def _no_client_maps(g):
     if not g.gateway_clients:
-        for path, what, _ in CLIENT_MAPS:
-            files.absent(name=f"No gateway_clients: no map of {what}", path=path)
+        for path in GATEWAY_CLIENT_MAPS:
+            files.absent(name=f"No gateway_clients: no map {path}", path=path)
 
 
 def _door_usage(g):

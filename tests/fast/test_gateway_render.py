@@ -53,8 +53,12 @@ def gateway_settings(tmp_path, **data):
 def haproxy_check(tmp_path, g):
     pem = tmp_path / "gateway.pem"
     pem.write_text(g.pem)
+    text = g.config_text.replace(layout.GATEWAY_PEM, str(pem))
+    for path, _, map_text in (g.client_maps if g.gateway_clients else ()):
+        (tmp_path / path.rsplit("/", 1)[1]).write_text(map_text)  # as the deploy writes them
+        text = text.replace(path, str(tmp_path / path.rsplit("/", 1)[1]))
     config = tmp_path / "haproxy.cfg"
-    config.write_text(g.config_text.replace(layout.GATEWAY_PEM, str(pem)))
+    config.write_text(text)
     return subprocess.run([shutil.which("haproxy") or "haproxy", "-c", "-f", str(config)],
                           check=False, capture_output=True, text=True)
 
@@ -444,11 +448,10 @@ def running_door(tmp_path, thors=1, gateway_data=None, servers_out=None, thor_da
     g = settings_for_inventory(inv)["gw-1"]
     (tmp_path / "gateway.pem").write_text(g.pem)
     config = g.config_text.replace(layout.GATEWAY_PEM, str(tmp_path / "gateway.pem"))
-    for path, text in ((layout.GATEWAY_CLIENTS_MAP, "clients_map_text"),
-                       (layout.GATEWAY_BOX_KEY_MAP, "box_key_map_text")):
-        if g.gateway_clients:  # the maps the deploy writes beside the config
-            (tmp_path / path.rsplit("/", 1)[1]).write_text(getattr(g, text))
-            config = config.replace(path, str(tmp_path / path.rsplit("/", 1)[1]))
+    for path, _, text in (g.client_maps if g.gateway_clients else ()):
+        # the maps the deploy writes beside the config
+        (tmp_path / path.rsplit("/", 1)[1]).write_text(text)
+        config = config.replace(path, str(tmp_path / path.rsplit("/", 1)[1]))
     config = config.replace(layout.GATEWAY_ADMIN_SOCKET, str(tmp_path / "admin.sock"))
     config = config.replace(layout.GATEWAY_SERVER_STATE, str(tmp_path / "server-state"))
     config = config.replace("    log /dev/log local0\n", "").replace("    chroot /var/lib/haproxy\n", "")
