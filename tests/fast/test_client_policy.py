@@ -13,7 +13,6 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
-from pathlib import Path
 
 import pytest
 
@@ -61,21 +60,21 @@ def test_a_client_takes_the_fleets_limits_for_what_it_does_not_set(entry, expect
 # --- refused by check, naming the client, the key and the fix ------------------------------------
 
 @pytest.mark.parametrize("policy, said", [
-    ({"max_inflight": 0}, "gateway_clients['ci']: max_inflight=0 must be a whole number from 1 "
-                          "to 10000, as gateway_client_max_inflight"),
+    ({"max_inflight": 0}, ("gateway_clients['ci']: max_inflight=0 must be a whole number from 1 "
+                          "to 10000, as gateway_client_max_inflight")),
     ({"max_inflight": True}, "max_inflight=True must be a whole number from 1 to 10000"),
-    ({"requests_per_minute": 1.5}, "gateway_clients['ci']: requests_per_minute=1.5 must be a "
-                                   "whole number from 1 to 1000000"),
+    ({"requests_per_minute": 1.5}, ("gateway_clients['ci']: requests_per_minute=1.5 must be a "
+                                   "whole number from 1 to 1000000")),
     ({"requests_per_minute": 1000001}, "requests_per_minute=1000001 must be a whole number"),
-    ({"models": ["gpt-4o"]}, "gateway_clients['ci']: models has 'gpt-4o', which no box here "
-                             "serves: name one of mistral-small-4"),
-    ({"models": "mistral-small-4"}, "gateway_clients['ci']: models='mistral-small-4' must be a "
-                                    "list of model names"),
+    ({"models": ["gpt-4o"]}, ("gateway_clients['ci']: models has 'gpt-4o', which no box here "
+                             "serves: name one of mistral-small-4")),
+    ({"models": "mistral-small-4"}, ("gateway_clients['ci']: models='mistral-small-4' must be a "
+                                    "list of model names")),
     ({"models": []}, "gateway_clients['ci']: models=[] lets it call no model"),
-    ({"priority": "urgent"}, "gateway_clients['ci']: priority='urgent' is not a priority: use "
-                             "'interactive' or 'batch'"),
-    ({"tokens_per_minute": 1000}, "gateway_clients['ci'] has 'tokens_per_minute', not a key of a "
-                                  "client's policy: use key_file, max_inflight"),
+    ({"priority": "urgent"}, ("gateway_clients['ci']: priority='urgent' is not a priority: use "
+                             "'interactive' or 'batch'")),
+    ({"tokens_per_minute": 1000}, ("gateway_clients['ci'] has 'tokens_per_minute', not a key of a "
+                                  "client's policy: use key_file, max_inflight")),
     ({"key_file": None}, "gateway_clients['ci'] has no key_file: add \"key_file\""),
 ])
 def test_a_policy_that_cannot_hold_is_refused_naming_client_key_and_fix(tmp_path, policy, said):
