@@ -37,13 +37,18 @@ from thorfleet.settings.layout import (
     FIREWALL_DROPIN,
     FIREWALL_UNIT,
     GATEWAY_BOX_KEY_MAP,
+    GATEWAY_CLASS_MAP,
     GATEWAY_CLIENTS_MAP,
     GATEWAY_CONFIG,
     GATEWAY_DOOR_CHECK,
     GATEWAY_DOOR_USAGE,
     GATEWAY_DOOR_USAGE_UNIT,
+    GATEWAY_INFLIGHT_MAP,
+    GATEWAY_MODELS_MAP,
     GATEWAY_PEER_LEVEL,
     GATEWAY_PEM,
+    GATEWAY_POOLS_MAP,
+    GATEWAY_RATE_MAP,
     GATEWAY_ROTATION,
     GATEWAY_STATE_DROPIN,
     KEEPALIVED_CONFIG,
@@ -163,16 +168,24 @@ def _no_peer_firewall():
 
 
 MAPS_HOLD = {GATEWAY_CLIENTS_MAP: "the door's key digests (each client's, or the fleet's)",
-             GATEWAY_BOX_KEY_MAP: "the key the door sends the boxes"}
+             GATEWAY_BOX_KEY_MAP: "the key the door sends the boxes",
+             GATEWAY_INFLIGHT_MAP: "each client's max_inflight",
+             GATEWAY_RATE_MAP: "each client's requests_per_minute",
+             GATEWAY_CLASS_MAP: "each client's queue class (its priority)",
+             GATEWAY_POOLS_MAP: "the pools each client may call",
+             GATEWAY_MODELS_MAP: "each client's /v1/models"}
 
 
 def _door_maps(g):
-    """What opens the door (each client's key, or the fleet's one key, by its digest) and the key
-    the door sends the boxes, in root-only maps HAProxy reads, written before the config that
-    names them. Returns whether either changed: a reload then (idle connections close, so a
-    revoked key's next request comes on a new one, and is refused)."""
+    """What opens the door (each client's key, or the fleet's one key, by its digest), the key
+    the door sends the boxes and each client's policy, in root-only maps HAProxy reads, written
+    before the config that names them; a policy map no config names (no gateway_clients) goes.
+    Returns whether any changed: a reload then (idle connections close, so a revoked key's next
+    request comes on a new one, and is refused)."""
     ops = [files.secret_file(name=f"Write the map of {MAPS_HOLD[path]} (root-only)", path=path,
                              content=text) for path, text in g.maps.items()]
+    for path in set(MAPS_HOLD) - set(g.maps):
+        files.absent(name=f"No gateway_clients: no map of {MAPS_HOLD[path]}", path=path)
     return lambda: any(op.did_change() for op in ops)
 
 

@@ -27,6 +27,7 @@ import jinja2
 
 from thorfleet.gateway import tls
 from thorfleet.gateway.monitor import target
+from thorfleet.gateway.policy import AT_SHARE_CLASS, PRIORITY_CLASS, fair_share, policies
 from thorfleet.settings import layout
 from thorfleet.settings.recipe import (
     BODY_BYTES_PER_TOKEN,
@@ -102,6 +103,22 @@ def nft_word(value):
     raise ValueError(f"{text!r} cannot be one nft word")
 
 
+def map_line(key, value) -> str:
+    """One line of a HAProxy map file: the key is its first word (up to a space or tab), the
+    value the rest of the line; a line starting with '#' is a comment. A key with a space or a
+    control character, or a value that would reach past its line, is refused."""
+    key, value = str(key), str(value)
+    if not _MAP_KEY.fullmatch(key):
+        raise ValueError(f"{key!r} cannot be one key of a HAProxy map")
+    if not _MAP_VALUE.fullmatch(value):
+        raise ValueError(f"{value!r} cannot be one value of a HAProxy map")
+    return f"{key} {value}\n"
+
+
+_MAP_KEY = re.compile(r"[!-\"$-~][!-~]*")  # visible ASCII, no '#' first
+_MAP_VALUE = re.compile(r"[!-~]([ -~]*[!-~])?")  # one line of printable ASCII, no space at its ends
+
+
 def _environment(finalize):
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(layout.FILES / "gateway")),
                               keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
@@ -136,6 +153,17 @@ def error_body(status, kind, message) -> str:
     """The door's own answer as an OpenAI client reads an error: one line of JSON."""
     return json.dumps({"error": {"message": message, "type": kind, "param": None,
                                  "code": status}}, separators=(",", ":"))
+
+
+def lf_error_body(status, kind, message, **samples) -> str:
+    """error_body as a HAProxy log-format string (`lf-string`): each `{name}` of `message` is
+    the sample expression samples[name], filled in per request (one of thorfleet's own, never a
+    value of the inventory), and every other '%' is doubled to stand for itself."""
+    marks = {name: f"\x01{name}\x01" for name in samples}
+    body = error_body(status, kind, message.format(**marks)).replace("%", "%%")
+    for name, expression in samples.items():
+        body = body.replace(json.dumps(marks[name])[1:-1], f"%[{expression}]")
+    return body
 
 
 def client_key(name, file: Path) -> str:
@@ -314,14 +342,31 @@ class GatewaySettings(Checked):
 
     @property
     def limit_bodies(self) -> dict:
-        """The door's 429s, as OpenAI's rate-limit errors read: over a client's requests at once
-        (gateway_client_max_inflight), or over its requests a minute."""
-        said = {"inflight": f"this client has {self.gateway_client_max_inflight} requests at the "
-                            "door already (gateway_client_max_inflight); try again later",
-                "rate": f"this client started {self.gateway_client_requests_per_minute} requests "
-                        "in the last minute (gateway_client_requests_per_minute); try again later"}
-        return {reason: error_body(429, "rate_limit_exceeded", message)
-                for reason, message in said.items()}
+        """The door's 429s, as OpenAI's rate-limit errors read (log-format strings naming the
+        client's own limit): over its requests at once, or over its requests a minute."""
+        inflight = ("this client has {limit} requests at the door already (its max_inflight in "
+                    "gateway_clients, else gateway_client_max_inflight); try again later")
+        rate = ("this client started {limit} requests in the last minute (its requests_per_minute "
+                "in gateway_clients, else gateway_client_requests_per_minute); try again later")
+        said = {"inflight": (inflight, "var(txn.max_inflight)"),
+                "rate": (rate, "var(txn.requests_per_minute)")}
+        return {reason: lf_error_body(429, "rate_limit_exceeded", message, limit=limit)
+                for reason, (message, limit) in said.items()}
+
+    @property
+    def denied_bodies(self) -> dict:
+        """The door's 403s to a client calling a model its `models` leaves out: naming the model
+        (JSON-escaped by HAProxy's json converter), or, for a request naming none, the model it
+        would go to."""
+        first = self.pools[next(iter(self.pools))][0].model
+        return {
+            "named": lf_error_body(403, "PermissionDeniedError",
+                                   'this client may not call the model "{model}": GET /v1/models '
+                                   "lists the ones it may", model="var(txn.model),json(utf8s)"),
+            "unnamed": error_body(403, "PermissionDeniedError",
+                                  f"a request naming no model goes to {first}, which this client "
+                                  "may not call: name one GET /v1/models lists"),
+        }
 
     @property
     def ipv6_clients(self) -> bool:
@@ -365,12 +410,19 @@ class GatewaySettings(Checked):
         return tls.haproxy_pem(*pair).decode()
 
     @cached_property
+    def policies(self):
+        """{client name: its ClientPolicy}: its own limits, models and priority, else the
+        fleet's (gateway_client_*)."""
+        return policies(self.gateway_clients, self.gateway_client_max_inflight,
+                        self.gateway_client_requests_per_minute)
+
+    @cached_property
     def client_keys(self) -> dict[str, str]:
         """{client name: its key} from the laptop's key files (gateway_clients); a missing file is
         made (0600, in a 0700 folder) and said on stderr, for the operator to hand over."""
         keys = {}
-        for name, path in sorted((self.gateway_clients or {}).items()):
-            file = Path(path).expanduser()
+        for name, policy in self.policies.items():
+            file = Path(policy.key_file).expanduser()
             if not file.exists():  # written as the fleet CA's keys are: 0600, whole or not at all
                 tls.private_dir(file.parent)
                 tls.write_whole(file, (secrets.token_hex(24) + "\n").encode())
@@ -403,9 +455,44 @@ class GatewaySettings(Checked):
 
     @property
     def maps(self) -> dict[str, str]:
-        """{path on the gateway: text} of the maps haproxy.cfg reads, root-only beside it."""
-        return {layout.GATEWAY_CLIENTS_MAP: self.clients_map_text,
+        """{path on the gateway: text} of every map haproxy.cfg reads, root-only beside it: the
+        door's keys always; each client's policy with gateway_clients. The deploy writes them
+        before the config (tasks/gateway.py), and the pair's level digests them."""
+        maps = {layout.GATEWAY_CLIENTS_MAP: self.clients_map_text,
                 layout.GATEWAY_BOX_KEY_MAP: self.box_key_map_text}
+        if not self.gateway_clients:
+            return maps
+        policies = self.policies.items()
+        maps[layout.GATEWAY_INFLIGHT_MAP] = "".join(
+            map_line(name, p.max_inflight) for name, p in policies)
+        maps[layout.GATEWAY_RATE_MAP] = "".join(
+            map_line(name, p.requests_per_minute) for name, p in policies)
+        maps[layout.GATEWAY_CLASS_MAP] = "".join(
+            map_line(name, PRIORITY_CLASS[p.priority]) for name, p in policies)
+        maps[layout.GATEWAY_POOLS_MAP] = "".join(
+            map_line(f"{name}:{pool}", 1) for name in self.policies
+            for pool in self.allowed_pools(name))
+        maps[layout.GATEWAY_MODELS_MAP] = "".join(
+            map_line(name, self.models_list(self.allowed_pools(name))) for name in self.policies)
+        return maps
+
+    def allowed_pools(self, client: str) -> list[str]:
+        """The pools client `client` may call: those serving a name its `models` holds (None:
+        every pool). A pool answers each name routes() gives it."""
+        models = self.policies[client].models
+        return [pool for pool, names in self.routes
+                if models is None or set(models) & set(names)]
+
+    @property
+    def fair_shares(self) -> dict[str, int]:
+        """{pool: the slots one client may hold while another waits for it}: half its boxes'
+        slots (each box's maxconn, vLLM's max_num_seqs), policy.fair_share."""
+        return {pool: fair_share(sum(b.maxconn for b in boxes))
+                for pool, boxes in self.pools.items()}
+
+    @property
+    def at_share_class(self) -> int:
+        return AT_SHARE_CLASS
 
     # --- routing by model: one pool of boxes per model the fleet serves ------------------------------
     @cached_property
@@ -441,11 +528,16 @@ class GatewaySettings(Checked):
 
     @property
     def models_body(self) -> str:
-        """/v1/models at the door: the fleet's models by the names clients write, as vLLM lists
-        them (entrypoints/openai/models: ModelCard id, object, owned_by, max_model_len)."""
-        data = [{"id": boxes[0].model, "object": "model", "created": 0, "owned_by": "thorfleet",
-                 "max_model_len": PROFILES[boxes[0].profile]["max_model_len"]}
-                for boxes in self.pools.values()]
+        """/v1/models at the door without gateway_clients: the fleet's models."""
+        return self.models_list(list(self.pools))
+
+    def models_list(self, pools) -> str:
+        """/v1/models at the door: the models of `pools` by the names clients write, as vLLM
+        lists them (entrypoints/openai/models: ModelCard id, object, owned_by, max_model_len)."""
+        data = [{"id": self.pools[pool][0].model, "object": "model", "created": 0,
+                 "owned_by": "thorfleet",
+                 "max_model_len": PROFILES[self.pools[pool][0].profile]["max_model_len"]}
+                for pool in pools]
         return json.dumps({"object": "list", "data": data}, separators=(",", ":"))
 
     @property

@@ -19,6 +19,7 @@ import yaml
 from thorfleet.gateway import tls
 from thorfleet.gateway.config import CLIENT_KEY, SERVER_NAME, Backend, GatewaySettings, client_key
 from thorfleet.gateway.monitor import MonitorSettings, Target, label_value, target
+from thorfleet.gateway.policy import key_file
 from thorfleet.run.peers import (
     dial_host,
     fleet_copy,
@@ -405,6 +406,8 @@ def _the_gateway(inventory, settings):
     if first.gateway_clients:
         problems += [f"{hosts[0].name}: {p}"
                      for p in client_problems(first.gateway_clients, box_keys)]
+        problems += [f"{hosts[0].name}: {p}"
+                     for p in client_model_problems(first.gateway_clients, backends)]
     if problems:
         return {}, problems
     pair = list(zip((h.name for h in hosts), sources))
@@ -515,8 +518,9 @@ def client_problems(clients, box_keys) -> list[str]:
     (GatewaySettings.client_keys)."""
     problems, seen = [], {}
     files = {}  # {the file, resolved: the first client naming it}
-    for name, path in sorted(clients.items()):
+    for name, entry in sorted(clients.items()):
         key_name = f"gateway_clients[{name!r}]"
+        path = key_file(entry)
         problems += private_file_problems(key_name, path)
         file = Path(path).expanduser()
         # one file, two clients (made or not: the run would make one key for both): revoking one
@@ -542,6 +546,17 @@ def client_problems(clients, box_keys) -> list[str]:
                             "each client needs a key of its own, or a revocation locks out both")
         seen.setdefault(key, name)
     return problems
+
+
+def client_model_problems(clients, backends) -> list[str]:
+    """A client's `models` naming one no box of the inventory serves (service_profile: the
+    names each box answers to)."""
+    served = {n for b in backends for n in b.names}
+    own = sorted({b.model for b in backends})
+    return [f"gateway_clients[{name!r}]: models has {model!r}, which no box here serves: name "
+            f"one of {', '.join(own)} (a box's service_profile serves it)"
+            for name, entry in sorted(clients.items()) if isinstance(entry, dict)
+            for model in entry.get("models") or () if model not in served]
 
 
 def _family_problems(name, who, target, source, key) -> list[str]:
