@@ -404,6 +404,9 @@ def gateway_files(folder, g, since, address):
     (folder / "gateway.pem").write_text(g.pem)
     (folder / "level").write_text(f"{since} {g.level_digest}\n")
     config = g.config_text
+    for path, text in g.maps.items():  # the door's maps, as the run writes them
+        (folder / path.rsplit("/", 1)[1]).write_text(text)
+        config = config.replace(path, str(folder / path.rsplit("/", 1)[1]))
     for path, mine in ((layout.GATEWAY_PEM, "gateway.pem"), (layout.GATEWAY_LEVEL, "level"),
                        (layout.GATEWAY_ADMIN_SOCKET, "admin.sock"),
                        (layout.GATEWAY_SERVER_STATE, "server-state")):
