@@ -36,6 +36,7 @@ from thorfleet.settings.recipe import served_names
 from thorfleet.settings.schema import check_gateway
 
 HF_ID = "mistralai/Mistral-Small-4-119B-2603-NVFP4"
+KEY = "bench-the-fleets-key-0123456789"  # the door's, which opens it and which it sends on
 
 
 class _Box(BaseHTTPRequestHandler):
@@ -83,10 +84,12 @@ def _door(workdir: Path, profiles):
     boxes = [Backend(f"thor-{n}", "127.0.0.1", servers[2 * n].server_address[1], 1,
                      servers[2 * n + 1].server_address[1], p, tuple(served_names(p, HF_ID)))
              for n, p in enumerate(profiles)]
-    g = GatewaySettings(values, "gw-1", "127.0.0.1", boxes)
-    (workdir / "gateway.pem").write_text(g.pem)
-    config = (g.config_text.replace(layout.GATEWAY_PEM, str(workdir / "gateway.pem"))
-              .replace(layout.GATEWAY_ADMIN_SOCKET, str(workdir / "admin.sock"))
+    g = GatewaySettings(values, "gw-1", "127.0.0.1", boxes, box_key=KEY)
+    config = g.config_text
+    for path, text in {layout.GATEWAY_PEM: g.pem, **g.maps}.items():  # as the deploy writes them
+        (workdir / path.rsplit("/", 1)[1]).write_text(text)
+        config = config.replace(path, str(workdir / path.rsplit("/", 1)[1]))
+    config = (config.replace(layout.GATEWAY_ADMIN_SOCKET, str(workdir / "admin.sock"))
               .replace(layout.GATEWAY_SERVER_STATE, str(workdir / "server-state"))
               .replace("    log /dev/log local0\n", "")
               .replace("    chroot /var/lib/haproxy\n", ""))
@@ -117,7 +120,8 @@ def _timed(port, context, body, n):
     for _ in range(n):
         started = time.perf_counter()
         connection.request("POST", "/v1/chat/completions", body=body,
-                           headers={"Content-Type": "application/json"})
+                           headers={"Content-Type": "application/json",
+                                    "Authorization": f"Bearer {KEY}"})
         answer = connection.getresponse()
         answer.read()
         assert answer.status == 200, answer.status

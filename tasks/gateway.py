@@ -22,7 +22,11 @@ from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
 from thorfleet import facts
-from thorfleet.gateway.config import firewall_script
+from thorfleet.gateway.config import (
+    GATEWAY_FIREWALL,
+    GATEWAY_FIREWALL_DROPIN,
+    firewall_script,
+)
 from thorfleet.operations import files, gateway, preflight, system
 from thorfleet.run.runstate import run_state
 from thorfleet.run.snapshot import read
@@ -33,13 +37,18 @@ from thorfleet.settings.layout import (
     FIREWALL_DROPIN,
     FIREWALL_UNIT,
     GATEWAY_BOX_KEY_MAP,
+    GATEWAY_CLASS_MAP,
     GATEWAY_CLIENTS_MAP,
     GATEWAY_CONFIG,
     GATEWAY_DOOR_CHECK,
     GATEWAY_DOOR_USAGE,
     GATEWAY_DOOR_USAGE_UNIT,
+    GATEWAY_INFLIGHT_MAP,
+    GATEWAY_MODELS_MAP,
     GATEWAY_PEER_LEVEL,
     GATEWAY_PEM,
+    GATEWAY_POOLS_MAP,
+    GATEWAY_RATE_MAP,
     GATEWAY_ROTATION,
     GATEWAY_STATE_DROPIN,
     KEEPALIVED_CONFIG,
@@ -47,6 +56,7 @@ from thorfleet.settings.layout import (
 )
 
 HAPROXY_UNIT = "haproxy.service"
+KEEPALIVED_DROPINS = f"{BOX_UNIT_DIR}/{KEEPALIVED_UNIT}.d"
 
 
 @deploy("Gateway")
@@ -65,14 +75,15 @@ def run(g, lock=True):
     files.whole_file(name="Install the rotation tool (drain, ready through the runtime API)",
                      src=str(FILES / "bin" / "thorfleet-rotation"), path=GATEWAY_ROTATION,
                      mode="755")
-    keys = _client_maps(g)  # before the config: `haproxy -c` reads the maps it names
-    level = _level(g)  # before the config too: it names the level file
+    keys = _door_maps(g)  # before the config: `haproxy -c` reads the maps it names
+    # before the config too: it names the level file. A run dying before the reload leaves it
+    # unread: HAProxy reads it with its config, and the check asks HAProxy (door-check)
+    level = _level(g)
     config = files.whole_file(
         name=f"Write HAProxy's config: {len(g.backends)} box(es), queue "
              f"{g.gateway_queue_timeout_s}s (haproxy -c checks it before it goes live)",
         src=StringIO(g.config_text), path=GATEWAY_CONFIG, mode="644",
         check=("haproxy", "-c", "-q", "-f"))
-    _no_client_maps(g)
     files.directory(name="Create HAProxy's drop-in folder",
                     path=GATEWAY_STATE_DROPIN.rsplit("/", 1)[0], mode="755")
     dropin = files.whole_file(
@@ -89,8 +100,9 @@ def run(g, lock=True):
 
 
 def _level(g):
-    """With gateway_virtual_ip: what this run sets here, recorded for the other gateway to read
-    (a digest, dated by the run that first set it). Returns whether it changed."""
+    """With gateway_virtual_ip: what this run sets here, recorded for HAProxy to answer both
+    gateways' checks with (a digest, dated by the run that first set it; claimed once HAProxy
+    reloads). Returns whether it changed."""
     if not g.gateway_virtual_ip:
         return lambda: False
     op = gateway.level_recorded(name="Record what this run sets here (the other gateway reads it)",
@@ -103,6 +115,7 @@ def _shared_address(g):
     of thorfleet's."""
     if not g.gateway_virtual_ip:
         gateway.no_shared_address(name="No gateway_virtual_ip: no keepalived of thorfleet's")
+        _no_peer_firewall()
         return
     system.packages(name="Install keepalived and curl (the distribution's packages)",
                     packages=gateway.SHARED_ADDRESS_PACKAGES)
@@ -117,6 +130,7 @@ def _shared_address(g):
     if gateway.shared_address_problem(g.own_address, g.gateway_virtual_ip, found):
         return  # failed above, naming the fix: nothing of keepalived written
     interface = found.name
+    firewall = _peer_firewall(g)
     held_by = " or ".join(name for name, _ in g.pair)
     config = files.whole_file(
         name=f"Write keepalived's config: {g.gateway_virtual_ip} held by {held_by} "
@@ -124,31 +138,55 @@ def _shared_address(g):
         src=StringIO(g.keepalived_text(interface)), path=KEEPALIVED_CONFIG, mode="644",
         check=("keepalived", "--config-test", "-f"))
     files.unit_enabled(name="Enable keepalived at boot", unit=KEEPALIVED_UNIT)
-    system.reloaded(name="Reload keepalived for its new config (the address stays put)",
-                    unit=KEEPALIVED_UNIT, _if=config.did_change)
+    system.reloaded(name="Reload keepalived for its new config and firewall (the address stays put)",
+                    unit=KEEPALIVED_UNIT, _if=lambda: config.did_change() or firewall())
     system.running(name="keepalived is running", unit=KEEPALIVED_UNIT)
 
 
-CLIENT_MAPS = ((GATEWAY_CLIENTS_MAP, "the clients' key digests", "clients_map_text"),
-               (GATEWAY_BOX_KEY_MAP, "the key the door sends the boxes", "box_key_map_text"))
+def _peer_firewall(g):
+    """VRRP and the level port answer the other gateway only: an nftables table keepalived's
+    drop-in loads before keepalived starts (and at its reloads). Returns whether it changed."""
+    system.packages(name="Install nftables (the distribution's package)", packages=("nftables",))
+    peers = " and ".join(address for _, address in g.peers)
+    script = files.whole_file(
+        name=f"Write the gateways' firewall: VRRP and the level port answer {peers} only "
+             "(nft -c checks it)",
+        src=StringIO(g.peer_firewall), path=GATEWAY_FIREWALL, mode="644", check=("nft", "-c", "-f"))
+    files.directory(name="Create keepalived's drop-in folder", path=KEEPALIVED_DROPINS, mode="755")
+    dropin = files.whole_file(
+        name="keepalived starts only once the gateways' firewall is loaded",
+        src=str(FILES / "systemd" / GATEWAY_FIREWALL_DROPIN),
+        path=f"{KEEPALIVED_DROPINS}/{GATEWAY_FIREWALL_DROPIN}", mode="644")
+    systemd.daemon_reload(name="systemd reads keepalived's drop-in", _if=dropin.did_change)
+    return lambda: script.did_change() or dropin.did_change()
 
 
-def _client_maps(g):
-    """The door's clients (gateway_clients): each key's digest and the key the door sends the
-    boxes, in root-only maps HAProxy reads, written before the config that names them; removed
-    after a config that names none. Returns whether either changed: a reload then (idle
-    connections close, so a revoked key's next request comes on a new one, and is refused)."""
-    if g.gateway_clients:
-        ops = [files.secret_file(name=f"Write the map of {what} (root-only)", path=path,
-                                 content=getattr(g, text)) for path, what, text in CLIENT_MAPS]
-        return lambda: any(op.did_change() for op in ops)
-    return lambda: False
+def _no_peer_firewall():
+    files.absent(name="No gateway_virtual_ip: keepalived loads no gateways' firewall",
+                 path=f"{KEEPALIVED_DROPINS}/{GATEWAY_FIREWALL_DROPIN}")
+    files.absent(name="No gateway_virtual_ip: no gateways' firewall script", path=GATEWAY_FIREWALL)
 
 
-def _no_client_maps(g):
-    if not g.gateway_clients:
-        for path, what, _ in CLIENT_MAPS:
-            files.absent(name=f"No gateway_clients: no map of {what}", path=path)
+MAPS_HOLD = {GATEWAY_CLIENTS_MAP: "the door's key digests (each client's, or the fleet's)",
+             GATEWAY_BOX_KEY_MAP: "the key the door sends the boxes",
+             GATEWAY_INFLIGHT_MAP: "each client's max_inflight",
+             GATEWAY_RATE_MAP: "each client's requests_per_minute",
+             GATEWAY_CLASS_MAP: "each client's queue class (its priority)",
+             GATEWAY_POOLS_MAP: "the pools each client may call",
+             GATEWAY_MODELS_MAP: "each client's /v1/models"}
+
+
+def _door_maps(g):
+    """What opens the door (each client's key, or the fleet's one key, by its digest), the key
+    the door sends the boxes and each client's policy, in root-only maps HAProxy reads, written
+    before the config that names them; a policy map no config names (no gateway_clients) goes.
+    Returns whether any changed: a reload then (idle connections close, so a revoked key's next
+    request comes on a new one, and is refused)."""
+    ops = [files.secret_file(name=f"Write the map of {MAPS_HOLD[path]} (root-only)", path=path,
+                             content=text) for path, text in g.maps.items()]
+    for path in set(MAPS_HOLD) - set(g.maps):
+        files.absent(name=f"No gateway_clients: no map of {MAPS_HOLD[path]}", path=path)
+    return lambda: any(op.did_change() for op in ops)
 
 
 def _door_usage(g):

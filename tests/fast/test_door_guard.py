@@ -3,7 +3,9 @@ rendered config (tests/fast/test_gateway_render.py's running_door), in front of 
 loopback that say how often they were asked.
 
 - A POST without a key is refused (401) from its headers: the door reads no body of a client it
-  does not know, however large the body declared (it read up to 4 MiB, 11 with vision, first).
+  does not know, however large the body declared (it read up to 4 MiB, 11 with vision, first),
+  with a key per client (gateway_clients) or the fleet's one key (the old door, without
+  clients, read them all).
 - A body declared over the door's limit is refused before it is read; each pool holds bodies to
   its own limit (a text pool not to the vision pool's), a fleet of one model too, chunked or not.
 - /health is the door's own answer: no box is asked; with no box in rotation, 503.
@@ -13,7 +15,9 @@ loopback that say how often they were asked.
   after its answer began is not asked again: the client sees the cut.
 
 The edits that break them (each tried once; /tmp/door-report.md has the failure lines): the
-wait-for-body rule moved above the key check (the keyless 401 waits for the body); the declared
+wait-for-body rule moved above the key check (the keyless 401 waits for the body); the key check
+back inside `{% if g.gateway_clients %}` (without clients, `assert status == 401` sees 0, no
+answer within 5 s, routed, and the 413 of the declared length with one model); the declared
 413 rule dropped (a one-model fleet reads a body of any length to the box); the wait for a chunked
 body dropped in a fleet of one model (it streams past the limit); the per-pool 413 loop dropped
 (the text pool takes the vision pool's limit); /health sent to the boxes again (a box is asked);
@@ -101,28 +105,31 @@ def up(tmp_path, backend):
 
 # --- refused before it is read -------------------------------------------------------------------
 
+@pytest.mark.parametrize("clients", [True, False], ids=["clients", "fleet-key"])
 @pytest.mark.parametrize("thor_data", [MIXED, ()], ids=["routed", "one-model"])
-def test_a_keyless_body_is_refused_from_its_headers_never_read(tmp_path, thor_data):
+def test_a_keyless_body_is_refused_from_its_headers_never_read(tmp_path, thor_data, clients):
     """The client sends the headers of a 3.4 MB POST and not a byte of its body: the 401 comes
-    back at once. Buffered first (the old door), it came only after the body, or
-    `timeout http-request` later."""
+    back at once, with a key per client or with the fleet's one key. Buffered first (the old
+    door), it came only after the body, or `timeout http-request` later; without clients, only
+    from a box."""
     boxes = []
-    clients = client_files(tmp_path, alice=KEY)
+    gateway_data = {"gateway_clients": client_files(tmp_path, alice=KEY)} if clients else {}
+    opens = KEY if clients else BOX_KEY
     with running_door(tmp_path, thors=len(thor_data) or 1, thor_data=thor_data,
-                      gateway_data={"gateway_clients": clients}, servers_out=boxes) as (door, g, _):
-        for key in (None, "mallory-key-0123456789abcdef"):
+                      gateway_data=gateway_data, servers_out=boxes) as (door, g, _):
+        for key in (None, "mallory-key-0123456789abcdef", *([BOX_KEY] if clients else [])):
             began = time.monotonic()
             status, body = raw(door, g, post_head(DECLARED, key), timeout=5)
             assert status == 401, (key, status, body)
             assert json.loads(body)["error"]["type"] == "invalid_api_key"
             assert time.monotonic() - began < 3
         # with a key, a body declared over the door's limit: 413 from its headers too
-        status, body = raw(door, g, post_head(g.body_limit + 1, KEY), timeout=5)
+        status, body = raw(door, g, post_head(g.body_limit + 1, opens), timeout=5)
         assert status == 413, status
         assert str(g.body_limit) in json.loads(body)["error"]["message"]
         # ...and one within it is read and served (a body of its declared length, whole)
         sent = json.dumps({"model": "/model", "prompt": "x" * 100_000}).encode()
-        status, body = raw(door, g, post_head(len(sent), KEY), sent)
+        status, body = raw(door, g, post_head(len(sent), opens), sent)
         assert status == 200 and json.loads(body)["length"] == len(sent), body
         assert sum(asked(boxes)) == 1
 

@@ -3,26 +3,44 @@ before anything connects, both render one HAProxy config and one certificate nam
 address, each its keepalived config that keepalived's own parser accepts, and the check that keeps
 a gateway which missed a run from taking the address.
 
-Fast: no Docker, no SSH; haproxy, keepalived and curl from Debian's packages (.ci/setup installs
-them): a missing one fails the test that needs it, as a broken machine, never a skip.
+Fast: no Docker, no SSH; haproxy, keepalived, nft and curl from Debian's packages (.ci/setup
+installs them) and network namespaces (CI runs as root): a missing one fails the test that needs
+it, as a broken machine, never a skip.
 
 The edits that break them: the keepalived template without its track_script, or tracking only
 the level check (the address stays on a gateway whose HAProxy is down: keepalived -t takes a
-config without one); a level check that takes a gateway behind the other for level.
+config without one); no `check_unicast_src` (any LAN host's advert is taken); the door-check
+reading its own level from the file a run writes before the reload, or taking the level file's
+body without the running config's digest (x-thorfleet-level); the gateways' VRRP accept rule
+without its source address; the level check's keepalived timeout no longer above its HTTP calls'
+max times together (a second spare), `fall 1`, or a curl in it without `--max-time` (a silent
+other gateway then holds the check until keepalived kills it).
 """
 
 import os
+import re
 import shlex
 import shutil
+import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 from tests.fast.test_gateway_render import haproxy_check, inventory
-from thorfleet.gateway.config import firewall_script, keepalived_word
+from thorfleet.gateway.config import (
+    GATEWAY_FIREWALL,
+    GATEWAY_FIREWALL_DROPIN,
+    GATEWAY_FIREWALL_TABLE,
+    firewall_script,
+    keepalived_word,
+)
 from thorfleet.settings import layout
 from thorfleet.settings.hosts import SettingsError, settings_for_inventory
 
@@ -45,6 +63,12 @@ def tool(name, package):
 @pytest.fixture
 def curl():
     return tool("curl", "curl")  # the level check asks the other gateway with curl
+
+
+def root():
+    """Network namespaces need root: CI runs as root, so without it this machine is not CI's."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root (a network namespace): run as CI does", pytrace=False)
 
 
 def pair(tmp_path, gateway_data=VIP, gateway_hosts=PAIR):
@@ -126,6 +150,10 @@ def test_each_gateways_keepalived_config_passes_keepalived_t(tmp_path, secure_ch
     for name, peer in (("gw-1", "10.0.0.8"), ("gw-2", "10.0.0.9")):
         text = settings[name].keepalived_text(interface)
         assert f"unicast_peer {{\n        {peer}\n    }}" in text, text
+        # adverts are taken from that peer only: any other LAN host's is dropped (finding 8)
+        instance = text[text.index("vrrp_instance"):]
+        assert "    check_unicast_src\n" in instance, instance
+        assert f"unicast_src_ip {settings[name].own_address}\n" in instance
         assert f"10.0.0.50/24 dev {interface}" in text and "nopreempt" in text
         config = tmp_path / f"{name}.conf"
         config.write_text(text)
@@ -202,26 +230,92 @@ def test_the_address_is_given_up_when_haproxy_stops(tmp_path, secure_check, monk
         running.wait()
 
 
+def level_vrrp_script(g):
+    """The vrrp_script of gateway `g`'s rendered keepalived config that runs the level check:
+    {keyword: words}, "command" its script's words."""
+    scripts = [{key: said for key, said, _ in body}
+               for keyword, _, body in keepalived_blocks(g.keepalived_text("eth0"))
+               if keyword == "vrrp_script"]
+    [level] = [{**s, "command": shlex.split(s["script"][0])} for s in scripts
+               if shlex.split(s["script"][0])[1:2] == ["level"]]
+    return level
+
+
+def test_one_slow_level_check_never_moves_the_address(tmp_path):
+    """In the full story run (four workers on two cores) the preferred gateway lost the address,
+    most likely to its level check: two HTTP calls of up to 1 s each in keepalived's 2 s, and one
+    failure (fall 1) gave the address up. keepalived's timeout now exceeds the check's calls' max
+    times together, a second to spare for the shell, and it takes two failures in a row."""
+    calls = [line for line in CHECK.read_text().splitlines()
+             if re.search(r"\bcurl\b", line.split("#")[0])]
+    # one call site (level_at), run once for each URL of the command: this gateway's, the other's
+    assert len(calls) == 1, calls
+    max_time = re.search(r"--max-time ([0-9.]+)(?:\s|$)", calls[0])
+    assert max_time, f"a curl with no --max-time waits as long as keepalived lets it: {calls[0]}"
+    for name in ("gw-1", "gw-2"):
+        level = level_vrrp_script(pair(tmp_path)[name])
+        urls = [word for word in level["command"] if word.startswith("http://")]
+        assert len(urls) == 2, level["command"]
+        calls_at_most = float(max_time.group(1)) * len(urls)
+        assert float(level["timeout"][0]) >= calls_at_most + 1, (name, level, calls_at_most)
+        assert int(level["fall"][0]) >= 2, (name, level)
+
+
 @pytest.mark.parametrize("value", ["eth 0", "eth0;", "a{b", "x\"y", "#x", "!x", ""])
 def test_keepalived_refuses_what_would_be_more_than_a_word(value):
     with pytest.raises(ValueError):
         keepalived_word(value)
 
 
-def level_check(tmp_path, own, other, seen=None):
-    """thorfleet-door-check level's exit code: `own` this gateway's level (None: never set),
-    `other` what the other answers (None: it does not answer), `seen` what it said before."""
-    own_file, seen_file = tmp_path / "level", tmp_path / "peer-level"
-    for path, text in ((own_file, own), (seen_file, seen)):
-        path.unlink(missing_ok=True)
-        if text is not None:
-            path.write_text(text + "\n")
-    url = "file://" + str(tmp_path / "answers")
-    (tmp_path / "answers").unlink(missing_ok=True)
-    if other is not None:
-        (tmp_path / "answers").write_text(other + "\n")
-    return subprocess.run(["sh", str(CHECK), "level", str(own_file), str(seen_file), url],
-                          capture_output=True, text=True, check=False).returncode
+class _Levels(BaseHTTPRequestHandler):
+    """A gateway's level frontend as HAProxy answers it: the level file as the process read it,
+    and the digest its config carries in x-thorfleet-level (`answers`: path -> (body, header))."""
+
+    answers: ClassVar[dict] = {}
+
+    def do_GET(self):
+        if self.path not in self.answers:
+            self.send_error(404)
+            return
+        body, header = self.answers[self.path]
+        self.send_response(200)
+        if header is not None:
+            self.send_header("x-thorfleet-level", header)
+        self.send_header("Content-Length", str(len(body) + 1))
+        self.end_headers()
+        self.wfile.write(body.encode() + b"\n")
+
+    def log_message(self, *_):
+        pass
+
+
+@pytest.fixture(scope="module")
+def levels():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Levels)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def answer(level):
+    """What a running HAProxy answers whose level file and config agree (None: no answer)."""
+    return None if level is None else (level, level.split(" ")[-1])
+
+
+def level_check(tmp_path, levels, own, other, seen=None):
+    """thorfleet-door-check level's exit code: `own` this gateway's level (None: its HAProxy does
+    not say), `other` what the other answers (None: it does not answer), `seen` what it said
+    before; a level is "<since> <digest>", or (body, header) as answered."""
+    seen_file = tmp_path / "peer-level"
+    seen_file.unlink(missing_ok=True)
+    if seen is not None:
+        seen_file.write_text(seen + "\n")
+    _Levels.answers = {path: value if isinstance(value, tuple) else answer(value)
+                       for path, value in (("/own", own), ("/other", other))
+                       if value is not None}
+    return subprocess.run(["sh", str(CHECK), "level", str(seen_file), f"{levels}/own",
+                           f"{levels}/other"], capture_output=True, text=True,
+                          check=False).returncode
 
 
 @pytest.mark.parametrize("own, other, seen, level", [
@@ -231,18 +325,187 @@ def level_check(tmp_path, own, other, seen=None):
     ("100 aa", "200 bb", None, False),       # a later run set something this one missed
     ("100 aa", None, "200 bb", False),       # ...learnt before the other went away
     ("100 aa", None, None, True),            # never heard from the other: nothing says behind
-    ("100 aa", "<html>", "100 aa", True),    # an answer that is no level is not taken for one
-    (None, "100 aa", None, False),           # never set by a run
+    ("100 aa", ("<html>", None), "100 aa", True),  # an answer that is no level is not one
+    (None, "100 aa", None, False),           # this gateway's HAProxy says no level
+    # a file that is not what the config carries dates nothing: "0 <the config's digest>", so
+    # that gateway is the one behind (its HAProxy restarted on a config a run had replaced)
+    (("200 bb", "aa"), "100 bb", None, False),
+    ("100 aa", ("300 cc", "bb"), None, True),
 ])
-def test_a_gateway_behind_the_other_fails_its_level_check(tmp_path, curl, own, other, seen,
-                                                          level):
-    assert (level_check(tmp_path, own, other, seen) == 0) is level
+def test_a_gateway_behind_the_other_fails_its_level_check(tmp_path, curl, levels, own, other,
+                                                          seen, level):
+    assert (level_check(tmp_path, levels, own, other, seen) == 0) is level
 
 
-def test_what_the_other_said_is_kept_until_a_run_brings_this_one_level(tmp_path, curl):
-    assert level_check(tmp_path, "100 aa", "200 bb") == 1
+def test_what_the_other_said_is_kept_until_a_run_brings_this_one_level(tmp_path, curl, levels):
+    assert level_check(tmp_path, levels, "100 aa", "200 bb") == 1
     # the other goes away: still behind, from what it said last
-    assert level_check(tmp_path, "100 aa", None, seen=(tmp_path / "peer-level").read_text()
-                       .strip()) == 1
+    assert level_check(tmp_path, levels, "100 aa", None,
+                       seen=(tmp_path / "peer-level").read_text().strip()) == 1
     # a run reaches this gateway: level again
-    assert level_check(tmp_path, "300 bb", None, seen="200 bb") == 0
+    assert level_check(tmp_path, levels, "300 bb", None, seen="200 bb") == 0
+
+
+def test_a_silent_other_gateway_costs_the_check_a_bounded_wait(tmp_path, curl, levels):
+    """The other gateway takes the connection and never answers (its HAProxy stalled on a loaded
+    host): the check waits out its max time, well inside keepalived's timeout, and passes on what
+    it knows (a missed read says nothing: this one is not behind)."""
+    timeout = float(level_vrrp_script(pair(tmp_path)["gw-1"])["timeout"][0])
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nothing ever reads the request
+        _Levels.answers = {"/own": answer("100 aa")}
+        started = time.monotonic()
+        done = subprocess.run(["sh", str(CHECK), "level", str(tmp_path / "peer-level"),
+                               f"{levels}/own", f"http://127.0.0.1:{silent.getsockname()[1]}/"],
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        took = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert took < timeout - 1, f"{took:.1f} s of keepalived's {timeout:g} s"
+
+
+@pytest.fixture
+def netns(tmp_path):
+    """A network namespace of its own with the pair's addresses on its loopback; yields
+    (run, start): a command run in it, a process started in it (stopped at the end)."""
+    root()
+    tool("ip", "iproute2")
+    name = f"tf-pair-{os.getpid()}-{tmp_path.name[-12:]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    started = []
+
+    def run(*cmd, **kwargs):
+        return subprocess.run(["ip", "netns", "exec", name, *cmd], capture_output=True,
+                              text=True, timeout=30, check=False, **kwargs)
+
+    def start(*cmd):
+        started.append(subprocess.Popen(["ip", "netns", "exec", name, *cmd],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                        text=True))
+        return started[-1]
+
+    try:
+        assert run("ip", "link", "set", "lo", "up").returncode == 0
+        for _, address in PAIR:
+            assert run("ip", "addr", "add", f"{address['ssh_hostname']}/32",
+                       "dev", "lo").returncode == 0
+        yield run, start
+    finally:
+        for process in started:
+            process.terminate()
+            process.wait(10)
+        subprocess.run(["ip", "netns", "delete", name], check=False)
+
+
+def gateway_files(folder, g, since, address):
+    """gateway `g`'s HAProxy config and level file as a run writes them, in `folder`, its
+    sockets bound to `address` only (two HAProxys share the namespace). Returns the config."""
+    folder.mkdir(exist_ok=True)
+    (folder / "gateway.pem").write_text(g.pem)
+    (folder / "level").write_text(f"{since} {g.level_digest}\n")
+    config = g.config_text
+    for path, text in g.maps.items():  # the door's maps, as the run writes them
+        (folder / path.rsplit("/", 1)[1]).write_text(text)
+        config = config.replace(path, str(folder / path.rsplit("/", 1)[1]))
+    for path, mine in ((layout.GATEWAY_PEM, "gateway.pem"), (layout.GATEWAY_LEVEL, "level"),
+                       (layout.GATEWAY_ADMIN_SOCKET, "admin.sock"),
+                       (layout.GATEWAY_SERVER_STATE, "server-state")):
+        config = config.replace(path, str(folder / mine))
+    config = config.replace("    log /dev/log local0\n", "").replace(
+        "    chroot /var/lib/haproxy\n", "").replace("    bind :", f"    bind {address}:")
+    (folder / "haproxy.cfg").write_text(config)
+    return folder / "haproxy.cfg"
+
+
+def test_the_level_a_gateway_claims_is_the_one_its_haproxy_runs(tmp_path, curl, netns):
+    """A run changes the door (X to Y) on gw-1, then dies on gw-2 after writing its level file
+    and config, before the reload: gw-2's HAProxy still runs X with the old keys, and its check
+    must say so (it read the file before, and passed)."""
+    tool("haproxy", "haproxy")
+    run, start = netns
+    old = pair(tmp_path)
+    new = pair(tmp_path, {**VIP, "gateway_queue_timeout_s": 45})  # the change the run brings
+    assert old["gw-2"].level_digest != new["gw-2"].level_digest
+    assert f"hdr x-thorfleet-level {new['gw-2'].level_digest}" in new["gw-2"].config_text
+    gw1 = gateway_files(tmp_path / "gw-1", new["gw-1"], 200, "10.0.0.9")
+    gw2 = gateway_files(tmp_path / "gw-2", old["gw-2"], 100, "10.0.0.8")
+    haproxys = [start("haproxy", "-db", "-f", str(config)) for config in (gw1, gw2)]
+    check = [str(CHECK), "level", str(tmp_path / "peer-level")]
+    gw2_check = [*check, "http://10.0.0.8:9107/", "http://10.0.0.9:9107/"]
+
+    def answering(*addresses):
+        for _ in range(50):
+            if all(run("curl", "-fs", f"http://{a}:9107/").returncode == 0 for a in addresses):
+                return
+            time.sleep(0.1)
+        raise AssertionError([h.stderr.read() if h.poll() is not None else "up" for h in haproxys])
+
+    answering("10.0.0.8", "10.0.0.9")
+    # the run dies on gw-2 after writing Y's level and config, before the reload
+    gateway_files(tmp_path / "gw-2", new["gw-2"], 200, "10.0.0.8")
+    done = run("sh", *gw2_check)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"own: 100 {old['gw-2'].level_digest};" in done.stdout, done.stdout
+    # gw-1, which has Y, is not held back by the stale one
+    done = run("sh", *check, "http://10.0.0.9:9107/", "http://10.0.0.8:9107/")
+    assert done.returncode == 0, done.stdout + done.stderr
+    # HAProxy restarted on the old config (a reboot before the next run) with Y's level file:
+    # still X, and undated
+    gateway_files(tmp_path / "gw-2", old["gw-2"], 100, "10.0.0.8").with_name("level").write_text(
+        f"200 {new['gw-2'].level_digest}\n")
+    haproxys[1].terminate()
+    haproxys[1].wait(10)
+    haproxys[1] = start("haproxy", "-db", "-f", str(gw2))
+    answering("10.0.0.8")
+    (tmp_path / "peer-level").unlink()
+    done = run("sh", *gw2_check)
+    assert done.returncode == 1 and f"own: 0 {old['gw-2'].level_digest};" in done.stdout, \
+        done.stdout + done.stderr
+    # the next run reaches gw-2 and reloads it: level
+    gateway_files(tmp_path / "gw-2", new["gw-2"], 200, "10.0.0.8")
+    haproxys[1].terminate()
+    haproxys[1].wait(10)
+    haproxys[1] = start("haproxy", "-db", "-f", str(gw2))
+    answering("10.0.0.8")
+    done = run("sh", *gw2_check)
+    assert done.returncode == 0 and f"own: 200 {new['gw-2'].level_digest};" in done.stdout, \
+        done.stdout + done.stderr
+
+
+SEND_VRRP = """import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, 112)
+s.bind((sys.argv[1], 0))
+s.sendto(bytes([0x21, 51, 255, 1, 0, 1, 0, 0]) + socket.inet_aton("10.0.0.50"), ("10.0.0.9", 0))
+"""
+
+
+def vrrp_dropped(run):
+    listed = run("nft", "list", "table", *GATEWAY_FIREWALL_TABLE).stdout
+    line = next(x for x in listed.splitlines() if "l4proto" in x and "drop" in x)
+    return int(line.split("packets ")[1].split()[0])
+
+
+def test_vrrp_reaches_a_gateway_from_the_other_only(tmp_path, netns):
+    """gw-1's own table, in a network namespace: an advert at priority 255 from a third LAN
+    host is dropped, the peer's passes; nft -c takes the script, the unit loads the file the
+    deploy writes (keepalived's drop-in)."""
+    tool("nft", "nftables")
+    run, _ = netns
+    g = pair(tmp_path)["gw-1"]
+    (tmp_path / "firewall.nft").write_text(g.peer_firewall)
+    assert "ip saddr 10.0.0.8 meta l4proto { 112 } accept" in g.peer_firewall
+    assert "10.0.0.9" not in g.peer_firewall  # the peer's only, not its own
+    checked = run("nft", "-c", "-f", str(tmp_path / "firewall.nft"))
+    assert checked.returncode == 0, checked.stderr
+    assert run("nft", "-f", str(tmp_path / "firewall.nft")).returncode == 0
+    assert run("ip", "addr", "add", "10.0.0.7/32", "dev", "lo").returncode == 0
+    sent = run(sys.executable, "-c", SEND_VRRP, "10.0.0.7")  # a third host on the LAN
+    assert sent.returncode == 0, sent.stderr
+    assert vrrp_dropped(run) == 1
+    sent = run(sys.executable, "-c", SEND_VRRP, "10.0.0.8")  # the other gateway
+    assert sent.returncode == 0 and vrrp_dropped(run) == 1
+    dropin = (layout.FILES / "systemd" / GATEWAY_FIREWALL_DROPIN).read_text().splitlines()
+    assert {f"ExecStartPre=/usr/sbin/nft -f {GATEWAY_FIREWALL}",
+            f"ExecReload=/usr/sbin/nft -f {GATEWAY_FIREWALL}",
+            f"ExecStopPost=-/usr/sbin/nft delete table {' '.join(GATEWAY_FIREWALL_TABLE)}"
+            } <= set(dropin)

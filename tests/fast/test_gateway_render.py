@@ -27,6 +27,7 @@ from pyinfra.api import Inventory
 
 from tests.helpers import box_program
 from thorfleet.gateway.config import (
+    FLEET_CLIENT,
     Backend,
     GatewaySettings,
     firewall_script,
@@ -40,6 +41,7 @@ from thorfleet.settings.schema import check_gateway
 
 PINS = {"weights_model_revision": "4" * 40, "weights_draft_revision": "5" * 40,
         "image_base": "registry.example/vllm@sha256:" + "a" * 64}
+BOX_KEY = "sk-test-the-boxes-own-0123456789"  # a bearer token: the door may send it on
 
 
 def gateway_settings(tmp_path, **data):
@@ -47,14 +49,23 @@ def gateway_settings(tmp_path, **data):
     assert not problems, problems
     return GatewaySettings(values, "gw-1", "127.0.0.1", [
         Backend("thor-1", "thorfleet-thor-1", 8002, 1, 9105),
-        Backend("thor-2", "10.0.0.3", 8002, 1, 9105)])
+        Backend("thor-2", "10.0.0.3", 8002, 1, 9105)], box_key=BOX_KEY)
+
+
+def local_config(tmp_path, g) -> str:
+    """g's haproxy.cfg reading its certificate and maps from `tmp_path`, where they are written
+    as the deploy writes them beside the config."""
+    config = g.config_text
+    for path, text in {layout.GATEWAY_PEM: g.pem, **g.maps}.items():
+        here = tmp_path / path.rsplit("/", 1)[1]
+        here.write_text(text)
+        config = config.replace(path, str(here))
+    return config
 
 
 def haproxy_check(tmp_path, g):
-    pem = tmp_path / "gateway.pem"
-    pem.write_text(g.pem)
     config = tmp_path / "haproxy.cfg"
-    config.write_text(g.config_text.replace(layout.GATEWAY_PEM, str(pem)))
+    config.write_text(local_config(tmp_path, g))
     return subprocess.run([shutil.which("haproxy") or "haproxy", "-c", "-f", str(config)],
                           check=False, capture_output=True, text=True)
 
@@ -184,9 +195,6 @@ def test_a_rule_added_by_hand_is_seen_as_drift_not_only_a_changed_mark(tmp_path)
 
 
 # --- the inventory's gateway, checked before connecting ------------------------------------------
-
-BOX_KEY = "sk-test-the-boxes-own-0123456789"  # a bearer token: the door may send it on
-
 
 def inventory(tmp_path, gateway_data=None, gateway_hosts=None, thor_hosts=None):
     key = tmp_path / "api_key"
@@ -380,6 +388,11 @@ class _Server6(ThreadingHTTPServer):
     address_family = socket.AF_INET6
 
 
+def keyed(url, key=BOX_KEY):
+    """A GET of `url` with `key` as its bearer: the fleet's opens the door without clients."""
+    return urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
+
+
 def _free_port():
     with socket.socket(socket.AF_INET6) as s:
         s.bind(("::1", 0))
@@ -442,13 +455,7 @@ def running_door(tmp_path, thors=1, gateway_data=None, servers_out=None, thor_da
         gateway_hosts=[("gw-1", {"ssh_hostname": "::1"})],
         gateway_data={"gateway_port": door, **(gateway_data or {})})
     g = settings_for_inventory(inv)["gw-1"]
-    (tmp_path / "gateway.pem").write_text(g.pem)
-    config = g.config_text.replace(layout.GATEWAY_PEM, str(tmp_path / "gateway.pem"))
-    for path, text in ((layout.GATEWAY_CLIENTS_MAP, "clients_map_text"),
-                       (layout.GATEWAY_BOX_KEY_MAP, "box_key_map_text")):
-        if g.gateway_clients:  # the maps the deploy writes beside the config
-            (tmp_path / path.rsplit("/", 1)[1]).write_text(getattr(g, text))
-            config = config.replace(path, str(tmp_path / path.rsplit("/", 1)[1]))
+    config = local_config(tmp_path, g)
     config = config.replace(layout.GATEWAY_ADMIN_SOCKET, str(tmp_path / "admin.sock"))
     config = config.replace(layout.GATEWAY_SERVER_STATE, str(tmp_path / "server-state"))
     config = config.replace("    log /dev/log local0\n", "").replace("    chroot /var/lib/haproxy\n", "")
@@ -495,12 +502,13 @@ def test_a_client_reaches_an_ipv6_thor_through_a_gateway_on_both_families(tmp_pa
     listening on ::1 alone; IPv4 reaches the door too."""
     with running_door(tmp_path) as (door, g, _):
         context = ssl.create_default_context(cafile=g.ca_file)
-        answer = urllib.request.urlopen(f"https://[::1]:{door}/v1/models", timeout=5,
+        answer = urllib.request.urlopen(keyed(f"https://[::1]:{door}/v1/models"), timeout=5,
                                         context=context)
-        assert json.loads(answer.read()) == {"box": "::1", "path": "/v1/models"}
+        assert json.loads(answer.read()) == {"box": "::1", "path": "/v1/models",
+                                             "auth": f"Bearer {BOX_KEY}"}
         loose = ssl.create_default_context(cafile=g.ca_file)
         loose.check_hostname = False  # the certificate names ::1; this asks only that v4 answers
-        answer = urllib.request.urlopen(f"https://127.0.0.1:{door}/v1/models", timeout=5,
+        answer = urllib.request.urlopen(keyed(f"https://127.0.0.1:{door}/v1/models"), timeout=5,
                                         context=loose)
         assert json.loads(answer.read())["box"] == "::1"
 
@@ -520,8 +528,8 @@ def test_only_the_routes_clients_need_go_through_the_door(tmp_path):
         context = ssl.create_default_context(cafile=g.ca_file)
         for path, _ in ROUTES:
             try:
-                got[path] = urllib.request.urlopen(f"https://[::1]:{door}{path}", timeout=5,
-                                                   context=context).status
+                got[path] = urllib.request.urlopen(keyed(f"https://[::1]:{door}{path}"),
+                                                   timeout=5, context=context).status
             except urllib.error.HTTPError as error:
                 got[path] = error.code
     assert got == dict(ROUTES)
@@ -536,7 +544,8 @@ def test_the_doors_own_errors_are_json_a_client_can_act_on(tmp_path):
 
         def ask(path):
             try:
-                urllib.request.urlopen(f"https://[::1]:{door}{path}", timeout=10, context=context)
+                urllib.request.urlopen(keyed(f"https://[::1]:{door}{path}"), timeout=10,
+                                       context=context)
             except urllib.error.HTTPError as error:
                 return error.code, error.headers, json.loads(error.read())
             raise AssertionError(f"{path} answered 200")
@@ -796,9 +805,54 @@ def test_each_client_opens_the_door_with_its_own_key_and_the_boxes_get_the_doors
     assert hashlib.sha256(alice.encode()).hexdigest() in g.clients_map_text
 
 
-def test_without_clients_the_door_is_as_before(tmp_path):
+def test_without_clients_the_door_opens_to_the_fleets_key_alone(tmp_path):
+    """No gateway_clients: the clients map holds the fleet key's digest alone, under a name no
+    client can have (the map holds it only without clients, too); the door refuses any other
+    key from the headers, before the body, and counts no client."""
     g = gateway_settings(tmp_path)
-    assert "txn.client" not in g.config_text and "401" not in g.config_text
+    assert g.clients_map_text == f"{hashlib.sha256(BOX_KEY.encode()).hexdigest()} {FLEET_CLIENT}\n"
+    assert g.box_key_map_text == f"box {BOX_KEY}\n" and BOX_KEY not in g.config_text
+    assert not schema.CLIENT_NAME.fullmatch(FLEET_CLIENT)
+    lines = [line.strip() for line in g.config_text.splitlines()]
+    refused = lines.index("http-request deny deny_status 401 unless { var(txn.client) -m found }")
+    assert refused < next(n for n, line in enumerate(lines) if "wait-for-body" in line)
+    assert "track-sc0" not in g.config_text and "stick-table" not in g.config_text
+
+
+def test_without_clients_the_fleets_key_opens_the_door_and_no_other_key_does(tmp_path):
+    """The fleet's key is served, with the boxes' key sent on; no key, a wrong one, or the
+    digest the map holds: 401 from the door, as JSON, and no box asked."""
+    boxes = []
+    with running_door(tmp_path, servers_out=boxes) as (door, g, _):
+        status, body = ask(door, g, "/v1/models", BOX_KEY)
+        assert status == 200 and body["auth"] == f"Bearer {BOX_KEY}", body
+        digest = hashlib.sha256(BOX_KEY.encode()).hexdigest()
+        for key in (None, "mallory-key-0123456789abcdef", digest):
+            status, body = ask(door, g, "/v1/models", key)
+            assert status == 401 and body["error"]["type"] == "invalid_api_key", (key, body)
+        assert boxes[0].asked == 1
+
+
+@pytest.mark.parametrize("thor_2", [
+    {"service_api_key_file": "OTHER"},  # a key of its own: the door would open to one of two
+    {"service_api_key_file": "ODD"},  # no bearer token: not one word of the header and the map
+    {"service_api_key_file": None, "service_allow_no_api_key": "anywhere",
+     "service_host": "0.0.0.0"},  # no key at all: a door open to anyone
+], ids=["another-key", "not-a-bearer-token", "no-key"])
+def test_without_clients_the_thors_share_one_bearer_key_or_are_refused(tmp_path, thor_2):
+    keys = {"OTHER": "sk-test-another-0123456789", "ODD": "sk-test!odd#0123456789"}
+    for name, key in keys.items():
+        (tmp_path / name).write_text(key + "\n")
+        (tmp_path / name).chmod(0o600)
+    data = {k: str(tmp_path / v) if v in keys else v for k, v in thor_2.items()}
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inventory(tmp_path, thor_hosts=[
+            ("thor-1", {"ssh_hostname": "10.0.0.1"}),
+            ("thor-2", {"ssh_hostname": "10.0.0.2", **data})]))
+    assert [p for p in error.value.problems if "service_api_key_file" in p] == [
+        ("gw-1: service_api_key_file: the door opens to the fleet's key (or to each client's, "
+         "gateway_clients) and sends the boxes theirs, one for all: give every Thor the same one, "
+         "of 16 to 512 letters, digits and -._~+/= (openssl rand -hex 24)")], error.value.problems
 
 
 @pytest.mark.parametrize("keys, mode, fix", [

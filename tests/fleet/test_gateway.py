@@ -296,11 +296,15 @@ def test_each_client_has_a_key_and_a_limit_of_its_own_and_a_revoked_key_is_refus
     assert streamed and streamed[0][0], streamed
     assert front.request("GET", "/v1/models", key=alice)[0] == 200
 
-    # back to the fleet's one key, as the other stories hold it; the client maps go
+    # back to the fleet's one key, as the other stories hold it: the clients map holds its digest
+    # alone (the door checks it), and alice's key no longer opens the door
     run, _ = front.converge("no-clients")
     assert run.returncode == 0, outcome(run, GATEWAY)
     assert front.request("GET", "/v1/models")[0] == 200
-    assert box(sim_fleet, GATEWAY, "ls /etc/haproxy/thorfleet") == "gateway.pem"
+    assert front.request("GET", "/v1/models", key=alice)[0] == 401
+    assert box(sim_fleet, GATEWAY, "ls /etc/haproxy/thorfleet").split() == [
+        "box-key.map", "clients.map", "gateway.pem"]
+    assert box(sim_fleet, GATEWAY, "cut -d' ' -f2 /etc/haproxy/thorfleet/clients.map") == "_fleet"
     # the usage exporter went with them: stopped ("inactive", systemctl's 3; not "failed", not a
     # read that failed), its unit and its tool removed
     code, state = sim_fleet.exec(GATEWAY, "systemctl is-active thorfleet-door-usage")

@@ -11,7 +11,9 @@ certificate naming the address, and each Thor's firewall lets both in. Then:
 - a gateway that was down during a run that changed the door never takes the address: it stays
   out (keepalived's level check) even when the other dies, until a run reaches it;
 - keepalived's config edited by hand is put back by a re-run, which otherwise changes nothing;
-- a ruleset loaded by hand on a Thor never leaves its vLLM port open for long (the watchdog).
+- a ruleset loaded by hand on a Thor never leaves its vLLM port open for long (the watchdog);
+- a run that dies on a gateway between its level file and its reload leaves that gateway out;
+- VRRP adverts at priority 255 from another LAN host never move the address.
 
 The edits that break them: no track script (the address stays on a gateway whose HAProxy is
 stopped); a level check that passes when it cannot read its own level or when the digests
@@ -19,7 +21,9 @@ differ (the stale gateway takes the address), or keepalived not started on a gat
 back (nothing holds the address, and the story used to pass on that absence); a drain on the first gateway only (the holder, if
 it is the second, cuts requests in the rollout); a firewall naming one gateway (the other's
 health checks are dropped, every box is down behind it); the watchdog's firewall guard not
-started (`nft -f /etc/nftables.conf` leaves the port open to every host).
+started (`nft -f /etc/nftables.conf` leaves the port open to every host); the door-check reading
+its own level from the file a run writes (the stale gateway takes the address); no
+`check_unicast_src` and VRRP accepted from anyone (the rogue's advert takes the address).
 
 Uses boxes 2 and 9 (after the fault stories) and the gateway boxes gw-2 and gw-3.
 """
@@ -37,6 +41,7 @@ from tests.helpers import ROOT, box, changed_on, deploy, outcome, wait_for
 
 PAIR = ("gw-2", "gw-3")
 MOVED_S = 20  # the address moves within this (keepalived: advert 1 s, checks 1-3 s) and serves
+BEHIND_OUT_S = 17  # a gateway that falls behind while it runs is out within this (docs/gateway.md)
 
 
 @pytest.fixture(scope="module")
@@ -222,3 +227,65 @@ def test_a_ruleset_loaded_by_hand_never_opens_a_boxs_port(sim_fleet, door, my_bo
     assert "loaded it again" in box(sim_fleet, thor, "journalctl -t thorfleet-watchdog "
                                                      "--no-pager -o cat -n 50")
     assert wait_for(lambda: door.completion(4)[0], MOVED_S, every=1)
+
+
+def test_a_run_that_dies_before_a_gateways_reload_leaves_it_out(sim_fleet, door):
+    """The run changes the door; on the gateway not holding the address its level file and
+    config are written, then the reload fails (as a run dies there): its HAProxy still serves
+    the old door, so with the holder gone it must not hold the address past its second failed
+    level check."""
+    holding = wait_for(lambda: holder(sim_fleet, door.address), MOVED_S)
+    away = next(g for g in PAIR if g != holding)
+    dropin = "/etc/systemd/system/haproxy.service.d/zz-test-reload-fails.conf"
+    box(sim_fleet, away, f"mkdir -p {dropin.rsplit('/', 1)[0]} && printf '[Service]\\n"
+                         f"ExecReload=\\nExecReload=/bin/false\\n' > {dropin} && "
+                         "systemctl daemon-reload")
+    try:
+        run, _ = door.converge("dies", gateway_data={"gateway_retry_after_s": 9})
+        assert run.returncode != 0, outcome(run, away)
+        level = "cat /etc/haproxy/thorfleet/level"
+        assert box(sim_fleet, away, level) == box(sim_fleet, holding, level)  # the file says level
+        sim_fleet.client.containers.get(f"thorfleet-{holding}").kill()
+        # out at its second failed level check in a row, BEHIND_OUT_S at most after the holder's
+        # reload (till then it may take the address): the end of the wait is what counts
+        time.sleep(max(MOVED_S / 2, BEHIND_OUT_S))
+        assert holder(sim_fleet, door.address) is None, "a gateway serving the old door took it"
+    finally:
+        box(sim_fleet, away, f"rm -f {dropin} && systemctl daemon-reload")
+        container = sim_fleet.client.containers.get(f"thorfleet-{holding}")
+        if container.status != "running":
+            container.start()
+            sim_fleet.wait_booted(holding)
+    run, _ = door.converge("after-dies", gateway_data={"gateway_retry_after_s": 9})
+    assert run.returncode == 0, outcome(run, away)
+
+
+SEND_ADVERTS = """import socket, struct, sys, time
+vrid, target, vip = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+head = struct.pack("!BBBBBBH", 0x21, vrid, 255, 1, 0, 1, 0) + socket.inet_aton(vip) + bytes(8)
+words = sum(struct.unpack("!%dH" % (len(head) // 2), head))
+while words >> 16:
+    words = (words & 0xFFFF) + (words >> 16)
+packet = head[:6] + struct.pack("!H", ~words & 0xFFFF) + head[8:]
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, 112)
+s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, 255)
+for _ in range(8):
+    s.sendto(packet, (target, 0))
+    time.sleep(1)
+"""
+
+
+def test_an_advert_from_another_lan_host_never_moves_the_address(sim_fleet, door, my_boxes):
+    """A Thor (any LAN host) sends the holder VRRP adverts at priority 255 for the door's
+    router id, with a valid checksum, for eight seconds: the address stays where it is."""
+    holding = wait_for(lambda: holder(sim_fleet, door.address), MOVED_S)
+    rogue = my_boxes[0]
+    box(sim_fleet, rogue, f"cat > /tmp/adverts.py <<'EOF'\n{SEND_ADVERTS}EOF")
+    box(sim_fleet, rogue, f"nohup python3 /tmp/adverts.py 51 {sim_fleet.ip(holding)} "
+                          f"{door.address} >/dev/null 2>&1 &")
+    deadline = time.monotonic() + 10  # the adverts' 8 s, and a master-down interval after
+    while time.monotonic() < deadline:
+        assert holder(sim_fleet, door.address) == holding, "a LAN host's advert moved it"
+        time.sleep(0.5)
+    assert "counter packets 0 " not in box(sim_fleet, holding,
+                                           "nft list table inet thorfleet_gateway | grep l4proto")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from thorfleet.gateway.monitor import target
+from thorfleet.gateway.policy import key_file
 
 # The shapes people compare (input tokens, output tokens, concurrencies, prompts at each).
 # seed 004's: 1024 in / 512 out at concurrency 1 (and, `seed-large`, 1000 prompts at 100);
@@ -249,7 +250,7 @@ def run_all(inventory, settings, out: Path, *, models=None, shapes=None, client=
             if client not in (g.gateway_clients or {}):
                 raise ValueError(f"--client {client}: not one of gateway_clients "
                                  f"({', '.join(sorted(g.gateway_clients or {})) or 'none'})")
-            key = client_key(client, Path(g.gateway_clients[client]).expanduser())
+            key = client_key(client, Path(key_file(g.gateway_clients[client])).expanduser())
         elif g.gateway_clients:
             raise ValueError("the door takes client keys only (gateway_clients): name one with "
                              "--client NAME; its limits apply to the benchmark")

@@ -27,6 +27,7 @@ import jinja2
 
 from thorfleet.gateway import tls
 from thorfleet.gateway.monitor import target
+from thorfleet.gateway.policy import AT_SHARE_CLASS, PRIORITY_CLASS, fair_share, policies
 from thorfleet.settings import layout
 from thorfleet.settings.recipe import (
     BODY_BYTES_PER_TOKEN,
@@ -102,6 +103,22 @@ def nft_word(value):
     raise ValueError(f"{text!r} cannot be one nft word")
 
 
+def map_line(key, value) -> str:
+    """One line of a HAProxy map file: the key is its first word (up to a space or tab), the
+    value the rest of the line; a line starting with '#' is a comment. A key with a space or a
+    control character, or a value that would reach past its line, is refused."""
+    key, value = str(key), str(value)
+    if not _MAP_KEY.fullmatch(key):
+        raise ValueError(f"{key!r} cannot be one key of a HAProxy map")
+    if not _MAP_VALUE.fullmatch(value):
+        raise ValueError(f"{value!r} cannot be one value of a HAProxy map")
+    return f"{key} {value}\n"
+
+
+_MAP_KEY = re.compile(r"[!-\"$-~][!-~]*")  # visible ASCII, no '#' first
+_MAP_VALUE = re.compile(r"[!-~]([ -~]*[!-~])?")  # one line of printable ASCII, no space at its ends
+
+
 def _environment(finalize):
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(layout.FILES / "gateway")),
                               keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
@@ -126,12 +143,27 @@ _KEEPALIVED = _environment(keepalived_word)
 # A client key, as a bearer token goes (RFC 6750's b64token): letters, digits and -._~+/=, and
 # long enough that nobody guesses it.
 CLIENT_KEY = re.compile(rf"[A-Za-z0-9._~+/-]{{{API_KEY_MIN},512}}=*")
+# The name the clients map gives the fleet's one key (service_api_key_file), which opens the door
+# without gateway_clients. Outside schema.CLIENT_NAME's grammar (a letter first), so no client is
+# ever named so; and the map holds it only when there are no clients.
+FLEET_CLIENT = "_fleet"
 
 
 def error_body(status, kind, message) -> str:
     """The door's own answer as an OpenAI client reads an error: one line of JSON."""
     return json.dumps({"error": {"message": message, "type": kind, "param": None,
                                  "code": status}}, separators=(",", ":"))
+
+
+def lf_error_body(status, kind, message, **samples) -> str:
+    """error_body as a HAProxy log-format string (`lf-string`): each `{name}` of `message` is
+    the sample expression samples[name], filled in per request (one of thorfleet's own, never a
+    value of the inventory), and every other '%' is doubled to stand for itself."""
+    marks = {name: f"\x01{name}\x01" for name in samples}
+    body = error_body(status, kind, message.format(**marks)).replace("%", "%%")
+    for name, expression in samples.items():
+        body = body.replace(json.dumps(marks[name])[1:-1], f"%[{expression}]")
+    return body
 
 
 def client_key(name, file: Path) -> str:
@@ -149,23 +181,39 @@ def pool_name(model: str) -> str:
     return f"{layout.GATEWAY_BACKEND}-{model}"
 
 
-def firewall_script(ports, *sources: str) -> tuple[str, str]:
+# Two gateways: VRRP and the level port answer the other only, in a table of their own (a
+# gateway may be a Thor too, with layout.FIREWALL_TABLE), loaded by keepalived's drop-in.
+GATEWAY_FIREWALL_TABLE = ("inet", "thorfleet_gateway")
+GATEWAY_FIREWALL = "/etc/haproxy/thorfleet/firewall.nft"  # beside the level file
+GATEWAY_FIREWALL_DROPIN = "thorfleet-keepalived-firewall.conf"  # files/systemd/
+VRRP = 112  # its IP protocol number (RFC 5798)
+
+
+def firewall_script(ports, *sources: str, protocols=(), table=layout.FIREWALL_TABLE
+                    ) -> tuple[str, str]:
     """(script, mark) of a Thor's nftables table: its `ports` (vLLM's, the watchdog's) answer
-    the `sources` (the gateway's IP, a monitor host's) and the box itself only. The last rule's
-    comment is `mark`, a digest of the rest, so a fact tells the live table is this one from
-    `nft list table` alone."""
+    the `sources` (the gateway's IP, a monitor host's) and the box itself only; so do the IP
+    `protocols` (numbers) but from the `sources` only. The last rule's comment is `mark`, a
+    digest of the rest, so a fact tells the live table is this one from `nft list table` alone."""
     addresses = sorted({ipaddress.ip_address(s) for s in sources if s},
                        key=lambda a: (a.version, a))
-    family, table = layout.FIREWALL_TABLE
+    family, table = table
     ports = sorted({_port(p) for p in ports})
+    protocols = tuple(sorted({_protocol(p) for p in protocols})) or None
 
     def render(mark):
         return _NFT.get_template("firewall.nft.j2").render(
-            family=family, table=table, ports=tuple(ports),
+            family=family, table=table, ports=tuple(ports), protocols=protocols,
             sources=[("ip" if a.version == 4 else "ip6", a) for a in addresses], mark=mark)
 
     mark = f"thorfleet {hashlib.sha256(render('thorfleet').encode()).hexdigest()[:16]}"
     return render(mark), mark
+
+
+def _protocol(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
+        raise ValueError(f"{value!r} is not an IP protocol number")
+    return value
 
 
 def _port(value) -> int:
@@ -204,7 +252,7 @@ class Backend:
 class GatewaySettings(Checked):
     """The gateway host's checked settings (`g.gateway_port`, ...) and what is rendered from them."""
 
-    def __init__(self, values, name: str, address: str, backends: list[Backend], box_key=None,
+    def __init__(self, values, name: str, address: str, backends: list[Backend], box_key: str,
                  names=None, pair=None):
         super().__init__(values, name)
         self.address = address  # how the laptop reaches it (ssh_hostname): a name clients use
@@ -215,7 +263,9 @@ class GatewaySettings(Checked):
         # inventory order (the first is the one keepalived prefers).
         self.pair = pair or [(name, address)]
         self.backends = backends
-        self.box_key = box_key  # the boxes' service key: the door's own, with gateway_clients
+        # the boxes' service key: the one the door sends them; without gateway_clients, the one
+        # it opens to
+        self.box_key = box_key
         self.health_path = HEALTH_PATH
         self.monitor_role = None  # MonitorSettings when Prometheus runs here (settings.py)
 
@@ -239,10 +289,10 @@ class GatewaySettings(Checked):
         runs) or `level` (not behind the other gateway)."""
         if kind == "up":
             return [layout.GATEWAY_DOOR_CHECK, "up"]
+        # this gateway's own HAProxy first (the level it runs), then the other's
         urls = [f"http://{target(address, layout.GATEWAY_LEVEL_PORT)}/"
-                for _, address in self.peers]
-        return [layout.GATEWAY_DOOR_CHECK, "level", layout.GATEWAY_LEVEL,
-                layout.GATEWAY_PEER_LEVEL, *urls]
+                for _, address in [(self.name, self.own_address), *self.peers]]
+        return [layout.GATEWAY_DOOR_CHECK, "level", layout.GATEWAY_PEER_LEVEL, *urls]
 
     def keepalived_text(self, interface: str) -> str:
         """keepalived's config on this gateway, holding gateway_virtual_ip on `interface` (the
@@ -252,11 +302,10 @@ class GatewaySettings(Checked):
     @cached_property
     def level_digest(self) -> str:
         """What must be alike on both gateways before either may hold the address: the config,
-        the certificate, the client keys' maps (a digest: none of it in clear)."""
+        the certificate, the door's key maps (a digest: none of it in clear). The config is
+        taken with '-' where it carries this digest (its level frontend's header)."""
         digest = hashlib.sha256()
-        for part in (self.config_text, self.pem,
-                     *((self.clients_map_text, self.box_key_map_text)
-                       if self.gateway_clients else ())):
+        for part in (self._config("-"), self.pem, *self.maps.values()):
             digest.update(hashlib.sha256(part.encode()).digest())
         return digest.hexdigest()[:32]
 
@@ -266,11 +315,20 @@ class GatewaySettings(Checked):
         return [(name, source) for name, source in self.pair if name != self.name]
 
     @property
+    def peer_firewall(self) -> str:
+        """This gateway's nftables table (two gateways): VRRP and the level port answer the other
+        gateway only, and the gateway itself."""
+        return firewall_script((layout.GATEWAY_LEVEL_PORT,), *(a for _, a in self.peers),
+                               protocols=(VRRP,), table=GATEWAY_FIREWALL_TABLE)[0]
+
+    @property
     def error_responses(self) -> list[dict]:
         """The door's own answers, as OpenAI clients read an error: JSON with `error.message`,
         `type` and `code`, not HAProxy's HTML page; a 503 (no box free within
         gateway_queue_timeout_s, or none in rotation) says when to try again (Retry-After)."""
         said = {
+            401: ("invalid_api_key", ("no client key, or one this door does not know: send "
+                                      "yours as Authorization: Bearer <key>"), None),
             404: ("not_found", "this route is not served here: the OpenAI API is under /v1/",
                   None),
             502: ("bad_gateway", "the box answering this request failed; try again", None),
@@ -279,22 +337,36 @@ class GatewaySettings(Checked):
                   self.gateway_retry_after_s),
             504: ("gateway_timeout", "the box did not answer in time", None),
         }
-        if self.gateway_clients:
-            said[401] = ("invalid_api_key", ("no client key, or one this door does not know: "
-                                             "send yours as Authorization: Bearer <key>"), None)
         return [{"status": status, "retry_after": retry, "body": error_body(status, kind, message)}
                 for status, (kind, message, retry) in sorted(said.items())]
 
     @property
     def limit_bodies(self) -> dict:
-        """The door's 429s, as OpenAI's rate-limit errors read: over a client's requests at once
-        (gateway_client_max_inflight), or over its requests a minute."""
-        said = {"inflight": f"this client has {self.gateway_client_max_inflight} requests at the "
-                            "door already (gateway_client_max_inflight); try again later",
-                "rate": f"this client started {self.gateway_client_requests_per_minute} requests "
-                        "in the last minute (gateway_client_requests_per_minute); try again later"}
-        return {reason: error_body(429, "rate_limit_exceeded", message)
-                for reason, message in said.items()}
+        """The door's 429s, as OpenAI's rate-limit errors read (log-format strings naming the
+        client's own limit): over its requests at once, or over its requests a minute."""
+        inflight = ("this client has {limit} requests at the door already (its max_inflight in "
+                    "gateway_clients, else gateway_client_max_inflight); try again later")
+        rate = ("this client started {limit} requests in the last minute (its requests_per_minute "
+                "in gateway_clients, else gateway_client_requests_per_minute); try again later")
+        said = {"inflight": (inflight, "var(txn.max_inflight)"),
+                "rate": (rate, "var(txn.requests_per_minute)")}
+        return {reason: lf_error_body(429, "rate_limit_exceeded", message, limit=limit)
+                for reason, (message, limit) in said.items()}
+
+    @property
+    def denied_bodies(self) -> dict:
+        """The door's 403s to a client calling a model its `models` leaves out: naming the model
+        (JSON-escaped by HAProxy's json converter), or, for a request naming none, the model it
+        would go to."""
+        first = self.pools[next(iter(self.pools))][0].model
+        return {
+            "named": lf_error_body(403, "PermissionDeniedError",
+                                   'this client may not call the model "{model}": GET /v1/models '
+                                   "lists the ones it may", model="var(txn.model),json(utf8s)"),
+            "unnamed": error_body(403, "PermissionDeniedError",
+                                  f"a request naming no model goes to {first}, which this client "
+                                  "may not call: name one GET /v1/models lists"),
+        }
 
     @property
     def ipv6_clients(self) -> bool:
@@ -338,12 +410,19 @@ class GatewaySettings(Checked):
         return tls.haproxy_pem(*pair).decode()
 
     @cached_property
+    def policies(self):
+        """{client name: its ClientPolicy}: its own limits, models and priority, else the
+        fleet's (gateway_client_*)."""
+        return policies(self.gateway_clients, self.gateway_client_max_inflight,
+                        self.gateway_client_requests_per_minute)
+
+    @cached_property
     def client_keys(self) -> dict[str, str]:
         """{client name: its key} from the laptop's key files (gateway_clients); a missing file is
         made (0600, in a 0700 folder) and said on stderr, for the operator to hand over."""
         keys = {}
-        for name, path in sorted((self.gateway_clients or {}).items()):
-            file = Path(path).expanduser()
+        for name, policy in self.policies.items():
+            file = Path(policy.key_file).expanduser()
             if not file.exists():  # written as the fleet CA's keys are: 0600, whole or not at all
                 tls.private_dir(file.parent)
                 tls.write_whole(file, (secrets.token_hex(24) + "\n").encode())
@@ -358,15 +437,62 @@ class GatewaySettings(Checked):
         return keys
 
     @property
+    def door_keys(self) -> dict[str, str]:
+        """{name: key} of what opens the door: each client's (gateway_clients), else the fleet's
+        one key, the boxes' own, as FLEET_CLIENT."""
+        return self.client_keys if self.gateway_clients else {FLEET_CLIENT: self.box_key}
+
+    @property
     def clients_map_text(self) -> str:
-        """HAProxy's map of the door's clients: the SHA-256 (hex) of each key, and its name."""
+        """HAProxy's map of the door's keys: the SHA-256 (hex) of each, and its name."""
         return "".join(f"{haproxy_word(hashlib.sha256(key.encode()).hexdigest())} "
-                       f"{haproxy_word(name)}\n" for name, key in self.client_keys.items())
+                       f"{haproxy_word(name)}\n" for name, key in self.door_keys.items())
 
     @property
     def box_key_map_text(self) -> str:
         """HAProxy's map of the one key the door sends the boxes (the boxes' service key)."""
         return f"box {haproxy_word(self.box_key)}\n"
+
+    @property
+    def maps(self) -> dict[str, str]:
+        """{path on the gateway: text} of every map haproxy.cfg reads, root-only beside it: the
+        door's keys always; each client's policy with gateway_clients. The deploy writes them
+        before the config (tasks/gateway.py), and the pair's level digests them."""
+        maps = {layout.GATEWAY_CLIENTS_MAP: self.clients_map_text,
+                layout.GATEWAY_BOX_KEY_MAP: self.box_key_map_text}
+        if not self.gateway_clients:
+            return maps
+        policies = self.policies.items()
+        maps[layout.GATEWAY_INFLIGHT_MAP] = "".join(
+            map_line(name, p.max_inflight) for name, p in policies)
+        maps[layout.GATEWAY_RATE_MAP] = "".join(
+            map_line(name, p.requests_per_minute) for name, p in policies)
+        maps[layout.GATEWAY_CLASS_MAP] = "".join(
+            map_line(name, PRIORITY_CLASS[p.priority]) for name, p in policies)
+        maps[layout.GATEWAY_POOLS_MAP] = "".join(
+            map_line(f"{name}:{pool}", 1) for name in self.policies
+            for pool in self.allowed_pools(name))
+        maps[layout.GATEWAY_MODELS_MAP] = "".join(
+            map_line(name, self.models_list(self.allowed_pools(name))) for name in self.policies)
+        return maps
+
+    def allowed_pools(self, client: str) -> list[str]:
+        """The pools client `client` may call: those serving a name its `models` holds (None:
+        every pool). A pool answers each name routes() gives it."""
+        models = self.policies[client].models
+        return [pool for pool, names in self.routes
+                if models is None or set(models) & set(names)]
+
+    @property
+    def fair_shares(self) -> dict[str, int]:
+        """{pool: the slots one client may hold while another waits for it}: half its boxes'
+        slots (each box's maxconn, vLLM's max_num_seqs), policy.fair_share."""
+        return {pool: fair_share(sum(b.maxconn for b in boxes))
+                for pool, boxes in self.pools.items()}
+
+    @property
+    def at_share_class(self) -> int:
+        return AT_SHARE_CLASS
 
     # --- routing by model: one pool of boxes per model the fleet serves ------------------------------
     @cached_property
@@ -402,11 +528,16 @@ class GatewaySettings(Checked):
 
     @property
     def models_body(self) -> str:
-        """/v1/models at the door: the fleet's models by the names clients write, as vLLM lists
-        them (entrypoints/openai/models: ModelCard id, object, owned_by, max_model_len)."""
-        data = [{"id": boxes[0].model, "object": "model", "created": 0, "owned_by": "thorfleet",
-                 "max_model_len": PROFILES[boxes[0].profile]["max_model_len"]}
-                for boxes in self.pools.values()]
+        """/v1/models at the door without gateway_clients: the fleet's models."""
+        return self.models_list(list(self.pools))
+
+    def models_list(self, pools) -> str:
+        """/v1/models at the door: the models of `pools` by the names clients write, as vLLM
+        lists them (entrypoints/openai/models: ModelCard id, object, owned_by, max_model_len)."""
+        data = [{"id": self.pools[pool][0].model, "object": "model", "created": 0,
+                 "owned_by": "thorfleet",
+                 "max_model_len": PROFILES[self.pools[pool][0].profile]["max_model_len"]}
+                for pool in pools]
         return json.dumps({"object": "list", "data": data}, separators=(",", ":"))
 
     @property
@@ -469,7 +600,7 @@ class GatewaySettings(Checked):
     @property
     def route_errors(self) -> dict:
         """The door's answer when routing to a model no box serves (404, as vLLM types it)."""
-        return {  # the 404 names no model: it may answer a client without a key (no clients)
+        return {  # the 404 names no model, though only a client with a key is answered it
             "unknown": error_body(404, "NotFoundError",
                                   "no box here serves the model this request names: GET "
                                   "/v1/models lists the models served"),
@@ -477,4 +608,8 @@ class GatewaySettings(Checked):
 
     @cached_property
     def config_text(self) -> str:
-        return _HAPROXY.get_template("haproxy.cfg.j2").render(g=self, layout=layout)
+        # two gateways: the config carries its level, so HAProxy says the level it runs
+        return self._config(self.level_digest if self.peers else None)
+
+    def _config(self, level) -> str:
+        return _HAPROXY.get_template("haproxy.cfg.j2").render(g=self, layout=layout, level=level)

@@ -19,6 +19,7 @@ import yaml
 from thorfleet.gateway import tls
 from thorfleet.gateway.config import CLIENT_KEY, SERVER_NAME, Backend, GatewaySettings, client_key
 from thorfleet.gateway.monitor import MonitorSettings, Target, label_value, target
+from thorfleet.gateway.policy import key_file
 from thorfleet.run.peers import (
     dial_host,
     fleet_copy,
@@ -36,6 +37,7 @@ from thorfleet.settings.roles import (
     thors,
 )
 from thorfleet.settings.schema import (
+    API_KEY_MIN,
     SettingsError,
     check,
     check_gateway,
@@ -398,12 +400,14 @@ def _the_gateway(inventory, settings):
                                 box.service_images_per_prompt if box.vision else 0))
     if first.gateway_virtual_ip:
         problems += _shared_address_problems(hosts, first.gateway_virtual_ip, sources, backends)
-    box_key = None
+    box_keys = {settings[b.name].api_key for b in backends}
+    box_key = next(iter(box_keys)) if len(box_keys) == 1 else None
+    problems += [f"{hosts[0].name}: {p}" for p in box_key_problems(box_keys)]
     if first.gateway_clients:
-        box_keys = {settings[b.name].api_key for b in backends}
-        box_key = next(iter(box_keys)) if len(box_keys) == 1 else None
         problems += [f"{hosts[0].name}: {p}"
                      for p in client_problems(first.gateway_clients, box_keys)]
+        problems += [f"{hosts[0].name}: {p}"
+                     for p in client_model_problems(first.gateway_clients, backends)]
     if problems:
         return {}, problems
     pair = list(zip((h.name for h in hosts), sources))
@@ -496,18 +500,27 @@ def _shared_address_problems(hosts, virtual, sources, backends) -> list[str]:
              f"shows it: /{prefix} or shorter, to hold them all), like {interface.ip}/{prefix}")]
 
 
+def box_key_problems(box_keys) -> list[str]:
+    """What stops the door holding the boxes' one key (`box_keys`: each Thor's, None for none):
+    it sends that key on, and without gateway_clients opens to it alone, so every Thor has the
+    same, a bearer token (a header word and a map value as it is)."""
+    if len(box_keys) == 1 and CLIENT_KEY.fullmatch(next(iter(box_keys)) or ""):
+        return []
+    return [(f"service_api_key_file: the door opens to the fleet's key (or to each client's, "
+             f"gateway_clients) and sends the boxes theirs, one for all: give every Thor the "
+             f"same one, of {API_KEY_MIN} to 512 letters, digits and -._~+/= (openssl rand -hex "
+             "24)")]
+
+
 def client_problems(clients, box_keys) -> list[str]:
-    """What is wrong with the door's client keys (gateway_clients) and the key it sends the
-    boxes, each naming the file or setting (never a key). A key file not there yet is made by the
-    deploy (GatewaySettings.client_keys)."""
+    """What is wrong with the door's client keys (gateway_clients), each naming the file or
+    setting (never a key). A key file not there yet is made by the deploy
+    (GatewaySettings.client_keys)."""
     problems, seen = [], {}
-    if len(box_keys) != 1 or not CLIENT_KEY.fullmatch(next(iter(box_keys)) or ""):
-        problems.append("gateway_clients: the door sends the boxes one key of its own, their "
-                        "service_api_key_file's: give every Thor the same one, of 16 to 512 "
-                        "letters, digits and -._~+/= (openssl rand -hex 24)")
     files = {}  # {the file, resolved: the first client naming it}
-    for name, path in sorted(clients.items()):
+    for name, entry in sorted(clients.items()):
         key_name = f"gateway_clients[{name!r}]"
+        path = key_file(entry)
         problems += private_file_problems(key_name, path)
         file = Path(path).expanduser()
         # one file, two clients (made or not: the run would make one key for both): revoking one
@@ -533,6 +546,17 @@ def client_problems(clients, box_keys) -> list[str]:
                             "each client needs a key of its own, or a revocation locks out both")
         seen.setdefault(key, name)
     return problems
+
+
+def client_model_problems(clients, backends) -> list[str]:
+    """A client's `models` naming one no box of the inventory serves (service_profile: the
+    names each box answers to)."""
+    served = {n for b in backends for n in b.names}
+    own = sorted({b.model for b in backends})
+    return [f"gateway_clients[{name!r}]: models has {model!r}, which no box here serves: name "
+            f"one of {', '.join(own)} (a box's service_profile serves it)"
+            for name, entry in sorted(clients.items()) if isinstance(entry, dict)
+            for model in entry.get("models") or () if model not in served]
 
 
 def _family_problems(name, who, target, source, key) -> list[str]:

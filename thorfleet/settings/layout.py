@@ -93,6 +93,12 @@ GATEWAY_CONFIG = "/etc/haproxy/haproxy.cfg"  # the package's unit reads this one
 GATEWAY_PEM = "/etc/haproxy/thorfleet/gateway.pem"  # certificate chain and key, root-only
 GATEWAY_CLIENTS_MAP = "/etc/haproxy/thorfleet/clients.map"  # SHA-256 of each client key -> its name
 GATEWAY_BOX_KEY_MAP = "/etc/haproxy/thorfleet/box-key.map"  # the key the door sends the boxes
+# Each client's own policy (gateway_clients), keyed by its name as the clients map gives it:
+GATEWAY_INFLIGHT_MAP = "/etc/haproxy/thorfleet/client-inflight.map"  # -> its max_inflight
+GATEWAY_RATE_MAP = "/etc/haproxy/thorfleet/client-rate.map"  # -> its requests_per_minute
+GATEWAY_CLASS_MAP = "/etc/haproxy/thorfleet/client-class.map"  # -> its priority's queue class
+GATEWAY_POOLS_MAP = "/etc/haproxy/thorfleet/client-pools.map"  # "<client>:<pool>" it may call -> 1
+GATEWAY_MODELS_MAP = "/etc/haproxy/thorfleet/client-models.map"  # -> its /v1/models answer
 GATEWAY_ADMIN_SOCKET = "/run/haproxy/admin.sock"  # the runtime API: drain, ready, sessions
 GATEWAY_SERVER_STATE = "/var/lib/haproxy/server-state"  # the boxes' states HAProxy starts with
 GATEWAY_STATE_LOCK = f"{GATEWAY_SERVER_STATE}.lock"  # held while a state is set and saved
@@ -103,6 +109,7 @@ GATEWAY_DOOR_USAGE_UNIT = "thorfleet-door-usage.service"  # ...served to Prometh
 GATEWAY_DOOR_USAGE_LISTEN = ("127.0.0.1", 9106)  # files/systemd/thorfleet-door-usage.service
 GATEWAY_BACKEND = "thors"  # HAProxy's backend of the Thors' vLLM ports
 GATEWAY_CLIENT_TABLE = "clients"  # HAProxy's stick table of each client's requests (gateway_clients)
+GATEWAY_SHARE_TABLE = "client-pools"  # ...and of its requests at the door per pool (fair shares)
 # --- two gateways, one address (gateway_virtual_ip: Debian's keepalived package) -----------------
 KEEPALIVED_CONFIG = "/etc/keepalived/keepalived.conf"  # the package's unit reads this one
 KEEPALIVED_UNIT = "keepalived.service"

@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from thorfleet.cli.resolve import placeholder
+from thorfleet.gateway.policy import PRIORITY_CLASS
 from thorfleet.gateway.tls import check_names
 from thorfleet.settings.layout import (
     BOX_BIN,
@@ -303,12 +304,56 @@ def _virtual_ip(value):
 CLIENT_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
 
+# A client's own limits, held to the fleet-wide settings' bounds (gateway_client_max_inflight,
+# gateway_client_requests_per_minute): a number either may hold, each may hold.
+CLIENT_MAX_INFLIGHT_MAX = 10000
+CLIENT_REQUESTS_PER_MINUTE_MAX = 1000000
+# The keys of a client's dict entry in gateway_clients: its key file, and its own policy.
+CLIENT_LIMITS = {"max_inflight": ("gateway_client_max_inflight", CLIENT_MAX_INFLIGHT_MAX),
+                 "requests_per_minute": ("gateway_client_requests_per_minute",
+                                         CLIENT_REQUESTS_PER_MINUTE_MAX)}
+CLIENT_KEYS = ("key_file", *CLIENT_LIMITS, "models", "priority")
+
+
+def client_entry_problems(name, entry) -> list[str]:
+    """What is wrong with client `name`'s entry of gateway_clients: a key file path, or a dict
+    of key_file and any of its own limits, models and priority. Each line names the client,
+    the key and the fix; the models' names are checked against the boxes by settings.py."""
+    where = f"gateway_clients[{name!r}]"
+    if isinstance(entry, str):
+        return [] if entry else [f"{where} is empty: give the laptop path of its key file"]
+    problems = [f"{where} has {key!r}, not a key of a client's policy: use "
+                f"{', '.join(CLIENT_KEYS)}" for key in entry if key not in CLIENT_KEYS]
+    path = entry.get("key_file")
+    if not isinstance(path, str) or not path:
+        problems.append(f"{where} has no key_file: add \"key_file\": the laptop path of its key "
+                        "(made when missing)")
+    for key, (fleet, most) in CLIENT_LIMITS.items():
+        value = entry.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            problems.append(f"{where}: {key}={value!r} must be a whole number from 1 to {most}, "
+                            f"as {fleet}; or leave it out for the fleet's {fleet}")
+    models = entry.get("models", [])
+    if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+        problems.append(f"{where}: models={models!r} must be a list of model names (GET "
+                        "/v1/models lists them); or leave it out for every model")
+    elif "models" in entry and not models:
+        problems.append(f"{where}: models=[] lets it call no model: name at least one, or "
+                        "remove the client to revoke it")
+    priority = entry.get("priority", "interactive")
+    if priority not in PRIORITY_CLASS:
+        problems.append(f"{where}: priority={priority!r} is not a priority: use "
+                        f"{' or '.join(map(repr, PRIORITY_CLASS))} (the default)")
+    return problems
+
+
 def _clients(clients):
     if clients is None:
         return None
     problems = [f"gateway_clients has {name!r}, not a client name: lower-case letters, digits, "
                 "'-' and '_', starting with a letter, 32 at most" for name in clients
                 if not CLIENT_NAME.fullmatch(name)]
+    problems += [p for name, entry in clients.items() for p in client_entry_problems(name, entry)]
     if not clients:
         problems.append("gateway_clients is empty: list at least one client (yourself), or set "
                         "it to None to keep the one fleet key")
@@ -666,17 +711,23 @@ class Schema(BaseModel):
     gateway_vrrp_router_id: Annotated[StrictInt, Field(ge=1, le=255)] = setting(
         51, "VRRP id of the two gateways' address, unique among VRRP routers on their LAN",
         "must be a whole number from 1 to 255")
-    gateway_clients: Annotated[dict[StrictStr, Annotated[StrictStr, Field(min_length=1)]],
+    gateway_clients: Annotated[dict[StrictStr, StrictStr | dict[StrictStr, Any]],
                                AfterValidator(_clients)] | None = setting(
-        None, "{client name: laptop path of its key file (chmod 600, made when missing)}: only "
+        None, "{client name: laptop path of its key file (chmod 600, made when missing), or a "
+        "dict of key_file and any of max_inflight, requests_per_minute, models, priority}: only "
         "these keys open the door (None: the fleet's one key, service_api_key_file)",
-        "must be a dict of client name: key file path, or None")
-    gateway_client_max_inflight: Annotated[StrictInt, Field(ge=1, le=10000)] = setting(
+        "must be a dict of client name: key file path (or a dict of its key_file and policy), "
+        "or None")
+    gateway_client_max_inflight: Annotated[StrictInt, Field(
+            ge=1, le=CLIENT_MAX_INFLIGHT_MAX)] = setting(
         4, "with gateway_clients: most requests one client has at the door at once (answering or "
-        "queued); over it, 429", "must be a whole number from 1 to 10000")
-    gateway_client_requests_per_minute: Annotated[StrictInt, Field(ge=1, le=1000000)] = setting(
-        120, "with gateway_clients: most requests one client starts in any minute; over it, 429",
-        "must be a whole number from 1 to 1000000")
+        "queued), unless its own max_inflight says; over it, 429",
+        f"must be a whole number from 1 to {CLIENT_MAX_INFLIGHT_MAX}")
+    gateway_client_requests_per_minute: Annotated[StrictInt, Field(
+            ge=1, le=CLIENT_REQUESTS_PER_MINUTE_MAX)] = setting(
+        120, "with gateway_clients: most requests one client starts in any minute, unless its own "
+        "requests_per_minute says; over it, 429",
+        f"must be a whole number from 1 to {CLIENT_REQUESTS_PER_MINUTE_MAX}")
     gateway_queue_timeout_s: Annotated[StrictInt, Field(ge=1, le=86400)] = setting(
         120, "how long a request waits at the gateway for a free box before a 503",
         "must be a whole number of seconds from 1 to 86400")

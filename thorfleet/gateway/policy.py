@@ -1,0 +1,67 @@
+"""Each client's policy at the door (gateway_clients), and the door's rules for sharing a pool.
+
+    policies(clients, max_inflight, requests_per_minute)  # {name: ClientPolicy}, defaults filled
+    fair_share(slots)                # a pool's slots one client may hold while another waits
+    queue_class(priority, at_share)  # where a request waits in a pool's queue (HAProxy's class)
+
+An entry of gateway_clients is a key file path, or a dict of the client's own policy; the schema
+has checked each key of it (schema.client_entry_problems), settings.py the models it names.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Where a request waits in a pool's queue, by its client's priority: HAProxy dequeues the lowest
+# class first (http-request set-priority-class), and within a class the first come. A person at
+# a prompt is served before a robot that can wait.
+PRIORITY_CLASS = {"interactive": 0, "batch": 1}
+# Added to the class of a request whose client holds its fair share of the pool already: it
+# waits behind every other client's request, batch ones too, so a freed slot goes to another
+# client while one waits; alone in the queue, it is served as before.
+AT_SHARE_CLASS = len(PRIORITY_CLASS)
+
+
+@dataclass(frozen=True)
+class ClientPolicy:
+    """One client at the door: its key file on the laptop, its limits (its own, else the
+    fleet's gateway_client_* settings), the model names it may call (None: every one), and
+    its priority in the queues."""
+
+    name: str
+    key_file: str
+    max_inflight: int
+    requests_per_minute: int
+    models: tuple[str, ...] | None = None
+    priority: str = "interactive"
+
+
+def key_file(entry) -> str:
+    """The laptop path of a client's key file, in either form of its entry."""
+    return entry["key_file"] if isinstance(entry, dict) else entry
+
+
+def policies(clients, max_inflight: int, requests_per_minute: int) -> dict[str, ClientPolicy]:
+    """{client name: its policy}, sorted by name, each limit it does not set the fleet's."""
+    found = {}
+    for name, entry in sorted((clients or {}).items()):
+        own = entry if isinstance(entry, dict) else {}
+        models = own.get("models")
+        found[name] = ClientPolicy(
+            name, key_file(entry), own.get("max_inflight", max_inflight),
+            own.get("requests_per_minute", requests_per_minute),
+            None if models is None else tuple(models), own.get("priority", "interactive"))
+    return found
+
+
+def fair_share(slots: int) -> int:
+    """The slots of a pool one client may hold while another client waits for it: half of
+    them, rounded up, at least one (a pool of one box taking one request: that one)."""
+    return max(1, math.ceil(slots / 2))
+
+
+def queue_class(priority: str, at_share: bool) -> int:
+    """HAProxy's priority class of a request (lower waits less): its client's priority, behind
+    every other client's once that client holds its fair share of the pool."""
+    return PRIORITY_CLASS[priority] + (AT_SHARE_CLASS if at_share else 0)
