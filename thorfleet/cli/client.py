@@ -22,7 +22,7 @@ from thorfleet.gateway.policy import key_file
 HANDOUT_FIELDS = ("client", "url", "also", "ca_file", "ca_file_exists", "key_file", "key_file_exists",
                   "models", "snippet")
 
-# The OpenAI SDK's own client class (DefaultHttpxClient, openai >= 1.17), not httpx's: it keeps
+# The OpenAI SDK's own client class (DefaultHttpxClient, in openai 1 and 3), not httpx's: it keeps
 # the SDK's timeouts (10 minutes, where httpx's 5 s cuts a long answer of a Thor) and imports no
 # httpx of its own (openai 3 runs on httpx2). The CA goes in as an ssl context: a path given to
 # `verify=` is deprecated (httpx 0.28, httpx2). Every value is a Python literal (repr).
