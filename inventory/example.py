@@ -33,8 +33,10 @@ thors = (
 # The gateway: one HTTPS address with the API key in front of the Thors (docs/gateway.md). A
 # small Debian or Ubuntu box with passwordless sudo that reaches its distribution's package
 # mirror (HAProxy, nftables, Prometheus come from there). The group's name must be exactly
-# `gateway`. Its clients get: https://<a gateway_names entry>:8443/v1, the fleet CA
-# (~/.config/thorfleet/fleet-ca/fleet-ca.pem), the API key, and the model name "/model".
+# `gateway`. List your team in gateway_clients before the first deploy opens the door: a key each
+# (the deploy makes the files). `python -m thorfleet client INVENTORY NAME` prints what to hand a
+# client: https://<a gateway_names entry>:8443/v1, the fleet CA
+# (~/.config/thorfleet/fleet-ca/fleet-ca.pem), its key file, and its model names ("mistral-small-4").
 gateway = (
     [
         # ("thor-gw", {"ssh_hostname": "10.0.0.20"}),
@@ -45,5 +47,7 @@ gateway = (
         "ssh_known_hosts_file": "~/.ssh/known_hosts",
         "ssh_strict_host_key_checking": "yes",
         # "gateway_names": ["thor-gw.lab"],  # the names clients use, beside its address
+        # "gateway_clients": {"me": "~/.config/thorfleet/clients/me.key",  # a name: a-z first,
+        #                     "alice": "~/.config/thorfleet/clients/alice.key"},  # a-z 0-9 - _
     },
 )

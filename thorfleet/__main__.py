@@ -7,6 +7,7 @@
     python -m thorfleet bench INVENTORY --out DIR [--model NAME] [--preset NAME]
                           [--max-concurrency 1,8] [--num-prompts N] [--random-input-len N]
                           [--random-output-len N] [--goodput ttft:MS ...] [--client NAME]
+    python -m thorfleet client INVENTORY NAME [--json]
 
 `pin` resolves the weights' hub ref to a commit and the base image's tag to a digest, shows the diff
 of the inventory file and writes it (asks first, unless --yes). `check` runs the settings check that
@@ -15,7 +16,9 @@ serves now (read-only, one SSH command each) and exits non-zero naming the hosts
 `doctor` checks, read only, each assumption thorfleet makes of a box (release, memory, power,
 containers, the model's kernels, heat, the gateway's build) and exits non-zero when one blocks
 serving. `bench` runs vLLM's own `vllm bench serve` on a Thor through the door, per model and
-concurrency, and writes DIR/bench.json and DIR/bench.png.
+concurrency, and writes DIR/bench.json and DIR/bench.png. `client` prints what to hand gateway
+client NAME: the door's URL, the CA and key files' paths, its models and an OpenAI SDK snippet
+(read only: nothing is made, no host asked).
 Run from the repository root, like pyinfra.
 """
 
@@ -214,6 +217,23 @@ def cmd_bench(args) -> int:
         return EXIT_INTERRUPTED
 
 
+def cmd_client(args) -> int:
+    import json
+
+    from thorfleet.cli import client
+
+    checked = _checked(args.inventory)
+    if checked is None:
+        return EXIT_PROBLEMS
+    try:
+        found = client.handout(client.door(*checked, args.inventory), args.name, args.inventory)
+    except client.ClientError as error:
+        _err(str(error))
+        return EXIT_PROBLEMS
+    print(json.dumps(found, indent=2) if args.json else client.text(found))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     from thorfleet.cli.status import TIMEOUT_S, WATCH_S
 
@@ -304,6 +324,17 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--on", metavar="HOST", help="the Thor that runs the benchmark (default: "
                        "the first)")
     bench.set_defaults(run=cmd_bench)
+
+    client = commands.add_parser(
+        "client", help="what to hand a gateway client: URL, CA, key file, models, a snippet",
+        description="Print, for client NAME of the gateway's gateway_clients, the door's URL, "
+        "the CA file and key file to hand over (their paths: the key is never printed), the "
+        "models it may call and OpenAI SDK code that reads its key from the file. Reads the "
+        "inventory only: no host is asked, no key or CA made (the deploy makes them).")
+    client.add_argument("inventory")
+    client.add_argument("name", help="a client of the gateway's gateway_clients")
+    client.add_argument("--json", action="store_true", help="print the same as one JSON object")
+    client.set_defaults(run=cmd_client)
     return top
 
 

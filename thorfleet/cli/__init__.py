@@ -1,1 +1,1 @@
-"""The command line beyond a deploy: `python -m thorfleet pin|check|status` (pin, resolve, status)."""
+"""The command line beyond a deploy: `python -m thorfleet pin|check|status|doctor|bench|client`."""

@@ -358,7 +358,7 @@ class GatewaySettings(Checked):
         """The door's 403s to a client calling a model its `models` leaves out: naming the model
         (JSON-escaped by HAProxy's json converter), or, for a request naming none, the model it
         would go to."""
-        first = self.pools[next(iter(self.pools))][0].model
+        first = self.pool_model(next(iter(self.pools)))
         return {
             "named": lf_error_body(403, "PermissionDeniedError",
                                    'this client may not call the model "{model}": GET /v1/models '
@@ -375,9 +375,19 @@ class GatewaySettings(Checked):
 
     @property
     def url(self) -> str:
-        first = self.names[0]
-        host = f"[{first}]" if ":" in first else first
+        """The door's URL at its first name (the report's endpoint)."""
+        return self.url_at(self.names[0])
+
+    def url_at(self, name: str) -> str:
+        """The door's URL at one of its names (an IPv6 address in brackets)."""
+        host = f"[{name}]" if ":" in name else name
         return f"https://{host}:{self.gateway_port}"
+
+    @property
+    def api_urls(self) -> list[str]:
+        """The base URL a client gives its OpenAI SDK (where the OpenAI API is), at each name
+        the certificate holds, the report's first."""
+        return [f"{self.url_at(name)}/v1" for name in self.names]
 
     @property
     def operator_certificate(self) -> bool:
@@ -483,6 +493,10 @@ class GatewaySettings(Checked):
         return [pool for pool, names in self.routes
                 if models is None or set(models) & set(names)]
 
+    def client_models(self, client: str) -> list[str]:
+        """The model names client `client` may call, as its GET /v1/models lists them."""
+        return [self.pool_model(pool) for pool in self.allowed_pools(client)]
+
     @property
     def fair_shares(self) -> dict[str, int]:
         """{pool: the slots one client may hold while another waits for it}: half its boxes'
@@ -526,6 +540,10 @@ class GatewaySettings(Checked):
             routes.append((pool, [*names, *([LEGACY_MODEL] if not routes else [])]))
         return routes
 
+    def pool_model(self, pool: str) -> str:
+        """The name clients write for the model `pool` serves (its profile's, recipe.PROFILES)."""
+        return self.pools[pool][0].model
+
     @property
     def models_body(self) -> str:
         """/v1/models at the door without gateway_clients: the fleet's models."""
@@ -534,7 +552,7 @@ class GatewaySettings(Checked):
     def models_list(self, pools) -> str:
         """/v1/models at the door: the models of `pools` by the names clients write, as vLLM
         lists them (entrypoints/openai/models: ModelCard id, object, owned_by, max_model_len)."""
-        data = [{"id": self.pools[pool][0].model, "object": "model", "created": 0,
+        data = [{"id": self.pool_model(pool), "object": "model", "created": 0,
                  "owned_by": "thorfleet",
                  "max_model_len": PROFILES[self.pools[pool][0].profile]["max_model_len"]}
                 for pool in pools]
@@ -592,7 +610,7 @@ class GatewaySettings(Checked):
 
     def too_large_body(self, limit: int, pool: str | None = None) -> str:
         """The door's 413: over `limit`, the most the door (or `pool`'s model) takes."""
-        whom = f"the model {self.pools[pool][0].model}" if pool else "any model here"
+        whom = f"the model {self.pool_model(pool)}" if pool else "any model here"
         return error_body(413, "BadRequestError",
                           f"the request body is over {limit} bytes, the most this door takes "
                           f"for {whom}")
