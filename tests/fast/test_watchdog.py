@@ -10,7 +10,8 @@ runs the import the box runs, not a fallback only a checkout has.
 
 The edits that break the firewall's (in a network namespace): an existing table counted as loaded
 however empty; the watchdog only reporting a table gone (not loading it again), or not stopping
-the server when it cannot; the firewall unit without ExecReload (`systemctl reload nftables`).
+the server when it cannot; the firewall unit without ExecReload (`systemctl reload nftables`);
+the guard without its nft monitor (a table back only at its next look).
 """
 
 import ast
@@ -731,6 +732,101 @@ def test_a_ruleset_loaded_by_hand_does_not_open_the_vllm_port(monkeypatch, tmp_p
     assert ("docker", "kill", SERVICE) in calls and ("systemctl", "stop", "--no-block",
                                                      SERVICE) in calls
     assert f"stopping {SERVICE}" in said[-1]
+
+
+# The guard as the watchdog runs it (its nft monitor too), in a process of its own inside the
+# namespace, so that every nft it runs is the namespace's and the test's end kills them all; the
+# server's units and docker answer as for an active server, as above.
+GUARD = """
+import sys
+from argparse import Namespace
+sys.path.insert(0, sys.argv[1])
+from tests.fast.test_watchdog import wd
+wd.FIREWALL_SCRIPT, real_run = sys.argv[2], wd.run
+def run(*cmd, timeout=30):
+    if cmd[0] == "nft":
+        return real_run(*cmd, timeout=timeout)
+    answer = "enabled" if cmd[:2] == ("systemctl", "is-enabled") else "ActiveState=active"
+    return Namespace(returncode=0, stdout=answer + "\\n", stderr="")
+wd.run = run
+wd.guard_firewall("thorfleet-vllm", "thorfleet-vllm", float(sys.argv[3]))
+"""
+
+
+def monitor_runs(netns):
+    """Whether an `nft monitor` runs in the namespace."""
+    pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True,
+                          check=False).stdout.split()
+    for pid in pids:
+        try:
+            if b"monitor" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+        except OSError:
+            pass
+    return False
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"),
+                    reason="needs root and nft (a network namespace)")
+def test_the_guard_loads_the_table_again_as_the_ruleset_changes(tmp_path, netns):
+    """A ruleset loaded by hand while the guard runs: its table is back at once, long before its
+    next look (60 s here), because nft monitor wakes it. A look every second still let a LAN
+    prober through once (the soak's). The burst (the ruleset's events, then the guard's own
+    load's) costs one load."""
+    (tmp_path / "firewall.nft").write_text(SCRIPT)
+    (tmp_path / "nftables.conf").write_text(NFTABLES_CONF)
+
+    def nft(*words):
+        return subprocess.run(["ip", "netns", "exec", netns, "nft", *words], capture_output=True,
+                              text=True, timeout=30, check=False)
+
+    def loaded():
+        return MARK in nft("list", "table", *layout.FIREWALL_TABLE).stdout
+
+    def within(seconds, condition):
+        deadline = time.monotonic() + seconds
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return condition()
+
+    assert nft("-f", str(tmp_path / "firewall.nft")).returncode == 0  # the unit's, at boot
+    guard = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-c", GUARD,
+                              str(ROOT), str(tmp_path / "firewall.nft"), "60"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)  # its nft monitor in its group: killed too
+    try:
+        # its monitor subscribed to nftables' events before the load (a guard without one
+        # shows below)
+        within(15, lambda: monitor_runs(netns))
+        time.sleep(0.5)
+        assert nft("-f", str(tmp_path / "nftables.conf")).returncode == 0
+        assert within(2, loaded), "thorfleet's table not back within 2 s (the poll is 60 s)"
+        time.sleep(1)  # the looks its own load wakes find it loaded: no second load
+    finally:
+        os.killpg(guard.pid, 9)
+        said = guard.communicate(timeout=30)[0]
+    assert said.count("loaded it again") == 1, said
+    assert "nft monitor" not in said, said  # it ran throughout
+
+
+def test_an_nft_monitor_that_cannot_start_is_tried_again_and_told_once(monkeypatch, tmp_path):
+    """No nft to run: tried again every pause, the journal told once, not at every try."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    said, pauses = [], []
+    monkeypatch.setattr(wd, "say", said.append)
+
+    class Enough(Exception):
+        pass
+
+    def sleep(seconds):
+        pauses.append(seconds)
+        if len(pauses) == 3:
+            raise Enough
+    monkeypatch.setattr(wd.time, "sleep", sleep)
+    with pytest.raises(Enough):
+        wd.watch_ruleset(threading.Event(), pause=10)
+    assert pauses == [10, 10, 10]
+    assert len(said) == 1 and said[0].startswith("nft monitor cannot start"), said
 
 
 def test_status_without_a_watchdog_run_says_so(box):
