@@ -181,8 +181,9 @@ def pool_name(model: str) -> str:
     return f"{layout.GATEWAY_BACKEND}-{model}"
 
 
-# Two gateways: VRRP and the level port answer the other only, in a table of their own (a
-# gateway may be a Thor too, with layout.FIREWALL_TABLE), loaded by keepalived's drop-in.
+# Two gateways: VRRP, the level port and the peers port answer the other only, in a table of
+# their own (a gateway may be a Thor too, with layout.FIREWALL_TABLE), loaded by keepalived's
+# drop-in.
 GATEWAY_FIREWALL_TABLE = ("inet", "thorfleet_gateway")
 GATEWAY_FIREWALL = "/etc/haproxy/thorfleet/firewall.nft"  # beside the level file
 GATEWAY_FIREWALL_DROPIN = "thorfleet-keepalived-firewall.conf"  # files/systemd/
