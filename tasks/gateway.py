@@ -144,13 +144,14 @@ def _shared_address(g):
 
 
 def _peer_firewall(g):
-    """VRRP and the level port answer the other gateway only: an nftables table keepalived's
-    drop-in loads before keepalived starts (and at its reloads). Returns whether it changed."""
+    """VRRP, the level port and the clients table's peers port answer the other gateway only:
+    an nftables table keepalived's drop-in loads before keepalived starts (and at its reloads).
+    Returns whether it changed."""
     system.packages(name="Install nftables (the distribution's package)", packages=("nftables",))
     peers = " and ".join(address for _, address in g.peers)
     script = files.whole_file(
-        name=f"Write the gateways' firewall: VRRP and the level port answer {peers} only "
-             "(nft -c checks it)",
+        name=f"Write the gateways' firewall: VRRP, the level port and the peers port answer "
+             f"{peers} only (nft -c checks it)",
         src=StringIO(g.peer_firewall), path=GATEWAY_FIREWALL, mode="644", check=("nft", "-c", "-f"))
     files.directory(name="Create keepalived's drop-in folder", path=KEEPALIVED_DROPINS, mode="755")
     dropin = files.whole_file(

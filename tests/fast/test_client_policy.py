@@ -6,10 +6,13 @@ freed slot to a client holding its fair share of a pool while another waits.
 The edits that break them (each seen failing once; docs/gateway.md lists them): the inflight
 map's lookup dropped (`acl over_inflight sc_conn_cur(0) gt 4`); the 403 rule for a named model
 dropped; the client-models map's answer replaced by the fleet's list; the `set-priority-class
-var(txn.class)` rule dropped; the at-share `set-priority-class ...,add(2)` rules dropped.
+var(txn.class)` rule dropped; the at-share `set-priority-class ...,add(2)` rules dropped; the
+clients table without `peers door` (after a reload alice has no row: `assert (None, None) ==
+(3, 3)`).
 """
 
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
@@ -22,10 +25,12 @@ from tests.fast.test_gateway_render import (
     haproxy_check,
     inventory,
     running_door,
+    usage_tool,
 )
 from tests.fast.test_models import chat, post
 from thorfleet.gateway.policy import ClientPolicy, fair_share, policies, queue_class
 from thorfleet.settings.hosts import SettingsError, settings_for_inventory
+from thorfleet.settings.layout import GATEWAY_CLIENT_TABLE, GATEWAY_PEERS_PORT
 
 KEYS = {"alice": "alice-key-0123456789abcdef", "bob": "bob-key-0123456789abcdefg",
         "ci": "ci-key-0123456789abcdefgh"}
@@ -226,3 +231,45 @@ def test_a_client_holding_half_a_pools_slots_waits_behind_another_client(tmp_pat
         for thread in threads:
             thread.join(20)
     assert order[2:] == ["/v1/bob", "/v1/alice"], order
+
+
+# --- changed live: a reload starts nobody's counts again -----------------------------------------
+
+def clients_table(tmp_path) -> dict:
+    """{client: {field: number}} of the door's clients table, through its runtime API."""
+    usage = usage_tool()
+    return usage.rows(usage.ask(str(tmp_path / "admin.sock"), f"show table {GATEWAY_CLIENT_TABLE}"))
+
+
+def resynced(tmp_path, deadline_s=15):
+    """Wait until the door's peers section has finished its own start: HAProxy 2.6 hands its
+    tables on at a reload only then (PEERS_F_RESYNC_LOCAL and _REMOTE, flags 0x3 of `show peers`:
+    its 5 s resync timeout after a start; at once after a reload that was handed them)."""
+    usage = usage_tool()
+    for _ in range(int(deadline_s * 10)):
+        said = usage.ask(str(tmp_path / "admin.sock"), "show peers")
+        flags = re.search(r" flags=0x([0-9a-f]+) ", said)
+        if flags and int(flags[1], 16) & 0x3 == 0x3:
+            return
+        time.sleep(0.1)
+
+
+def test_a_reload_keeps_each_clients_counts_and_its_limit_goes_on(tmp_path):
+    """A change of clients is a reload (the deploy's `systemctl reload haproxy`: HAProxy's master
+    starts a process on the new config with -sf). The old process hands the clients table to
+    the new one at the local peer, so alice's requests this minute still count there: her
+    totals, her rate, and her requests_per_minute refusing the one too many."""
+    files = client_files(tmp_path, alice=KEYS["alice"], bob=KEYS["bob"])
+    data = {"gateway_clients": files, "gateway_client_requests_per_minute": 5}
+    with running_door(tmp_path, gateway_data=data) as (door, g, running):
+        # one gateway: its own peer alone, on loopback (running_door moves it to a free port)
+        assert g.door_peers == [("gateway-1", f"127.0.0.1:{GATEWAY_PEERS_PORT}")]
+        assert [ask(door, g, "/v1/models", KEYS["alice"])[0] for _ in range(3)] == [200] * 3
+        resynced(tmp_path)
+        running.reload()
+        row = clients_table(tmp_path).get("alice", {})
+        assert (row.get("http_req_cnt"), row.get("http_req_rate(60000)")) == (3, 3), row
+        # two more make her five this minute; the sixth is one too many
+        answers = [ask(door, g, "/v1/models", KEYS["alice"])[0] for _ in range(3)]
+        assert answers == [200, 200, 429], answers
+        assert ask(door, g, "/v1/models", KEYS["bob"])[0] == 200

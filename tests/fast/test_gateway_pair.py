@@ -14,7 +14,8 @@ reading its own level from the file a run writes before the reload, or taking th
 body without the running config's digest (x-thorfleet-level); the gateways' VRRP accept rule
 without its source address; the level check's keepalived timeout no longer above its HTTP calls'
 max times together (a second spare), `fall 1`, or a curl in it without `--max-time` (a silent
-other gateway then holds the check until keepalived kills it).
+other gateway then holds the check until keepalived kills it); the peers section listing a
+gateway's own peer alone (gw-2 holds no row of alice's: `assert None == 3`).
 """
 
 import os
@@ -33,7 +34,8 @@ from typing import ClassVar
 
 import pytest
 
-from tests.fast.test_gateway_render import haproxy_check, inventory
+from tests.fast.test_gateway_render import client_files, haproxy_check, inventory
+from tests.helpers import box_program
 from thorfleet.gateway.config import (
     GATEWAY_FIREWALL,
     GATEWAY_FIREWALL_DROPIN,
@@ -97,6 +99,30 @@ def test_two_gateways_render_one_door_named_by_the_shared_address(tmp_path):
     level.write_text("1 ab\n")
     g1.__dict__["config_text"] = g1.config_text.replace(layout.GATEWAY_LEVEL, str(level))
     assert "{ src 10.0.0.9 10.0.0.8 }" in g1.config_text
+    checked = haproxy_check(tmp_path, g1)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_two_gateways_with_clients_send_each_other_the_clients_table(tmp_path):
+    """Each gateway's HAProxy is a peer of the other's: one peers section on both, each
+    gateway's own line at its own address; `localpeer`, the one line that differs, is left out
+    of the level both claim; the peers port answers the other gateway only."""
+    clients = client_files(tmp_path, alice="alice-key-0123456789abcdef")
+    settings = pair(tmp_path, gateway_data={**VIP, "gateway_clients": clients})
+    g1, g2 = settings["gw-1"], settings["gw-2"]
+    port = layout.GATEWAY_PEERS_PORT
+    for g, own in ((g1, "gateway-1"), (g2, "gateway-2")):
+        lines = [line.strip() for line in g.config_text.splitlines()]
+        assert {f"peer gateway-1 10.0.0.9:{port}", f"peer gateway-2 10.0.0.8:{port}",
+                f"localpeer {own}"} <= set(lines), own
+    assert g1.config_text.replace("localpeer gateway-1", "localpeer gateway-2") == g2.config_text
+    assert g1.level_digest == g2.level_digest
+    assert f"ip saddr 10.0.0.8 tcp dport {{ {layout.GATEWAY_LEVEL_PORT}, {port} }} accept" in (
+        g1.peer_firewall)
+    assert "10.0.0.9" not in g1.peer_firewall
+    level = tmp_path / "level"
+    level.write_text("1 ab\n")
+    g1.__dict__["config_text"] = g1.config_text.replace(layout.GATEWAY_LEVEL, str(level))
     checked = haproxy_check(tmp_path, g1)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
@@ -509,3 +535,35 @@ def test_vrrp_reaches_a_gateway_from_the_other_only(tmp_path, netns):
             f"ExecReload=/usr/sbin/nft -f {GATEWAY_FIREWALL}",
             f"ExecStopPost=-/usr/sbin/nft delete table {' '.join(GATEWAY_FIREWALL_TABLE)}"
             } <= set(dropin)
+
+
+def test_the_other_gateway_holds_each_clients_counts_for_a_failover(tmp_path, curl, netns):
+    """Two HAProxys as the pair runs them, in a network namespace: alice's requests through
+    gw-1's door are in gw-2's clients table too, so the gateway that takes the shared address
+    goes on from her counts (her in-flight count is each process's own: HAProxy learns no
+    conn_cur from a peer)."""
+    tool("haproxy", "haproxy")
+    run, start = netns
+    key = "alice-key-0123456789abcdef"
+    clients = client_files(tmp_path, alice=key)
+    gateways = pair(tmp_path, {**VIP, "gateway_clients": clients})
+    configs = [gateway_files(tmp_path / name, gateways[name], 100, address)
+               for name, address in (("gw-1", "10.0.0.9"), ("gw-2", "10.0.0.8"))]
+    haproxys = [start("haproxy", "-db", "-f", str(config)) for config in configs]
+    door = ["curl", "-sk", "-o", "/dev/null", "-w", "%{http_code}", "-H",
+            f"Authorization: Bearer {key}", "https://10.0.0.9:8443/v1/models"]
+    for _ in range(50):  # gw-1's door answers (503: no box is reachable from here)
+        if run(*door).stdout not in ("", "000"):
+            break
+        time.sleep(0.1)
+    for _ in range(2):
+        assert run(*door).stdout == "503", [h.poll() for h in haproxys]
+    usage = box_program("thorfleet-door-usage")
+    for _ in range(100):
+        rows = usage.rows(usage.ask(str(tmp_path / "gw-2" / "admin.sock"),
+                                    f"show table {layout.GATEWAY_CLIENT_TABLE}"))
+        if rows.get("alice", {}).get("http_req_cnt", 0) >= 3:
+            break
+        time.sleep(0.1)
+    assert rows.get("alice", {}).get("http_req_cnt") == 3, rows  # the first try, and two
+    assert rows["alice"]["http_req_rate(60000)"] == 3 and rows["alice"]["conn_cur"] == 0

@@ -399,6 +399,12 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _free_port4():
+    with socket.socket(socket.AF_INET) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_an_ipv6_thor_and_gateway_render_as_haproxy_reads_them(tmp_path):
     own = {"weights_source": "hub", "image_source": "build"}  # the fleet copy dials IPv4 only
     inv = inventory(tmp_path, thor_hosts=[("thor-1", {"ssh_hostname": "2001:db8::5", **own}),
@@ -459,6 +465,8 @@ def running_door(tmp_path, thors=1, gateway_data=None, servers_out=None, thor_da
     config = config.replace(layout.GATEWAY_ADMIN_SOCKET, str(tmp_path / "admin.sock"))
     config = config.replace(layout.GATEWAY_SERVER_STATE, str(tmp_path / "server-state"))
     config = config.replace("    log /dev/log local0\n", "").replace("    chroot /var/lib/haproxy\n", "")
+    # the clients table's local peer on a port of this test's own (tests run side by side)
+    config = config.replace(f"127.0.0.1:{layout.GATEWAY_PEERS_PORT}", f"127.0.0.1:{_free_port4()}")
     (tmp_path / "haproxy.cfg").write_text(config)
     running = _Haproxy(tmp_path / "haproxy.cfg", door, ssl.create_default_context(cafile=g.ca_file))
     try:
@@ -476,9 +484,21 @@ class _Haproxy:
     def __init__(self, config, door, context):
         self.config, self.door, self.context, self.process = config, door, context, None
 
-    def start(self):
+    def start(self, *words):
         self.process = subprocess.Popen([shutil.which("haproxy") or "haproxy", "-db", "-f",
-                                         str(self.config)], stderr=subprocess.PIPE, text=True)
+                                         str(self.config), *words], stderr=subprocess.PIPE,
+                                        text=True)
+        self._answering()
+
+    def reload(self):
+        """A reload as HAProxy's master makes one (Debian's `systemctl reload`): a new process on
+        the config, told to take over from this one (-sf), which ends once its connections do
+        and it has handed on its tables."""
+        old = self.process
+        self.start("-sf", str(old.pid))
+        old.wait(30)
+
+    def _answering(self):
         for _ in range(50):
             try:
                 urllib.request.urlopen(f"https://[::1]:{self.door}/health", timeout=5,

@@ -181,8 +181,9 @@ def pool_name(model: str) -> str:
     return f"{layout.GATEWAY_BACKEND}-{model}"
 
 
-# Two gateways: VRRP and the level port answer the other only, in a table of their own (a
-# gateway may be a Thor too, with layout.FIREWALL_TABLE), loaded by keepalived's drop-in.
+# Two gateways: VRRP, the level port and the peers port answer the other only, in a table of
+# their own (a gateway may be a Thor too, with layout.FIREWALL_TABLE), loaded by keepalived's
+# drop-in.
 GATEWAY_FIREWALL_TABLE = ("inet", "thorfleet_gateway")
 GATEWAY_FIREWALL = "/etc/haproxy/thorfleet/firewall.nft"  # beside the level file
 GATEWAY_FIREWALL_DROPIN = "thorfleet-keepalived-firewall.conf"  # files/systemd/
@@ -303,9 +304,10 @@ class GatewaySettings(Checked):
     def level_digest(self) -> str:
         """What must be alike on both gateways before either may hold the address: the config,
         the certificate, the door's key maps (a digest: none of it in clear). The config is
-        taken with '-' where it carries this digest (its level frontend's header)."""
+        taken with '-' where it carries this digest (its level frontend's header) and where it
+        names this gateway's own peer (`localpeer`, the one line that differs between them)."""
         digest = hashlib.sha256()
-        for part in (self._config("-"), self.pem, *self.maps.values()):
+        for part in (self._config("-", "-"), self.pem, *self.maps.values()):
             digest.update(hashlib.sha256(part.encode()).digest())
         return digest.hexdigest()[:32]
 
@@ -316,10 +318,31 @@ class GatewaySettings(Checked):
 
     @property
     def peer_firewall(self) -> str:
-        """This gateway's nftables table (two gateways): VRRP and the level port answer the other
-        gateway only, and the gateway itself."""
-        return firewall_script((layout.GATEWAY_LEVEL_PORT,), *(a for _, a in self.peers),
-                               protocols=(VRRP,), table=GATEWAY_FIREWALL_TABLE)[0]
+        """This gateway's nftables table (two gateways): VRRP, the level port and the clients
+        table's peers port answer the other gateway only, and the gateway itself."""
+        ports = (layout.GATEWAY_LEVEL_PORT, *([layout.GATEWAY_PEERS_PORT] if self.door_peers
+                                              else []))
+        return firewall_script(ports, *(a for _, a in self.peers), protocols=(VRRP,),
+                               table=GATEWAY_FIREWALL_TABLE)[0]
+
+    @property
+    def door_peers(self) -> list[tuple[str, str]]:
+        """[(peer name, address:port)] of HAProxy's peers section, which keeps the clients table
+        (gateway_clients; none without). One gateway: its own peer on loopback, where the old
+        process hands its rows to the new one at a reload. Two: each gateway's peer on its own
+        address, so each sends its rows to the other and a failover keeps them. Named by place in
+        the inventory, not by host name: one grammar, and the same lines on both."""
+        if not self.gateway_clients:
+            return []
+        addresses = [a for _, a in self.pair] if self.peers else ["127.0.0.1"]
+        return [(f"gateway-{n}", target(a, layout.GATEWAY_PEERS_PORT))
+                for n, a in enumerate(addresses, 1)]
+
+    @property
+    def local_peer(self) -> str:
+        """This gateway's name in door_peers (HAProxy's `localpeer`, so the name does not hang on
+        the host name: a renamed host would otherwise find no peer of its own at a reload)."""
+        return f"gateway-{[name for name, _ in self.pair].index(self.name) + 1}"
 
     @property
     def error_responses(self) -> list[dict]:
@@ -627,7 +650,8 @@ class GatewaySettings(Checked):
     @cached_property
     def config_text(self) -> str:
         # two gateways: the config carries its level, so HAProxy says the level it runs
-        return self._config(self.level_digest if self.peers else None)
+        return self._config(self.level_digest if self.peers else None, self.local_peer)
 
-    def _config(self, level) -> str:
-        return _HAPROXY.get_template("haproxy.cfg.j2").render(g=self, layout=layout, level=level)
+    def _config(self, level, local_peer) -> str:
+        return _HAPROXY.get_template("haproxy.cfg.j2").render(g=self, layout=layout, level=level,
+                                                              local_peer=local_peer)

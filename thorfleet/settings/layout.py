@@ -110,6 +110,11 @@ GATEWAY_DOOR_USAGE_LISTEN = ("127.0.0.1", 9106)  # files/systemd/thorfleet-door-
 GATEWAY_BACKEND = "thors"  # HAProxy's backend of the Thors' vLLM ports
 GATEWAY_CLIENT_TABLE = "clients"  # HAProxy's stick table of each client's requests (gateway_clients)
 GATEWAY_SHARE_TABLE = "client-pools"  # ...and of its requests at the door per pool (fair shares)
+# HAProxy's peers section of the clients table: at a reload the old process hands its rows to the
+# new one at the local peer's address, so no client's counts start again (two gateways: the other's
+# too). The port is the local peer's, on loopback alone (two gateways: on each one's own address).
+GATEWAY_PEERS = "door"
+GATEWAY_PEERS_PORT = 9108
 # --- two gateways, one address (gateway_virtual_ip: Debian's keepalived package) -----------------
 KEEPALIVED_CONFIG = "/etc/keepalived/keepalived.conf"  # the package's unit reads this one
 KEEPALIVED_UNIT = "keepalived.service"
