@@ -38,6 +38,7 @@ import pytest
 
 from tests.fleet.test_gateway import Front, Load
 from tests.helpers import ROOT, box, changed_on, deploy, outcome, wait_for
+from thorfleet.settings import layout
 
 PAIR = ("gw-2", "gw-3")
 MOVED_S = 20  # the address moves within this (keepalived: advert 1 s, checks 1-3 s) and serves
@@ -233,7 +234,8 @@ def test_a_run_that_dies_before_a_gateways_reload_leaves_it_out(sim_fleet, door)
     """The run changes the door; on the gateway not holding the address its level file and
     config are written, then the reload fails (as a run dies there): its HAProxy still serves
     the old door, so with the holder gone it must not hold the address past its second failed
-    level check."""
+    level check. It knows it is behind once a check has read the holder's new level (every 3 s);
+    a holder lost before that read leaves it unaware (docs/gateway.md), so the kill waits for it."""
     holding = wait_for(lambda: holder(sim_fleet, door.address), MOVED_S)
     away = next(g for g in PAIR if g != holding)
     dropin = "/etc/systemd/system/haproxy.service.d/zz-test-reload-fails.conf"
@@ -245,6 +247,8 @@ def test_a_run_that_dies_before_a_gateways_reload_leaves_it_out(sim_fleet, door)
         assert run.returncode != 0, outcome(run, away)
         level = "cat /etc/haproxy/thorfleet/level"
         assert box(sim_fleet, away, level) == box(sim_fleet, holding, level)  # the file says level
+        assert wait_for(lambda: box(sim_fleet, away, f"cat {layout.GATEWAY_PEER_LEVEL}")
+                        == box(sim_fleet, holding, level), MOVED_S), "never read the new level"
         sim_fleet.client.containers.get(f"thorfleet-{holding}").kill()
         # out at its second failed level check in a row, BEHIND_OUT_S at most after the holder's
         # reload (till then it may take the address): the end of the wait is what counts
@@ -256,7 +260,8 @@ def test_a_run_that_dies_before_a_gateways_reload_leaves_it_out(sim_fleet, door)
         if container.status != "running":
             container.start()
             sim_fleet.wait_booted(holding)
-    run, _ = door.converge("after-dies", gateway_data={"gateway_retry_after_s": 9})
+        # level again whatever happened above: the stories after this one need the pair whole
+        run, _ = door.converge("after-dies", gateway_data={"gateway_retry_after_s": 9})
     assert run.returncode == 0, outcome(run, away)
 
 
