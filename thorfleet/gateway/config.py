@@ -478,13 +478,13 @@ class GatewaySettings(Checked):
     @property
     def clients_map_text(self) -> str:
         """HAProxy's map of the door's keys: the SHA-256 (hex) of each, and its name."""
-        return "".join(f"{haproxy_word(hashlib.sha256(key.encode()).hexdigest())} "
-                       f"{haproxy_word(name)}\n" for name, key in self.door_keys.items())
+        return "".join(map_line(hashlib.sha256(key.encode()).hexdigest(), name)
+                       for name, key in self.door_keys.items())
 
     @property
     def box_key_map_text(self) -> str:
         """HAProxy's map of the one key the door sends the boxes (the boxes' service key)."""
-        return f"box {haproxy_word(self.box_key)}\n"
+        return map_line("box", self.box_key)
 
     @property
     def maps(self) -> dict[str, str]:
