@@ -12,10 +12,9 @@ import json
 import os
 import subprocess
 import sys
-from http.server import BaseHTTPRequestHandler
 
 from tests.fast.test_client_policy import HF_ID, KEYS, MIXED
-from tests.fast.test_gateway_render import BOX_KEY, PINS, client_files, running_door
+from tests.fast.test_gateway_render import BOX_KEY, PINS, JsonBox, client_files, running_door
 from thorfleet.__main__ import main
 from thorfleet.cli.client import HANDOUT_FIELDS, handout
 
@@ -95,22 +94,14 @@ def chat_box(model_of=json.loads):
     """vLLM's chat route as the OpenAI SDK reads it: the answer names the model the request
     named; a key other than the boxes' own (the one the door sends) is vLLM's 401."""
 
-    class Box(BaseHTTPRequestHandler):
+    class Box(JsonBox):
         def do_POST(self):
             asked = model_of(self.rfile.read(int(self.headers["Content-Length"])))["model"]
             ok = self.headers["Authorization"] == f"Bearer {BOX_KEY}"
             answer = {"id": "chatcmpl-1", "object": "chat.completion", "created": 0,
                       "model": asked, "choices": [{"index": 0, "finish_reason": "stop", "message": {
                           "role": "assistant", "content": f"hello from {asked}"}}]}
-            body = json.dumps(answer if ok else {"error": {"message": "bad key"}}).encode()
-            self.send_response(200 if ok else 401)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_):
-            pass
+            self.answer(answer if ok else {"error": {"message": "bad key"}}, 200 if ok else 401)
 
     return Box
 

@@ -11,15 +11,14 @@ clients table without `peers door` (after a reload alice has no row: `assert (No
 (3, 3)`).
 """
 
-import json
 import re
 import threading
 import time
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from tests.fast.test_gateway_render import (
+    JsonBox,
     ask,
     client_files,
     haproxy_check,
@@ -168,19 +167,12 @@ def holding_box(order, releases):
     one of `releases` (a dict of path: Event) until its event is set (a long answer taking the
     slot)."""
 
-    class Box(BaseHTTPRequestHandler):
+    class Box(JsonBox):
         def do_GET(self):
             order.append(self.path)
             if self.path in releases:
                 releases[self.path].wait(20)
-            body = json.dumps({"path": self.path}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_):
-            pass
+            self.answer({"path": self.path})
 
     return Box
 

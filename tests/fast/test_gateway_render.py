@@ -342,7 +342,22 @@ def test_the_gateways_tls_key_readable_by_others_is_refused(tmp_path):
 
 # --- IPv6: rendered as HAProxy reads it, and dialled for real ------------------------------------
 
-class _Box(BaseHTTPRequestHandler):
+class JsonBox(BaseHTTPRequestHandler):
+    """A stand-in's handler: `answer` sends a JSON body as vLLM does, and no access log is kept."""
+
+    def answer(self, value, status=200):
+        body = json.dumps(value).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_):
+        pass
+
+
+class _Box(JsonBox):
     """A Thor as the gateway sees one: the watchdog's /healthy and vLLM's routes, answering 200."""
 
     def do_GET(self):
@@ -354,11 +369,7 @@ class _Box(BaseHTTPRequestHandler):
         if self.headers["Authorization"]:  # what the door sent on (its own key, with clients)
             seen["auth"] = self.headers["Authorization"]
             status = 200 if seen["auth"] == f"Bearer {BOX_KEY}" else 401  # as vLLM's key check
-        body = json.dumps(seen).encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.answer(seen, status)
 
     def do_POST(self):
         """A completion: says which box took it, the model its body names and the body's length
@@ -372,16 +383,8 @@ class _Box(BaseHTTPRequestHandler):
             self.rfile.readline()
         else:
             body = self.rfile.read(int(self.headers["Content-Length"]))
-        seen = {"box": self.server.server_address[1], "path": self.path, "length": len(body),
-                "model": json.loads(body).get("model")}
-        answer = json.dumps(seen).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
-
-    def log_message(self, *_):
-        pass
+        self.answer({"box": self.server.server_address[1], "path": self.path,
+                     "length": len(body), "model": json.loads(body).get("model")})
 
 
 class _Server6(ThreadingHTTPServer):
