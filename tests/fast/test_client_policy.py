@@ -144,7 +144,7 @@ def test_a_client_calls_only_its_own_models_and_lists_only_them(tmp_path):
     boxes = []
     with running_door(tmp_path, thors=2, thor_data=MIXED, servers_out=boxes,
                       gateway_data={"gateway_clients": clients}) as (door, g, _):
-        asked = [getattr(b, "asked", 0) for b in boxes]
+        asked = [getattr(b, "completions", 0) for b in boxes]
         for model in ("mistral-small-4", HF_ID, "/model"):
             status, said = post(door, g, chat(model), key=KEYS["ci"])
             assert status == 403 and said["error"]["type"] == "PermissionDeniedError", said
@@ -152,7 +152,7 @@ def test_a_client_calls_only_its_own_models_and_lists_only_them(tmp_path):
         status, said = post(door, g, chat(None), key=KEYS["ci"])  # naming none: the first pool
         assert status == 403 and "naming no model goes to mistral-small-4" in (
             said["error"]["message"]), said
-        assert [getattr(b, "asked", 0) for b in boxes] == asked  # no box was asked
+        assert [getattr(b, "completions", 0) for b in boxes] == asked  # no box was asked
         status, seen = post(door, g, chat("mistral-small-4-256k"), key=KEYS["ci"])
         assert status == 200 and seen["model"] == "mistral-small-4-256k", seen
         assert post(door, g, chat("mistral-small-4"), key=KEYS["alice"])[0] == 200

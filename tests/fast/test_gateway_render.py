@@ -373,8 +373,10 @@ class _Box(JsonBox):
 
     def do_POST(self):
         """A completion: says which box took it, the model its body names and the body's length
-        as it arrived (chunked or not), so a cut body shows."""
+        as it arrived (chunked or not), so a cut body shows. `completions` counts these alone:
+        the door's health checks (GETs) come when they will."""
         self.server.asked = getattr(self.server, "asked", 0) + 1
+        self.server.completions = getattr(self.server, "completions", 0) + 1
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             body = b""
             while size := int(self.rfile.readline().split(b";")[0], 16):

@@ -121,7 +121,7 @@ def test_each_request_reaches_the_boxes_of_the_model_it_names_whatever_its_size(
             assert status == 200 and seen["box"] == long_box, seen
             assert seen["length"] == len(big), seen
         # a model no box serves: 404 from the door, as vLLM words it; no box asked
-        asked = [b.asked if hasattr(b, "asked") else 0 for b in boxes]
+        asked = [getattr(b, "completions", 0) for b in boxes]
         status, said = post(door, g, chat("gpt-4o"))
         assert status == 404 and said["error"]["type"] == "NotFoundError", said
         assert "GET /v1/models lists" in said["error"]["message"]
@@ -131,7 +131,7 @@ def test_each_request_reaches_the_boxes_of_the_model_it_names_whatever_its_size(
         status, said = post(door, g, chat("mistral-small-4-256k", "x" * (g.body_limit + 1)),
                             chunked=True)
         assert status == 413 and str(g.body_limit) in said["error"]["message"], said
-        assert [b.asked if hasattr(b, "asked") else 0 for b in boxes] == asked
+        assert [getattr(b, "completions", 0) for b in boxes] == asked
 
 
 def test_a_vision_pool_reads_its_images_whole(tmp_path):
