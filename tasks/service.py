@@ -20,6 +20,8 @@ from thorfleet.settings.layout import (
     BOX_SERVE,
     BOX_STATE,
     BOX_UNIT_DIR,
+    BOX_USAGE_CODE,
+    BOX_USAGE_DIR,
     BOX_VLLM_CACHE,
     FILES,
     START_LIMIT_DROPIN,
@@ -48,6 +50,13 @@ def run(settings):
     box_code = files.whole_file(name="Install what the box's programs share",
                                 src=str(FILES / "bin" / "thorfleet_box.py"), path=BOX_COMMON,
                                 mode="644")
+    # Each client's tokens: the journal the server's middleware writes and the watchdog reads
+    # (files/bin/thorfleet_usage.py; its code is in the fingerprint: a new one restarts the server).
+    files.directory(name="Create the folder of each client's tokens (root-only)",
+                    path=BOX_USAGE_DIR, mode="700")
+    usage_code = files.whole_file(name="Install the token counter the server and watchdog load",
+                                  src=str(FILES / "bin" / "thorfleet_usage.py"),
+                                  path=BOX_USAGE_CODE, mode="644")
     files.whole_file(name="Install the start/prove/roll-back tool",
                      src=str(FILES / "bin" / "thorfleet-serve"), path=BOX_SERVE, mode="755")
     files.whole_file(name="Install the picture the proof shows a vision box",
@@ -68,4 +77,4 @@ def run(settings):
     # Enabled only: starting it is the verification step's job, which proves what it starts.
     files.unit_enabled(name=f"Enable {settings.service_name} at boot",
                        unit=f"{settings.service_name}.service")
-    return box_code  # the watchdog imports it too: a new one restarts it (tasks/watch.py)
+    return box_code, usage_code  # the watchdog imports both: a new one restarts it (tasks/watch.py)

@@ -30,8 +30,8 @@ from thorfleet.settings.layout import (
 
 
 @deploy("Watchdog")
-def run(settings, box_code=None):
-    """`box_code`: the operation that installed what the box's programs share (tasks/service.py),
+def run(settings, box_code=()):
+    """`box_code`: the operations that installed what the box's programs share (tasks/service.py),
     which the watchdog imports: a change restarts it."""
     # The parsers the laptop's facts use too (thorfleet/readings.py), beside the watchdog that
     # imports them: box and laptop read nvpmodel, jetson_clocks and /metrics one way.
@@ -52,6 +52,6 @@ def run(settings, box_code=None):
     files.unit_enabled(name="Enable the watchdog at boot", unit=WATCHDOG_UNIT)
     system.reloaded(name="Restart the watchdog for its new code or unit (the server stays up)",
                      unit=WATCHDOG_UNIT, restart=True,
-                     _if=lambda: readings.did_change() or tool.did_change() or unit.did_change() or (
-                         box_code is not None and box_code.did_change()))
+                     _if=lambda: readings.did_change() or tool.did_change() or unit.did_change() or any(
+                         op.did_change() for op in box_code))
     system.running(name="The watchdog is running", unit=WATCHDOG_UNIT)

@@ -165,10 +165,13 @@ def unit_reads_back(s):
     assert pairs(start, "--ulimit") == [f"{k}={v}" for k, v in
                                         sorted(s.service_docker_ulimits.items())]
     mounts = [f"{s.model_dir}:/model:ro", *([f"{s.draft_dir}:/eagle:ro"] if eagle else []),
-              f"{layout.BOX_VLLM_CACHE}:/root/.cache/vllm", f"{layout.BOX_CONFIG_DIR}:/config:ro"]
+              f"{layout.BOX_VLLM_CACHE}:/root/.cache/vllm", f"{layout.BOX_CONFIG_DIR}:/config:ro",
+              f"{layout.BOX_USAGE_DIR}:{layout.BOX_USAGE_DIR}",
+              f"{layout.BOX_USAGE_CODE}:{layout.IMAGE_USAGE_HOME}/thorfleet_usage.py:ro"]
     assert pairs(start, "-v") == mounts
     env = {**RECIPE_ENV, **{k: str(v) for k, v in s.service_extra_env.items()}}
-    assert pairs(start, "-e") == [f"{k}={v}" for k, v in sorted(env.items())] + ["VLLM_API_KEY"]
+    assert pairs(start, "-e") == [f"PYTHONPATH={layout.IMAGE_USAGE_HOME}"] + [
+        f"{k}={v}" for k, v in sorted(env.items())] + ["VLLM_API_KEY"]
     assert start[start.index("vllm") - 1] == s.image_tag
     assert without_values(start) == START_SKELETON
     assert stop == ["/usr/bin/docker", "stop", "-t", str(s.rollout_drain_timeout_s + 30),

@@ -384,11 +384,11 @@ def test_the_layout_the_deploy_writes_is_the_one_the_tool_reads():
     assert tool["LAYOUT"] == layout.BOX_LAYOUT_ENV
     written = dict(line.split("=", 1) for line in layout.layout_env_text().splitlines()
                    if not line.startswith("#"))
-    # the file serves the watchdog too (RUN_DIR): thorfleet-serve reads its own keys, in order
+    # the file serves the watchdog too (RUN_DIR, USAGE_DIR): thorfleet-serve reads its own keys, in order
     assert tuple(key for key in written if key in tool["LAYOUT_KEYS"]) == tool["LAYOUT_KEYS"]
     assert written == {"STATE_DIR": layout.BOX_STATE, "CONFIG": layout.BOX_CONFIG,
                        "SECRETS_ENV": layout.BOX_SECRETS_ENV, "UNIT_DIR": layout.BOX_UNIT_DIR,
-                       "RUN_DIR": layout.BOX_RUN_LOCK_DIR}
+                       "RUN_DIR": layout.BOX_RUN_LOCK_DIR, "USAGE_DIR": layout.BOX_USAGE_DIR}
 
 
 def test_a_roll_back_never_undoes_a_key_rotation(box):

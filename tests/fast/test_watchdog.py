@@ -348,6 +348,8 @@ class Box:
         shutil.copy(TOOL, self.bin / Path(layout.BOX_WATCHDOG).name)
         shutil.copy(ROOT / "thorfleet" / "readings.py", self.bin / Path(layout.BOX_READINGS).name)
         shutil.copy(layout.FILES / "bin" / "thorfleet_box.py", self.bin / Path(layout.BOX_COMMON).name)
+        shutil.copy(layout.FILES / "bin" / "thorfleet_usage.py",
+                    self.bin / Path(layout.BOX_USAGE_CODE).name)
         for tool in ("systemctl", "docker", "nvpmodel", "jetson_clocks"):
             (self.stubs / tool).write_text(FAKE_BOX)
             (self.stubs / tool).chmod(0o755)
@@ -360,7 +362,7 @@ class Box:
         secrets.write_text(f"VLLM_API_KEY={KEY}\n")
         self.layout = tmp_path / "layout.env"
         self.layout.write_text(f"STATE_DIR={self.state_dir}\nSECRETS_ENV={secrets}\n"
-                               f"RUN_DIR={self.run_dir}\n")
+                               f"RUN_DIR={self.run_dir}\nUSAGE_DIR={tmp_path / 'usage'}\n")
         self.meminfo = tmp_path / "meminfo"
         self.meminfo.write_text("MemTotal: 127534464 kB\nMemAvailable: 99000000 kB\n")
         self.thermal = tmp_path / "thermal"

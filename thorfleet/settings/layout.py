@@ -39,6 +39,12 @@ BOX_HF_TOKEN = f"{BOX_ETC}/hf_token"
 BOX_LAYOUT_ENV = f"{BOX_ETC}/layout.env"  # where thorfleet-serve reads the paths below from
 BOX_VLLM_CACHE = "/var/cache/thorfleet/vllm"  # vLLM's compile cache, kept across restarts
 BOX_STATE = "/var/lib/thorfleet"  # proven fingerprint, last-good copies, serve.lock
+# Each client's tokens: the server's journal of its answers' usage (files/bin/thorfleet_usage.py,
+# vLLM's middleware, mounted into the container at the same path with this code beside it).
+BOX_USAGE_DIR = f"{BOX_STATE}/usage"
+BOX_USAGE_CODE = "/opt/thorfleet/bin/thorfleet_usage.py"  # also the watchdog's, for GET /usage
+IMAGE_USAGE_HOME = "/opt/thorfleet/usage"  # where the container finds it (its PYTHONPATH)
+CLIENT_HEADER = "X-Thorfleet-Client"  # the door's name of the client asking (the only one a box takes)
 # thorfleet-serve's copy of the last good version's unit (STATE_DIR/last-good/unit): what a
 # roll-back starts, so disk hygiene keeps the weights and image it names.
 BOX_LAST_GOOD_UNIT = f"{BOX_STATE}/last-good/unit"
@@ -145,6 +151,7 @@ def layout_env_text():
         "SECRETS_ENV": BOX_SECRETS_ENV,
         "UNIT_DIR": BOX_UNIT_DIR,
         "RUN_DIR": BOX_RUN_LOCK_DIR,
+        "USAGE_DIR": BOX_USAGE_DIR,
     }
     return ("# Managed by thorfleet (thorfleet/settings/layout.py): where the box's tools find their files.\n"
             + "".join(f"{key}={value}\n" for key, value in paths.items()))

@@ -223,5 +223,7 @@ class Settings:
         pyinfra's output and the box's process list, so it holds nothing derived from a secret:
         whether the server runs the live secrets is compared on the box (thorfleet-serve state's
         `secrets_proven`), so a key cannot be guessed offline from the fingerprint."""
-        parts = (self.unit_text, self.config_text)
+        # and the token counter vLLM loads (a new one is only read by a new server)
+        parts = (self.unit_text, self.config_text,
+                 (layout.FILES / "bin" / "thorfleet_usage.py").read_text())
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
