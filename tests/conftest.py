@@ -42,10 +42,12 @@ BOXES = {
     "test_bases": (13, 14),  # the newer base
     "test_gateway_pair": (2, 9),  # after the faults: and the gateway boxes gw-2 and gw-3
     "test_soak": (2, 9),  # after the gateway pair (file order): gw-2 and gw-3 too
+    "test_team": (2, 9),  # after the soak (file order): gw-2 and gw-3 with clients
 }
 # The gateway boxes a module uses besides its Thors (the sim brings up gw-1 ... gw-3).
 GATEWAYS = {"test_gateway": ("gw-1",), "test_watch": ("gw-1",), "test_workloads": ("gw-1",),
-            "test_gateway_pair": ("gw-2", "gw-3"), "test_soak": ("gw-2", "gw-3")}
+            "test_gateway_pair": ("gw-2", "gw-3"), "test_soak": ("gw-2", "gw-3"),
+            "test_team": ("gw-2", "gw-3")}
 # The boxes whose stories prove a first install from nothing (the base pulled: test_deploy's
 # first run, the air-gapped box). The others start warm, their disks holding the base already
 # (sim/fleet.py warm_disk): their stories are about what comes after.

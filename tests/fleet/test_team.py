@@ -1,0 +1,213 @@
+"""A fleet a team shares (issue 51): each client's tokens counted exactly, its budget held at the
+door, and a change of clients live on both gateways without touching a Thor.
+
+The operator lists three clients in gateway_clients on the two gateways of the pair stories:
+alice and bob (interactive), and a CI robot with a day's budget of tokens. Then, with the OpenAI
+SDK as the clients:
+- the tokens each gateway counts for alice are the usage her answers carried, whole answers and
+  streams alike, and a stream she abandons counts what the box sent before it stopped;
+- bob's stream, its server killed mid-answer (SIGKILL: no code of the server runs after), counts
+  what he had received;
+- the robot, over its day's budget, gets 429 naming tokens_per_day with a Retry-After until the
+  UTC day ends, on both gateways, and no box is asked; how far it overshot is printed;
+- alice revoked and the robot's budget raised by a run limited to the gateways (`--limit
+  gateway`): alice's key is refused on both gateways when it returns, the robot is served again,
+  bob's stream running across the change ends whole, and no counter started again.
+
+The edits that break them: the middleware not loaded (no tokens: 0 != the usage); the in-flight
+record not kept per chunk (bob's killed stream counts nothing); the door not naming the client
+to the box (the tokens are `_fleet`'s); the budget rule dropped from the template (the robot is
+served past its budget); the usage service not restarted for its new config (the robot is held
+after its budget is raised).
+
+Uses boxes 2 and 9 and the gateway boxes gw-2 and gw-3 (after the soak).
+"""
+
+import json
+import ssl
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import httpx
+import openai
+import pytest
+
+from tests.fleet.test_gateway_pair import PAIR
+from tests.helpers import box, deploy, outcome, wait_for
+
+BUDGET = 1500  # the robot's tokens_per_day: a few short answers
+
+
+@pytest.fixture(scope="module")
+def team(sim_fleet, my_boxes, tmp_path_factory):
+    """The pair converged with three clients: (converge(clients), endpoint, keys, tls)."""
+    workdir = tmp_path_factory.mktemp("team")
+    folder = workdir / "clients"
+    paths = {name: str(folder / f"{name}.key") for name in ("alice", "bob", "ci")}
+    clients = {"alice": paths["alice"], "bob": paths["bob"],
+               "ci": {"key_file": paths["ci"], "tokens_per_day": BUDGET, "priority": "batch",
+                      "models": ["mistral-small-4"]}}
+    report_path = workdir / "report.json"
+
+    def converge(name, clients, *args):
+        inventory = sim_fleet.write_inventory(
+            workdir / f"{name}.py", hosts=my_boxes,
+            gateway=[(g, {"gateway_clients": clients}) for g in PAIR],
+            extra_data={"rollout_report_path": str(report_path)})
+        return deploy(inventory, *args)
+
+    for gateway in PAIR:
+        sim_fleet.heal(gateway)
+    run = converge("team", clients)
+    assert run.returncode == 0, outcome(run, PAIR[0])
+    endpoint = json.loads(report_path.read_text())["endpoint"]
+    keys = {name: (folder / f"{name}.key").read_text().strip() for name in paths}
+    tls = ssl.create_default_context(cafile=endpoint["ca_file"])
+    return converge, clients, endpoint, keys, tls
+
+
+def sdk(team, name, gateway=None, sim_fleet=None):
+    """The OpenAI SDK as a client writes it, with `name`'s key, trusting the fleet's CA; with
+    `gateway`, that gateway on its own address (the certificate names the shared one)."""
+    _, _, endpoint, keys, tls = team
+    url = endpoint["url"]
+    if gateway:
+        url = f"https://{sim_fleet.ip(gateway)}:{url.rsplit(':', 1)[1]}"
+        tls = ssl.create_default_context(cafile=endpoint["ca_file"])
+        tls.check_hostname = False
+    return openai.OpenAI(base_url=url + "/v1", api_key=keys[name],
+                         http_client=openai.DefaultHttpxClient(verify=tls), max_retries=0)
+
+
+def tokens(usage):
+    return usage.prompt_tokens + usage.completion_tokens
+
+
+def counted(sim_fleet, gateway, client):
+    """(prompt + completion tokens today, the client's row) as `gateway`'s usage service has
+    them (thorfleet-door-usage show, as `thorfleet status` reads it)."""
+    shown = json.loads(box(sim_fleet, gateway, "/usr/local/sbin/thorfleet-door-usage show"))
+    row = shown["clients"].get(client, {})
+    today = row.get("tokens", {}).get("today", {})
+    return today.get("prompt", 0) + today.get("completion", 0), row
+
+
+def ask(client, max_tokens, **more):
+    return client.chat.completions.create(
+        model="mistral-small-4", max_tokens=max_tokens,
+        messages=[{"role": "user", "content": "Tell me about the Thor."}], **more)
+
+
+def test_each_clients_tokens_are_the_usage_its_answers_carried(sim_fleet, team):
+    alice = sdk(team, "alice")
+    received = sum(tokens(ask(alice, n).usage) for n in (12, 40, 77))
+    for n in (25, 60):  # streams: every chunk carries the usage so far, the last the whole
+        last = [c.usage for c in ask(alice, n, stream=True) if c.usage][-1]
+        assert last.completion_tokens == n
+        received += tokens(last)
+    assert wait_for(lambda: all(counted(sim_fleet, g, "alice")[0] == received for g in PAIR),
+                    30), [counted(sim_fleet, g, "alice") for g in PAIR]
+
+    # a stream she leaves after a few chunks: what the box sent before vLLM stopped it
+    stream = ask(alice, 400, stream=True)
+    seen = [c.usage for _, c in zip(range(6), stream, strict=False) if c.usage][-1]
+    stream.close()
+    time.sleep(3)
+    now = [counted(sim_fleet, g, "alice")[0] - received for g in PAIR]
+    assert now[0] == now[1] and tokens(seen) <= now[0] < seen.prompt_tokens + 400, (now, seen)
+
+
+def test_a_stream_whose_server_is_killed_counts_what_its_client_had(sim_fleet, team, my_boxes):
+    bob = sdk(team, "bob")
+    before = counted(sim_fleet, PAIR[0], "bob")[0]
+    stream = ask(bob, 2000, stream=True)
+    seen = []
+    for chunk in stream:
+        if chunk.usage:
+            seen.append(chunk.usage)
+        if len(seen) == 10:
+            break
+    serving = [t for t in my_boxes if box(sim_fleet, t, "ls /var/lib/thorfleet/usage/inflight")]
+    assert len(serving) == 1, serving
+    box(sim_fleet, serving[0], "docker kill --signal KILL thorfleet-vllm")
+    try:
+        for chunk in stream:  # what was on the way when it died
+            if chunk.usage:
+                seen.append(chunk.usage)
+    except (httpx.HTTPError, openai.APIError):
+        pass
+    assert seen[-1].completion_tokens < 2000  # cut, not finished
+    had = tokens(seen[-1])
+    assert wait_for(lambda: all(counted(sim_fleet, g, "bob")[0] - before == had for g in PAIR),
+                    30), ([counted(sim_fleet, g, "bob")[0] - before for g in PAIR], had)
+    # systemd starts it again; the next start moves the record into the day's journal, once
+    assert wait_for(lambda: box(sim_fleet, serving[0], "ls /var/lib/thorfleet/usage/inflight")
+                    == "", 300, every=5)
+    assert all(counted(sim_fleet, g, "bob")[0] - before == had for g in PAIR)
+
+
+def test_a_client_over_its_days_budget_is_refused_at_the_door_on_both_gateways(sim_fleet, team,
+                                                                                my_boxes):
+    ci = sdk(team, "ci")
+    spent, refused = 0, None
+    for _ in range(40):
+        try:
+            spent += tokens(ask(ci, 150).usage)
+        except openai.RateLimitError as error:
+            refused = error
+            break
+        time.sleep(0.5)
+    assert refused is not None, spent
+    said = refused.response.json()["error"]
+    assert "tokens_per_day" in said["message"] and str(BUDGET) in said["message"], said
+    midnight = (datetime.now(timezone.utc) + timedelta(days=1)).replace(
+        hour=0, minute=0, second=0, microsecond=0)
+    retry = int(refused.response.headers["Retry-After"])
+    assert 0 < retry <= (midnight - datetime.now(timezone.utc)).total_seconds() + 2, retry
+    print(f"the robot spent {spent} tokens of a {BUDGET}-token day: {spent - BUDGET} over")
+    # each gateway on its own address refuses it too, and no box is asked
+    journals = {t: box(sim_fleet, t, "cat /var/lib/thorfleet/usage/*.jsonl | wc -l")
+                for t in my_boxes}
+    for gateway in PAIR:
+        with pytest.raises(openai.RateLimitError):
+            ask(sdk(team, "ci", gateway, sim_fleet), 5)
+        assert counted(sim_fleet, gateway, "ci")[1]["refused"]["budget"] >= 1
+    assert journals == {t: box(sim_fleet, t, "cat /var/lib/thorfleet/usage/*.jsonl | wc -l")
+                        for t in journals}
+
+
+def test_a_change_limited_to_the_gateways_is_live_on_both_and_drops_no_stream(sim_fleet, team,
+                                                                               my_boxes):
+    converge, clients, _, _, _ = team
+    requests_before = {g: counted(sim_fleet, g, "ci")[1]["requests"] for g in PAIR}
+    streamed = []
+    bob = sdk(team, "bob")
+    stream = threading.Thread(target=lambda: streamed.append(
+        [c.usage for c in ask(bob, 300, stream=True) if c.usage][-1]))
+    stream.start()
+    time.sleep(1)
+    changed = {"bob": clients["bob"], "ci": {**clients["ci"], "tokens_per_day": 10_000_000}}
+    started = time.monotonic()
+    run = converge("change", changed, "--limit", "gateway")
+    took = time.monotonic() - started
+    assert run.returncode == 0, outcome(run, PAIR[0])
+    assert all(f"[{t}]" not in run.stderr for t in my_boxes), "a Thor was touched"
+    for gateway in PAIR:  # alice is refused on each gateway, the run returned
+        with pytest.raises(openai.AuthenticationError):
+            ask(sdk(team, "alice", gateway, sim_fleet), 5)
+    stream.join(timeout=120)
+    assert streamed and streamed[0].completion_tokens == 300, streamed
+    # the robot's new budget reaches the door's usage service: served again
+    assert wait_for(lambda: _served(sdk(team, "ci")), 30)
+    print(f"the change took {took:.1f} s from the command to its return")
+    for gateway in PAIR:  # its counts went on: a reload, not a new table
+        assert counted(sim_fleet, gateway, "ci")[1]["requests"] > requests_before[gateway]
+
+
+def _served(client):
+    try:
+        ask(client, 5)
+        return True
+    except openai.RateLimitError:
+        return False
