@@ -27,7 +27,13 @@ import jinja2
 
 from thorfleet.gateway import tls
 from thorfleet.gateway.monitor import target
-from thorfleet.gateway.policy import AT_SHARE_CLASS, PRIORITY_CLASS, fair_share, policies
+from thorfleet.gateway.policy import (
+    AT_SHARE_CLASS,
+    PRIORITY_CLASS,
+    TOKEN_BUDGETS,
+    fair_share,
+    policies,
+)
 from thorfleet.settings import layout
 from thorfleet.settings.recipe import (
     BODY_BYTES_PER_TOKEN,
@@ -444,10 +450,11 @@ class GatewaySettings(Checked):
 
     @cached_property
     def policies(self):
-        """{client name: its ClientPolicy}: its own limits, models and priority, else the
-        fleet's (gateway_client_*)."""
+        """{client name: its ClientPolicy}: its own limits, models, priority and token
+        budgets, else the fleet's (gateway_client_*)."""
         return policies(self.gateway_clients, self.gateway_client_max_inflight,
-                        self.gateway_client_requests_per_minute)
+                        self.gateway_client_requests_per_minute,
+                        {name: getattr(self, f"gateway_client_{name}") for name in TOKEN_BUDGETS})
 
     @cached_property
     def client_keys(self) -> dict[str, str]:
