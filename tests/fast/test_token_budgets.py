@@ -374,3 +374,65 @@ def test_a_client_over_its_days_budget_is_refused_at_the_door_and_another_is_ser
         assert "alice" not in budget_rows(tmp_path)
         with usage_service(tmp_path, g):
             assert until(lambda: "alice" in budget_rows(tmp_path)), budget_rows(tmp_path)
+
+
+# --- the deploy: the map made empty when missing, never written; the config shipped --------------
+
+def planned(tmp_path, box, monkeypatch):
+    """{operation name: [command text]} of the gateway task's budget steps (its runtime maps, and
+    the usage service) planned and executed against `box`'s facts (fact -> value), none read."""
+    from pyinfra.api import Config, FileUploadCommand, State
+    from pyinfra.api.state import StateStage
+    from pyinfra.context import ctx_host, ctx_inventory, ctx_state
+
+    from tasks import gateway as task
+    from tests.fast.test_gateway_render import inventory
+    from thorfleet.settings.hosts import settings_for_inventory
+
+    monkeypatch.setenv("THORFLEET_BATCH_READS", "0")  # each read from the table, no round trip
+    files = client_files(tmp_path, alice=KEYS["alice"])
+    inv = inventory(tmp_path, gateway_data={"gateway_clients": {
+        "alice": {"key_file": files["alice"], "tokens_per_day": 2_000_000}}})
+    g = settings_for_inventory(inv)["gw-1"]
+    state = State(check_for_changes=False)
+    state.init(inv, Config())
+    state.current_stage = StateStage.Prepare
+    h = inv.get_host("gw-1")
+    h.get_fact = lambda fact, **kwargs: box.get(fact, fact().default() if hasattr(
+        fact, "default") else None)
+    with ctx_state.use(state), ctx_inventory.use(inv), ctx_host.use(h):
+        task._runtime_maps(g)
+        task._door_usage(g)
+        found = {}
+        for op_hash in state.get_op_order():
+            if op_hash in state.ops[h]:
+                op = state.ops[h][op_hash]
+                found[", ".join(state.op_meta[op_hash].names)] = [
+                    "upload" if isinstance(c, FileUploadCommand) else str(getattr(c, "value", c))
+                    for c in op.command_generator()]
+    return g, found
+
+
+def test_the_deploy_makes_the_budget_map_only_when_missing_and_ships_the_config(
+        tmp_path, monkeypatch):
+    from pyinfra.facts.files import File
+
+    from thorfleet import facts
+
+    make = "Make the budget map empty when missing (the usage service keeps it)"
+    held = {"user": "root", "group": "root", "mode": 600, "size": 52}  # alice, over her budget
+    folder = {"type": "directory", "mode": "700", "user": "root", "group": "root"}
+    g, kept = planned(tmp_path, {File: held, facts.PathState: folder}, monkeypatch)
+    assert g.runtime_maps == (layout.GATEWAY_BUDGET_MAP,)
+    assert kept[make] == [], kept[make]  # there: nothing written, alice held through the run
+    _, made = planned(tmp_path, {File: None, facts.PathState: None}, monkeypatch)
+    text = "\n".join(made[make])
+    assert f"touch {layout.GATEWAY_BUDGET_MAP}" in text and "chmod 600" in text, made[make]
+    assert not any("upload" in c or ">" in c for c in made[make])
+    config = next(name for name in made if name.startswith("Write the usage service's config"))
+    assert "1 token budget(s)" in config and made[config][1] == "upload", made[config]
+    assert json.loads(g.usage_config_text) == {
+        "boxes": [{"name": "thor-1", "address": "10.0.0.1", "port": 9105},
+                  {"name": "thor-2", "address": "10.0.0.2", "port": 9105}],
+        "clients": {"alice": {**NONE, "tokens_per_day": 2_000_000}},
+        "interval_s": 2, "timeout_s": 1}
