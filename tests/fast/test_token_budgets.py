@@ -6,8 +6,14 @@ it in the budget map, which HAProxy reads to answer 429 with Retry-After before 
 The decisions are tables; the door is HAProxy itself on the rendered config, in front of
 stand-in boxes whose watchdogs answer /usage, with the usage service running as its unit runs it.
 
-The edits that break them (each seen failing once; docs/gateway.md lists them): see the report
-of the branch that added them, and docs/gateway.md's "Token budgets".
+The edits that break them (each seen failing once; docs/gateway.md "Token budgets" lists them):
+the set-header rule dropped or made add-header; the budget 429 dropped; Retry-After the map's
+epoch itself; the gpt0 count dropped; the map's file never written; the kept counts not read at
+start; next_month's December in the same year; a second 60 s old kept in the window; `>` for
+`>=`; an earlier day's answer giving its day; a count below 0 taken; a client name no label
+holds kept; every wanted row set again; ';' taken in a runtime API word; a map key starting with
+'#'; the map value's budget first; a client no box counted looked up by index; the deploy
+writing the budget map at every run.
 """
 
 import calendar
