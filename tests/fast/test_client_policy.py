@@ -8,7 +8,8 @@ map's lookup dropped (`acl over_inflight sc_conn_cur(0) gt 4`); the 403 rule for
 dropped; the client-models map's answer replaced by the fleet's list; the `set-priority-class
 var(txn.class)` rule dropped; the at-share `set-priority-class ...,add(2)` rules dropped; the
 clients table without `peers door` (after a reload alice has no row: `assert (None, None) ==
-(3, 3)`).
+(3, 3)`); a client's token budget under 1,000 taken (schema.client_entry_problems); the budget
+order check not called (hosts.py); a client's own budgets ignored for the fleet's (policies).
 """
 
 import re
