@@ -19,6 +19,7 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.operations import files as pyinfra_files
 from pyinfra.operations import systemd
 
 from thorfleet import facts
@@ -31,6 +32,7 @@ from thorfleet.operations import files, gateway, preflight, system
 from thorfleet.run.runstate import run_state
 from thorfleet.run.snapshot import read
 from thorfleet.settings.layout import (
+    BOX_ETC,
     BOX_FIREWALL,
     BOX_UNIT_DIR,
     FILES,
@@ -42,6 +44,8 @@ from thorfleet.settings.layout import (
     GATEWAY_CONFIG,
     GATEWAY_DOOR_CHECK,
     GATEWAY_DOOR_USAGE,
+    GATEWAY_DOOR_USAGE_CONFIG,
+    GATEWAY_DOOR_USAGE_STATE,
     GATEWAY_DOOR_USAGE_UNIT,
     GATEWAY_INFLIGHT_MAP,
     GATEWAY_MODELS_MAP,
@@ -76,6 +80,7 @@ def run(g, lock=True):
                      src=str(FILES / "bin" / "thorfleet-rotation"), path=GATEWAY_ROTATION,
                      mode="755")
     keys = _door_maps(g)  # before the config: `haproxy -c` reads the maps it names
+    _runtime_maps(g)  # ...those the door's programs keep too
     # before the config too: it names the level file. A run dying before the reload leaves it
     # unread: HAProxy reads it with its config, and the check asks HAProxy (door-check)
     level = _level(g)
@@ -190,28 +195,53 @@ def _door_maps(g):
     return lambda: any(op.did_change() for op in ops)
 
 
+def _runtime_maps(g):
+    """With gateway_clients, the budget map (thorfleet-door-usage's, in its state folder): made
+    empty when missing, never written (pyinfra's files.file touches no content), so a run
+    leaves every client the door holds over a budget held."""
+    if not g.runtime_maps:
+        return
+    files.directory(name="Create the usage service's state folder (root-only)",
+                    path=GATEWAY_DOOR_USAGE_STATE, mode="700")
+    for path in g.runtime_maps:
+        pyinfra_files.file(name="Make the budget map empty when missing (the usage service "
+                                "keeps it)", path=path, user="root", group="root", mode="600")
+
+
 def _door_usage(g):
-    """With gateway_clients, each client's counts served to Prometheus on loopback
-    (files/bin/thorfleet-door-usage, from HAProxy's table of them); without, none of it."""
+    """With gateway_clients, each client's counts served to Prometheus on loopback and its
+    token budgets held at the door (files/bin/thorfleet-door-usage, from HAProxy's table and
+    the boxes' counts, by the config written here); without, none of it."""
     unit_path = f"{BOX_UNIT_DIR}/{GATEWAY_DOOR_USAGE_UNIT}"
     if not g.gateway_clients:
-        system.stopped(name="No gateway_clients: no usage exporter", unit=GATEWAY_DOOR_USAGE_UNIT)
-        files.absent(name="No gateway_clients: no usage exporter at boot",
+        system.stopped(name="No gateway_clients: no usage service", unit=GATEWAY_DOOR_USAGE_UNIT)
+        files.absent(name="No gateway_clients: no usage service at boot",
                      path=f"{BOX_UNIT_DIR}/multi-user.target.wants/{GATEWAY_DOOR_USAGE_UNIT}")
-        files.absent(name="No gateway_clients: no usage exporter unit", path=unit_path)
-        files.absent(name="No gateway_clients: no usage exporter tool", path=GATEWAY_DOOR_USAGE)
+        files.absent(name="No gateway_clients: no usage service unit", path=unit_path)
+        files.absent(name="No gateway_clients: no usage service tool", path=GATEWAY_DOOR_USAGE)
+        files.absent(name="No gateway_clients: no usage service config",
+                     path=GATEWAY_DOOR_USAGE_CONFIG)
+        files.absent(name="No gateway_clients: no budget map, nor the boxes' last counts",
+                     path=GATEWAY_DOOR_USAGE_STATE)
         return
-    tool = files.whole_file(name="Install the usage exporter (each client's counts, read only)",
+    tool = files.whole_file(name="Install the usage service (each client's counts and budgets)",
                             src=str(FILES / "bin" / "thorfleet-door-usage"),
                             path=GATEWAY_DOOR_USAGE, mode="755")
+    files.directory(name=f"Create {BOX_ETC}", path=BOX_ETC, mode="755")
+    budgets = sum(v is not None for p in g.policies.values() for v in p.budgets.values())
+    config = files.whole_file(
+        name=f"Write the usage service's config: {len(g.backends)} box(es) asked every "
+             f"{g.usage_config['interval_s']} s, {budgets} token budget(s)",
+        src=StringIO(g.usage_config_text), path=GATEWAY_DOOR_USAGE_CONFIG, mode="644")
     unit = files.whole_file(name="Install its unit (127.0.0.1:9106, for Prometheus)",
                             src=str(FILES / "systemd" / GATEWAY_DOOR_USAGE_UNIT), path=unit_path,
                             mode="644")
-    systemd.daemon_reload(name="systemd reads the usage exporter's unit", _if=unit.did_change)
-    files.unit_enabled(name="Enable the usage exporter at boot", unit=GATEWAY_DOOR_USAGE_UNIT)
-    system.reloaded(name="Restart the usage exporter for its new code", unit=GATEWAY_DOOR_USAGE_UNIT,
-                    restart=True, _if=lambda: tool.did_change() or unit.did_change())
-    system.running(name="The usage exporter is running", unit=GATEWAY_DOOR_USAGE_UNIT)
+    systemd.daemon_reload(name="systemd reads the usage service's unit", _if=unit.did_change)
+    files.unit_enabled(name="Enable the usage service at boot", unit=GATEWAY_DOOR_USAGE_UNIT)
+    system.reloaded(name="Restart the usage service for its new code or config",
+                    unit=GATEWAY_DOOR_USAGE_UNIT, restart=True,
+                    _if=lambda: tool.did_change() or unit.did_change() or config.did_change())
+    system.running(name="The usage service is running", unit=GATEWAY_DOOR_USAGE_UNIT)
 
 
 @deploy("Firewall")

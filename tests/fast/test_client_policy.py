@@ -8,7 +8,8 @@ map's lookup dropped (`acl over_inflight sc_conn_cur(0) gt 4`); the 403 rule for
 dropped; the client-models map's answer replaced by the fleet's list; the `set-priority-class
 var(txn.class)` rule dropped; the at-share `set-priority-class ...,add(2)` rules dropped; the
 clients table without `peers door` (after a reload alice has no row: `assert (None, None) ==
-(3, 3)`).
+(3, 3)`); a client's token budget under 1,000 taken (schema.client_entry_problems); the budget
+order check not called (hosts.py); a client's own budgets ignored for the fleet's (policies).
 """
 
 import re
@@ -52,13 +53,17 @@ def test_a_request_waits_by_priority_then_behind_others_once_its_client_has_its_
 
 
 @pytest.mark.parametrize("entry, expected", [
-    ("~/a.key", ClientPolicy("a", "~/a.key", 4, 120)),
-    ({"key_file": "~/a.key"}, ClientPolicy("a", "~/a.key", 4, 120)),
+    ("~/a.key", ClientPolicy("a", "~/a.key", 4, 120, tokens_per_day=10**6)),
+    ({"key_file": "~/a.key"}, ClientPolicy("a", "~/a.key", 4, 120, tokens_per_day=10**6)),
     ({"key_file": "~/a.key", "max_inflight": 1, "requests_per_minute": 10, "models": ["m"],
-      "priority": "batch"}, ClientPolicy("a", "~/a.key", 1, 10, ("m",), "batch")),
+      "priority": "batch"}, ClientPolicy("a", "~/a.key", 1, 10, ("m",), "batch", None, 10**6)),
+    # its own budgets; None: no budget for it, though the fleet has one
+    ({"key_file": "~/a.key", "tokens_per_minute": 5000, "tokens_per_day": None},
+     ClientPolicy("a", "~/a.key", 4, 120, tokens_per_minute=5000)),
 ])
 def test_a_client_takes_the_fleets_limits_for_what_it_does_not_set(entry, expected):
-    assert policies({"a": entry}, 4, 120) == {"a": expected}
+    fleet = {"tokens_per_minute": None, "tokens_per_day": 10**6, "tokens_per_month": None}
+    assert policies({"a": entry}, 4, 120, fleet) == {"a": expected}
 
 
 # --- refused by check, naming the client, the key and the fix ------------------------------------
@@ -77,8 +82,17 @@ def test_a_client_takes_the_fleets_limits_for_what_it_does_not_set(entry, expect
     ({"models": []}, "gateway_clients['ci']: models=[] lets it call no model"),
     ({"priority": "urgent"}, ("gateway_clients['ci']: priority='urgent' is not a priority: use "
                              "'interactive' or 'batch'")),
-    ({"tokens_per_minute": 1000}, ("gateway_clients['ci'] has 'tokens_per_minute', not a key of a "
-                                  "client's policy: use key_file, max_inflight")),
+    ({"tokens_per_hour": 1000}, ("gateway_clients['ci'] has 'tokens_per_hour', not a key of a "
+                                "client's policy: use key_file, max_inflight, requests_per_minute, "
+                                "tokens_per_minute, tokens_per_day, tokens_per_month")),
+    ({"tokens_per_day": 999}, ("gateway_clients['ci']: tokens_per_day=999 must be a whole number "
+                              "of tokens, at least 1000 (less serves not one turn: a typo); None "
+                              "for no budget, or leave it out for the fleet's "
+                              "gateway_client_tokens_per_day")),
+    ({"tokens_per_month": 1.5e6}, ("gateway_clients['ci']: tokens_per_month=1500000.0 must be a "
+                                  "whole number of tokens")),
+    ({"tokens_per_minute": "5000"}, "tokens_per_minute='5000' must be a whole number of tokens"),
+    ({"tokens_per_minute": True}, "tokens_per_minute=True must be a whole number of tokens"),
     ({"key_file": None}, "gateway_clients['ci'] has no key_file: add \"key_file\""),
 ])
 def test_a_policy_that_cannot_hold_is_refused_naming_client_key_and_fix(tmp_path, policy, said):
@@ -88,6 +102,52 @@ def test_a_policy_that_cannot_hold_is_refused_naming_client_key_and_fix(tmp_path
         settings_for_inventory(inventory(tmp_path, gateway_data={"gateway_clients": {
             "ci": entry}}))
     assert any(said in p for p in error.value.problems), error.value.problems
+
+
+FLEET = "(the fleet's gateway_client_tokens_per_{})"
+
+
+@pytest.mark.parametrize("fleet, own, said", [
+    ({}, {"tokens_per_minute": 50000, "tokens_per_day": 20000},
+     [("gateway_clients['ci']: tokens_per_minute=50000 is above tokens_per_day=20000: it could "
+       "never be spent; lower tokens_per_minute or raise tokens_per_day")]),
+    ({}, {"tokens_per_day": 2000000, "tokens_per_month": 1000000},
+     [("gateway_clients['ci']: tokens_per_day=2000000 is above tokens_per_month=1000000: it could "
+       "never be spent; lower tokens_per_day or raise tokens_per_month")]),
+    # no day budget between them: a minute's is held to the month's
+    ({}, {"tokens_per_minute": 90000, "tokens_per_month": 50000},
+     [("gateway_clients['ci']: tokens_per_minute=90000 is above tokens_per_month=50000: it could "
+       "never be spent; lower tokens_per_minute or raise tokens_per_month")]),
+    # after the fleet's are filled in: its own day under the fleet's minute
+    ({"gateway_client_tokens_per_minute": 10000}, {"tokens_per_day": 5000},
+     [(f"gateway_clients['ci']: tokens_per_minute=10000 {FLEET.format('minute')} is above "
+       "tokens_per_day=5000: it could never be spent; lower tokens_per_minute or raise "
+       "tokens_per_day")]),
+    ({"gateway_client_tokens_per_month": 3000000}, {"tokens_per_day": 4000000},
+     [(f"gateway_clients['ci']: tokens_per_day=4000000 is above tokens_per_month=3000000 "
+       f"{FLEET.format('month')}: it could never be spent; lower tokens_per_day or raise "
+       "tokens_per_month")]),
+    # the fleet's own pair is said once, as the fleet's settings, not for each client
+    ({"gateway_client_tokens_per_day": 5000, "gateway_client_tokens_per_month": 4000}, {},
+     [("gateway_client_tokens_per_day=5000 is above gateway_client_tokens_per_month=4000: it "
+       "could never be spent; lower gateway_client_tokens_per_day or raise "
+       "gateway_client_tokens_per_month")]),
+    # None is no budget for this client, whatever the fleet's: nothing to be above
+    ({"gateway_client_tokens_per_minute": 10000}, {"tokens_per_minute": None,
+                                                  "tokens_per_day": 5000}, []),
+    ({"gateway_client_tokens_per_minute": 10000}, {"tokens_per_day": 10000}, []),  # equal holds
+])
+def test_a_budget_it_could_never_spend_is_refused_once_the_fleets_are_filled_in(
+        tmp_path, fleet, own, said):
+    files = client_files(tmp_path, ci=KEYS["ci"], me=KEYS["alice"])
+    data = {"gateway_clients": {"ci": {"key_file": files["ci"], **own}, "me": files["me"]},
+            **fleet}
+    try:
+        settings_for_inventory(inventory(tmp_path, gateway_data=data))
+        problems = []
+    except SettingsError as error:
+        problems = error.problems
+    assert problems == [f"gw-1: {line}" for line in said]
 
 
 def test_a_whole_policy_renders_a_config_haproxy_takes(tmp_path):

@@ -433,6 +433,9 @@ def gateway_files(folder, g, since, address):
     for path, text in g.maps.items():  # the door's maps, as the run writes them
         (folder / path.rsplit("/", 1)[1]).write_text(text)
         config = config.replace(path, str(folder / path.rsplit("/", 1)[1]))
+    for path in g.runtime_maps:  # ...and the ones it makes empty when missing
+        (folder / path.rsplit("/", 1)[1]).touch()
+        config = config.replace(path, str(folder / path.rsplit("/", 1)[1]))
     for path, mine in ((layout.GATEWAY_PEM, "gateway.pem"), (layout.GATEWAY_LEVEL, "level"),
                        (layout.GATEWAY_ADMIN_SOCKET, "admin.sock"),
                        (layout.GATEWAY_SERVER_STATE, "server-state")):

@@ -34,6 +34,7 @@ from thorfleet.gateway.config import (
     haproxy_word,
     nft_word,
 )
+from thorfleet.gateway.policy import TOKEN_BUDGETS
 from thorfleet.settings import hosts, layout, schema
 from thorfleet.settings.hosts import SettingsError, settings_for_inventory
 from thorfleet.settings.roles import gateway_of, is_gateway, is_thor, thors
@@ -59,6 +60,10 @@ def local_config(tmp_path, g) -> str:
     for path, text in {layout.GATEWAY_PEM: g.pem, **g.maps}.items():
         here = tmp_path / path.rsplit("/", 1)[1]
         here.write_text(text)
+        config = config.replace(path, str(here))
+    for path in g.runtime_maps:  # the door's programs keep them: made empty when missing
+        here = tmp_path / path.rsplit("/", 1)[1]
+        here.touch()
         config = config.replace(path, str(here))
     return config
 
@@ -444,13 +449,14 @@ def test_a_gateway_that_dials_a_family_its_firewall_source_is_not_is_refused(tmp
 
 @contextlib.contextmanager
 def running_door(tmp_path, thors=1, gateway_data=None, servers_out=None, thor_data=(),
-                 handlers=()):
+                 handlers=(), watchdogs=()):
     """HAProxy itself on the rendered config of a gateway at ::1 in front of `thors` Thors at ::1
     (stand-ins answering on their vLLM and watchdog ports; `thor_data`: each one's own host data,
-    in order; `handlers`: each one's vLLM stand-in, _Box where none): yields (the door's port,
-    its settings, the running HAProxy)."""
-    servers = [_Server6(("::1", 0), handlers[n // 2] if n % 2 == 0 and n // 2 < len(handlers)
-                        else _Box) for n in range(2 * thors)]
+    in order; `handlers`, `watchdogs`: each one's vLLM and watchdog stand-in, _Box where none):
+    yields (the door's port, its settings, the running HAProxy)."""
+    own = [handlers, watchdogs]
+    servers = [_Server6(("::1", 0), own[n % 2][n // 2] if n // 2 < len(own[n % 2]) else _Box)
+               for n in range(2 * thors)]
     if servers_out is not None:
         servers_out.extend(servers)
     for server in servers:
@@ -953,7 +959,13 @@ def test_the_usage_tool_reads_where_the_deploy_puts_things():
     unit = (layout.FILES / "systemd" / layout.GATEWAY_DOOR_USAGE_UNIT).read_text()
     host, port = layout.GATEWAY_DOOR_USAGE_LISTEN
     assert (tool.SOCKET, tool.TABLE) == (layout.GATEWAY_ADMIN_SOCKET, layout.GATEWAY_CLIENT_TABLE)
+    assert (tool.CONFIG, tool.STATE, tool.MAP) == (
+        layout.GATEWAY_DOOR_USAGE_CONFIG, layout.GATEWAY_DOOR_USAGE_STATE,
+        layout.GATEWAY_BUDGET_MAP)
+    assert tool.BUDGETS == TOKEN_BUDGETS
     assert f"{layout.GATEWAY_DOOR_USAGE} serve --listen {host}:{port}" in unit
+    # its state folder, the one it may write (ProtectSystem=strict), is systemd's to make
+    assert f"StateDirectory={layout.GATEWAY_DOOR_USAGE_STATE.removeprefix('/var/lib/')}" in unit
     assert tool.CLIENT.pattern == schema.CLIENT_NAME.pattern
 
 
@@ -968,21 +980,25 @@ def test_each_clients_usage_is_counted_at_the_door_and_exported(tmp_path):
         time.sleep(0.5)
         assert ask(door, g, "/v1/models", keys["alice"])[0] == 429  # over her limit
         shown = subprocess.run([sys.executable, str(USAGE), "show", "--socket",
-                                str(tmp_path / "admin.sock")], capture_output=True, text=True,
-                               check=True, timeout=30)
+                                str(tmp_path / "admin.sock"), "--config",
+                                str(tmp_path / "none.json"), "--state", str(tmp_path / "none")],
+                               capture_output=True, text=True, check=True, timeout=30)
         slow.join(10)
         assert ask(door, g, "/v1/nothing-here", keys["bob"])[0] == 200  # the stand-in answers all
         text = usage_tool().ask(str(tmp_path / "admin.sock"), "show table clients")
     usage = json.loads(shown.stdout)["clients"]
+    nothing = {"prompt": 0, "cached": 0, "completion": 0}
     assert usage["alice"] == {"requests": 2, "answers_4xx": 0, "answers_5xx": 0,
-                              "refused": {"in_flight": 1, "rate": 0}, "in_flight": 1}, usage
+                              "refused": {"in_flight": 1, "rate": 0, "budget": 0},
+                              "in_flight": 1, "tokens": {"today": nothing, "month": nothing},
+                              "budget_left": dict.fromkeys(TOKEN_BUDGETS)}, usage
     assert set(usage) == {"alice"}  # bob had not asked yet
     tool = usage_tool()
     exported = tool.metrics(tool.rows(text))
     assert 'thorfleet_door_requests_total{client="alice"} 2' in exported, exported
     assert 'thorfleet_door_refused_total{client="alice",reason="in_flight"} 1' in exported
     assert 'thorfleet_door_requests_total{client="bob"} 1' in exported
-    assert exported.count("# TYPE ") == 4 and len(exported.splitlines()) == 4 * 2 + 6 * 2
+    assert exported.count("# TYPE ") == 4 and len(exported.splitlines()) == 4 * 2 + 7 * 2
 
 
 def test_prometheus_scrapes_the_doors_usage_only_where_it_runs_beside_it(tmp_path):

@@ -88,9 +88,12 @@ VALID = {
     "monitor_retention": ["15d", "1w2d", "90m", "1y2w3d4h5m6s7ms"],
 }
 STRINGS = sorted(VALID)
+# A valid value of each number setting whose default is None (not set).
+UNSET_NUMBERS = {"memory_min_available_gib": 1.0,
+                 **{key: 2_000_000 for key in schema.CLIENT_BUDGETS.values()}}
 NUMBERS = sorted(k for k, f in schema.FIELDS.items()
                  if isinstance(f.default, (int, float)) and not isinstance(f.default, bool)
-                 or k == "memory_min_available_gib")
+                 or k in UNSET_NUMBERS)
 MAPPINGS = ["service_docker_ulimits", "service_extra_env"]
 
 
@@ -390,7 +393,7 @@ def test_each_valid_string_is_taken_and_reads_back(key):
 @pytest.mark.parametrize("key", NUMBERS)
 def test_each_numbers_default_is_taken_and_reads_back(key):
     default = schema.FIELDS[key].default
-    accepted(key, 1.0 if default is None else default)  # None: memory_min_available_gib's
+    accepted(key, UNSET_NUMBERS[key] if default is None else default)
 
 
 @pytest.mark.parametrize("key, value", [("service_docker_ulimits", {"memlock": "-1"}),

@@ -469,11 +469,24 @@ def test_status_counts_the_boxes_serving_each_model(serving, said):
 def test_the_doors_clients_are_a_line_each_or_one_line_saying_why_not():
     answer = status.Reply({"clients": {"alice": {
         "requests": 12, "answers_4xx": 1, "answers_5xx": 0,
-        "refused": {"in_flight": 2, "rate": 0}, "in_flight": 1}}})
+        "refused": {"in_flight": 2, "rate": 0, "budget": 3}, "in_flight": 1,
+        "tokens": {"today": {"prompt": 1500, "cached": 1200, "completion": 300},
+                   "month": {"prompt": 25000, "cached": 9000, "completion": 5000}},
+        "budget_left": {"tokens_per_minute": None, "tokens_per_day": 0,
+                        "tokens_per_month": 970000}}}})
     assert status.client_lines(answer) == [
         "clients at the door (counted since HAProxy last started):",
         ("  alice: 12 requests, 1 at the door now; answers 4xx 1, 5xx 0; refused over its "
-         "limits: 2 at once, 0 a minute")]
+         "limits: 2 at once, 0 a minute, 3 over a budget"),
+        ("    tokens today 1,800 (cached 1,200 of prompt 1,500), this month 30,000 (cached 9,000 "
+         "of prompt 25,000); left: 0 of its tokens_per_day, 970,000 of its tokens_per_month")]
+    # an older usage tool's answer (no tokens, no budget refusals): the line it had, said unknown
+    old = status.Reply({"clients": {"bob": {"requests": 1, "answers_4xx": 0, "answers_5xx": 0,
+                                            "refused": {"in_flight": 0, "rate": 0},
+                                            "in_flight": 0}}})
+    assert status.client_lines(old)[1:] == [
+        ("  bob: 1 requests, 0 at the door now; answers 4xx 0, 5xx 0; refused over its limits: "
+         "0 at once, 0 a minute, ? over a budget")]
     assert status.client_lines(status.Reply({"clients": {}}))[-1] == "  none has asked yet"
     gone = status.reply(1, "", "sudo: /usr/local/sbin/thorfleet-door-usage: command not found",
                         what="thorfleet-door-usage show")

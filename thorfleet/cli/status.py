@@ -322,10 +322,28 @@ def client_lines(answer: Reply) -> list[str]:
         lines.append(f"  {name}: {c.get('requests', '?')} requests, {c.get('in_flight', '?')} "
                      f"at the door now; answers 4xx {c.get('answers_4xx', '?')}, 5xx "
                      f"{c.get('answers_5xx', '?')}; refused over its limits: "
-                     f"{refused.get('in_flight', '?')} at once, {refused.get('rate', '?')} a minute")
+                     f"{refused.get('in_flight', '?')} at once, {refused.get('rate', '?')} a minute"
+                     f", {refused.get('budget', '?')} over a budget")
+        if isinstance(c.get("tokens"), dict):
+            lines.append(f"    {token_line(c['tokens'], c.get('budget_left'))}")
     if not clients:
         lines.append("  none has asked yet")
     return lines
+
+
+def token_line(tokens: dict, left) -> str:
+    """A client's tokens (the boxes' counts: prompt + completion, UTC periods) and what is left
+    of each budget it has, from its `tokens` and `budget_left` in thorfleet-door-usage's JSON."""
+    def spent(period):
+        counts = tokens.get(period)
+        if not isinstance(counts, dict):
+            return "?"
+        total = sum(counts.get(kind, 0) for kind in ("prompt", "completion"))
+        return f"{total:,} (cached {counts.get('cached', 0):,} of prompt {counts.get('prompt', 0):,})"
+
+    budgets = [f"{n:,} of its {budget}" for budget, n in (left or {}).items() if n is not None]
+    return (f"tokens today {spent('today')}, this month {spent('month')}; left: "
+            f"{', '.join(budgets) or 'no budget'}")
 
 
 def _door(inventory, settings, run, timeout) -> list[str]:

@@ -27,7 +27,13 @@ import jinja2
 
 from thorfleet.gateway import tls
 from thorfleet.gateway.monitor import target
-from thorfleet.gateway.policy import AT_SHARE_CLASS, PRIORITY_CLASS, fair_share, policies
+from thorfleet.gateway.policy import (
+    AT_SHARE_CLASS,
+    PRIORITY_CLASS,
+    TOKEN_BUDGETS,
+    fair_share,
+    policies,
+)
 from thorfleet.settings import layout
 from thorfleet.settings.recipe import (
     BODY_BYTES_PER_TOKEN,
@@ -62,6 +68,11 @@ ERROR_LIMIT = 3
 # What the door's request buffers may hold at once, at worst (each connection a full buffer of
 # tune.bufsize): the door's connections are bounded by it.
 DOOR_BUFFER_BUDGET = 1 << 30
+# How often the door's usage service (files/bin/thorfleet-door-usage) asks every box for its
+# counts, and how long it waits for each: a client over a budget is refused within about one
+# interval (and a box that does not answer in time keeps its last counts).
+USAGE_INTERVAL_S = 2
+USAGE_TIMEOUT_S = 1
 # The most connections the door takes at once however small its buffer, and the room above them
 # for the runtime API and the pair's level frontend.
 DOOR_MAXCONN_CAP = 4000
@@ -377,6 +388,45 @@ class GatewaySettings(Checked):
                 for reason, (message, limit) in said.items()}
 
     @property
+    def budget_bodies(self) -> dict:
+        """The door's 429s to a client over a token budget, by budget (log-format strings naming
+        the client, its budget's tokens from the budget map, and when it frees); a day's or a
+        month's is OpenAI's insufficient_quota, a minute's a rate limit."""
+        said = {
+            "tokens_per_minute": ("rate_limit_exceeded", "any 60 s",
+                                  "it frees as its tokens of the last minute age out"),
+            "tokens_per_day": ("insufficient_quota", "UTC day", "it frees at 00:00 UTC"),
+            "tokens_per_month": ("insufficient_quota", "UTC month",
+                                 "it frees on the 1st of next month, 00:00 UTC"),
+        }
+        return {budget: lf_error_body(
+            429, kind, f"{{client}} is over its {budget} ({{tokens}} tokens, {period}): {frees}; "
+            "Retry-After says in how many seconds", client="var(txn.client)",
+            tokens="var(txn.budget),field(3,:)")
+            for budget, (kind, period, frees) in said.items()}
+
+    @property
+    def runtime_maps(self) -> tuple[str, ...]:
+        """The maps haproxy.cfg reads that the door's own programs keep, not the deploy: it makes
+        each empty when missing (HAProxy refuses a config naming a map file that is not there)
+        and never writes them. With gateway_clients: the budget map (thorfleet-door-usage)."""
+        return (layout.GATEWAY_BUDGET_MAP,) if self.gateway_clients else ()
+
+    @property
+    def usage_config(self) -> dict:
+        """What thorfleet-door-usage reads (layout.GATEWAY_DOOR_USAGE_CONFIG): every box, asked
+        for its counts at its check port (the watchdog's, as HAProxy's health check), each
+        client's token budgets (None: none), and how often and how long it asks."""
+        return {"boxes": [{"name": b.name, "address": b.address, "port": b.check_port}
+                          for b in self.backends],
+                "clients": {name: p.budgets for name, p in self.policies.items()},
+                "interval_s": USAGE_INTERVAL_S, "timeout_s": USAGE_TIMEOUT_S}
+
+    @property
+    def usage_config_text(self) -> str:
+        return json.dumps(self.usage_config, indent=1) + "\n"
+
+    @property
     def denied_bodies(self) -> dict:
         """The door's 403s to a client calling a model its `models` leaves out: naming the model
         (JSON-escaped by HAProxy's json converter), or, for a request naming none, the model it
@@ -444,10 +494,11 @@ class GatewaySettings(Checked):
 
     @cached_property
     def policies(self):
-        """{client name: its ClientPolicy}: its own limits, models and priority, else the
-        fleet's (gateway_client_*)."""
+        """{client name: its ClientPolicy}: its own limits, models, priority and token
+        budgets, else the fleet's (gateway_client_*)."""
         return policies(self.gateway_clients, self.gateway_client_max_inflight,
-                        self.gateway_client_requests_per_minute)
+                        self.gateway_client_requests_per_minute,
+                        {name: getattr(self, f"gateway_client_{name}") for name in TOKEN_BUDGETS})
 
     @cached_property
     def client_keys(self) -> dict[str, str]:

@@ -38,7 +38,9 @@ from thorfleet.settings.roles import (
 )
 from thorfleet.settings.schema import (
     API_KEY_MIN,
+    CLIENT_BUDGETS,
     SettingsError,
+    budget_problems,
     check,
     check_gateway,
     check_monitor,
@@ -408,6 +410,9 @@ def _the_gateway(inventory, settings):
                      for p in client_problems(first.gateway_clients, box_keys)]
         problems += [f"{hosts[0].name}: {p}"
                      for p in client_model_problems(first.gateway_clients, backends)]
+        fleet = {setting: getattr(first, setting) for setting in CLIENT_BUDGETS.values()}
+        problems += [f"{hosts[0].name}: {p}"
+                     for p in budget_problems(first.gateway_clients, fleet)]
     if problems:
         return {}, problems
     pair = list(zip((h.name for h in hosts), sources))
@@ -424,7 +429,8 @@ def _the_gateway(inventory, settings):
 PAIR_ALIKE = ("gateway_virtual_ip", "gateway_vrrp_router_id", "gateway_port", "gateway_names",
               "gateway_tls_cert_file", "gateway_tls_key_file", "gateway_ca_dir",
               "gateway_clients", "gateway_client_max_inflight",
-              "gateway_client_requests_per_minute", "gateway_queue_timeout_s",
+              "gateway_client_requests_per_minute", *CLIENT_BUDGETS.values(),
+              "gateway_queue_timeout_s",
               "gateway_retry_after_s", "gateway_check_interval_s")
 
 

@@ -113,6 +113,16 @@ GATEWAY_ROTATION = "/usr/local/sbin/thorfleet-rotation"  # drain/ready a box thr
 GATEWAY_DOOR_USAGE = "/usr/local/sbin/thorfleet-door-usage"  # each client's counts (gateway_clients)
 GATEWAY_DOOR_USAGE_UNIT = "thorfleet-door-usage.service"  # ...served to Prometheus on loopback
 GATEWAY_DOOR_USAGE_LISTEN = ("127.0.0.1", 9106)  # files/systemd/thorfleet-door-usage.service
+# Its config (gateway_clients' token budgets, the boxes it asks for their counts), written by the
+# deploy; its state: each box's last good answer, and the budget map it keeps HAProxy's runtime
+# copy and this file of (a client over a budget -> "<frees epoch>:<budget>:<tokens>"). State,
+# not config: rewritten as clients spend, never by the deploy, which makes it empty when missing.
+GATEWAY_DOOR_USAGE_CONFIG = f"{BOX_ETC}/door-usage.json"
+GATEWAY_DOOR_USAGE_STATE = f"{BOX_STATE}/door-usage"
+GATEWAY_BUDGET_MAP = f"{GATEWAY_DOOR_USAGE_STATE}/budget.map"
+# The door tells each box which client asks (its name, or FLEET_CLIENT without gateway_clients),
+# replacing any a client sent: the boxes count tokens per client by it.
+GATEWAY_CLIENT_HEADER = "X-Thorfleet-Client"
 GATEWAY_BACKEND = "thors"  # HAProxy's backend of the Thors' vLLM ports
 GATEWAY_CLIENT_TABLE = "clients"  # HAProxy's stick table of each client's requests (gateway_clients)
 GATEWAY_SHARE_TABLE = "client-pools"  # ...and of its requests at the door per pool (fair shares)

@@ -13,6 +13,7 @@ import difflib
 import ipaddress
 import math
 import re
+from itertools import pairwise
 from typing import Annotated, Any, Literal
 
 from packaging.version import InvalidVersion, Version
@@ -32,7 +33,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from thorfleet.cli.resolve import placeholder
-from thorfleet.gateway.policy import PRIORITY_CLASS
+from thorfleet.gateway.policy import PRIORITY_CLASS, TOKEN_BUDGETS, policies
 from thorfleet.gateway.tls import check_names
 from thorfleet.settings.layout import (
     BOX_BIN,
@@ -312,7 +313,13 @@ CLIENT_REQUESTS_PER_MINUTE_MAX = 1000000
 CLIENT_LIMITS = {"max_inflight": ("gateway_client_max_inflight", CLIENT_MAX_INFLIGHT_MAX),
                  "requests_per_minute": ("gateway_client_requests_per_minute",
                                          CLIENT_REQUESTS_PER_MINUTE_MAX)}
-CLIENT_KEYS = ("key_file", *CLIENT_LIMITS, "models", "priority")
+# A token budget's least: one turn of a conversation with Mistral's chat template and a system
+# prompt is more than 1,000 tokens (prompt and answer), so a smaller budget could not serve a
+# single turn: it is a typo (a day's budget written in thousands), not a choice.
+TOKEN_BUDGET_MIN = 1000
+# A client's token budgets and the fleet-wide settings that fill in the ones it leaves out.
+CLIENT_BUDGETS = {name: f"gateway_client_{name}" for name in TOKEN_BUDGETS}
+CLIENT_KEYS = ("key_file", *CLIENT_LIMITS, *CLIENT_BUDGETS, "models", "priority")
 
 
 def client_entry_problems(name, entry) -> list[str]:
@@ -333,6 +340,13 @@ def client_entry_problems(name, entry) -> list[str]:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
             problems.append(f"{where}: {key}={value!r} must be a whole number from 1 to {most}, "
                             f"as {fleet}; or leave it out for the fleet's {fleet}")
+    for key, fleet in CLIENT_BUDGETS.items():
+        value = entry.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < TOKEN_BUDGET_MIN):
+            problems.append(f"{where}: {key}={value!r} must be a whole number of tokens, at "
+                            f"least {TOKEN_BUDGET_MIN} (less serves not one turn: a typo); None "
+                            f"for no budget, or leave it out for the fleet's {fleet}")
     models = entry.get("models", [])
     if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
         problems.append(f"{where}: models={models!r} must be a list of model names (GET "
@@ -345,6 +359,36 @@ def client_entry_problems(name, entry) -> list[str]:
         problems.append(f"{where}: priority={priority!r} is not a priority: use "
                         f"{' or '.join(map(repr, PRIORITY_CLASS))} (the default)")
     return problems
+
+
+def budget_problems(clients, fleet: dict) -> list[str]:
+    """A token budget above the next longer one set (tokens_per_minute above tokens_per_day, a
+    day above a month), after the fleet's (`fleet`: {gateway_client_* setting: its value}) are
+    filled in: it could never be spent. Each line names the client (or the fleet settings) and
+    both keys. Run on entries client_entry_problems passed."""
+    named = {budget: fleet.get(setting) for budget, setting in CLIENT_BUDGETS.items()}
+    problems = _order_problems(named, CLIENT_BUDGETS, lambda b, v: f"{CLIENT_BUDGETS[b]}={v}")
+    for name, policy in policies(clients, 1, 1, named).items():
+        own = clients[name] if isinstance(clients[name], dict) else {}
+
+        def said(budget, value, own=own):
+            return f"{budget}={value}" + (
+                "" if budget in own else f" (the fleet's {CLIENT_BUDGETS[budget]})")
+
+        problems += [f"gateway_clients[{name!r}]: {p}" for p in _order_problems(
+            policy.budgets, {b: b for b in TOKEN_BUDGETS}, said, own)]
+    return problems
+
+
+def _order_problems(budgets, keys, said, own=None) -> list[str]:
+    """Each budget of `budgets` ({name: tokens or None}) above the next longer one set, told by
+    said(name, tokens) and mended by the setting keys[name]; with `own` (a client's entry),
+    only the pairs it sets one of (the rest are the fleet settings', said once)."""
+    set_ = [(name, tokens) for name, tokens in budgets.items() if tokens is not None]
+    return [f"{said(short, low)} is above {said(long, high)}: it could never be spent; lower "
+            f"{keys[short]} or raise {keys[long]}"
+            for (short, low), (long, high) in pairwise(set_)
+            if low > high and (own is None or short in own or long in own)]
 
 
 def _clients(clients):
@@ -714,8 +758,9 @@ class Schema(BaseModel):
     gateway_clients: Annotated[dict[StrictStr, StrictStr | dict[StrictStr, Any]],
                                AfterValidator(_clients)] | None = setting(
         None, "{client name: laptop path of its key file (chmod 600, made when missing), or a "
-        "dict of key_file and any of max_inflight, requests_per_minute, models, priority}: only "
-        "these keys open the door (None: the fleet's one key, service_api_key_file)",
+        "dict of key_file and any of max_inflight, requests_per_minute, tokens_per_minute, "
+        "tokens_per_day, tokens_per_month, models, priority}: only these keys open the door "
+        "(None: the fleet's one key, service_api_key_file)",
         "must be a dict of client name: key file path (or a dict of its key_file and policy), "
         "or None")
     gateway_client_max_inflight: Annotated[StrictInt, Field(
@@ -728,6 +773,22 @@ class Schema(BaseModel):
         120, "with gateway_clients: most requests one client starts in any minute, unless its own "
         "requests_per_minute says; over it, 429",
         f"must be a whole number from 1 to {CLIENT_REQUESTS_PER_MINUTE_MAX}")
+    gateway_client_tokens_per_minute: Annotated[StrictInt, Field(
+            ge=TOKEN_BUDGET_MIN)] | None = setting(
+        None, "with gateway_clients: most tokens (prompt + completion) one client spends in any "
+        "60 s, unless its own tokens_per_minute says; over it, 429 until it frees (None: no "
+        "budget)", f"must be a whole number of tokens, at least {TOKEN_BUDGET_MIN}, or None")
+    gateway_client_tokens_per_day: Annotated[StrictInt, Field(
+            ge=TOKEN_BUDGET_MIN)] | None = setting(
+        None, "with gateway_clients: most tokens (prompt + completion) one client spends in a "
+        "UTC day, unless its own tokens_per_day says; over it, 429 until 00:00 UTC (None: no "
+        "budget)", f"must be a whole number of tokens, at least {TOKEN_BUDGET_MIN}, or None")
+    gateway_client_tokens_per_month: Annotated[StrictInt, Field(
+            ge=TOKEN_BUDGET_MIN)] | None = setting(
+        None, "with gateway_clients: most tokens (prompt + completion) one client spends in a "
+        "UTC calendar month, unless its own tokens_per_month says; over it, 429 until the 1st "
+        "(None: no budget)",
+        f"must be a whole number of tokens, at least {TOKEN_BUDGET_MIN}, or None")
     gateway_queue_timeout_s: Annotated[StrictInt, Field(ge=1, le=86400)] = setting(
         120, "how long a request waits at the gateway for a free box before a 503",
         "must be a whole number of seconds from 1 to 86400")
