@@ -36,7 +36,7 @@ from collections import deque
 from pathlib import Path
 
 DIRECTORY = "/var/lib/thorfleet/usage"  # layout.BOX_USAGE_DIR: mounted at the same path
-CLIENT_HEADER = b"x-thorfleet-client"  # layout.CLIENT_HEADER, lower-case as ASGI gives headers
+CLIENT_HEADER = b"x-thorfleet-client"  # layout.GATEWAY_CLIENT_HEADER, lower-case as ASGI gives headers
 BOX_CLIENT = "_box"  # a request that did not come through the door
 RECORD_SIZE = 512  # an in-flight record's fixed size (a client name is 32 at most, a model's ~80)
 WINDOW_S = 60  # tokens_per_minute's window

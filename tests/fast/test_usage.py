@@ -185,5 +185,5 @@ def test_the_watchdog_answers_usage_on_its_port_and_the_paths_are_one(tmp_path):
         server.shutdown()
     assert seen["clients"]["alice"]["m"]["day"] == {"prompt": 11, "cached": 0, "completion": 4}
     assert usage.DIRECTORY == layout.BOX_USAGE_DIR
-    assert usage.CLIENT_HEADER.decode() == layout.CLIENT_HEADER.lower()
+    assert usage.CLIENT_HEADER.decode() == layout.GATEWAY_CLIENT_HEADER.lower()
     assert layout.BOX_USAGE_CODE.rsplit("/", 1)[-1] == "thorfleet_usage.py"

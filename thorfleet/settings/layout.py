@@ -44,7 +44,6 @@ BOX_STATE = "/var/lib/thorfleet"  # proven fingerprint, last-good copies, serve.
 BOX_USAGE_DIR = f"{BOX_STATE}/usage"
 BOX_USAGE_CODE = "/opt/thorfleet/bin/thorfleet_usage.py"  # also the watchdog's, for GET /usage
 IMAGE_USAGE_HOME = "/opt/thorfleet/usage"  # where the container finds it (its PYTHONPATH)
-CLIENT_HEADER = "X-Thorfleet-Client"  # the door's name of the client asking (the only one a box takes)
 # thorfleet-serve's copy of the last good version's unit (STATE_DIR/last-good/unit): what a
 # roll-back starts, so disk hygiene keeps the weights and image it names.
 BOX_LAST_GOOD_UNIT = f"{BOX_STATE}/last-good/unit"
