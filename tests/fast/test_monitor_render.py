@@ -95,7 +95,7 @@ def test_the_gateway_is_the_monitor_and_its_config_passes_promtool_check_config(
     assert isinstance(m, MonitorSettings) and m.name == "gw-1"
     checked = config_check(tmp_path, m)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 8 rules found" in checked.stdout  # the rules it names were read
+    assert "SUCCESS: 9 rules found" in checked.stdout  # the rules it names were read
     assert scraped(m) == {
         "vllm": [("10.0.0.1:8002", {"host": "thor-1"}), ("thor-2.lan:8002", {"host": "thor-2"})],
         "thorfleet": [("10.0.0.1:9105", {"host": "thor-1"}),
