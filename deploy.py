@@ -42,7 +42,7 @@ settings = settings_for_run(host.state)[host.name]
 # (gateway_role, monitor_role: its own settings, the others', or None).
 if is_gateway(host):
     gateway.run(settings.gateway_role, lock=not is_thor(host))
-# Prometheus on the gateway, or on the host of group `monitor` (which runs nothing else).
+# Prometheus on each gateway, or on the host of group `monitor` (which runs nothing else).
 if settings.monitor_role is not None:
     monitor.run(settings.monitor_role, lock=not (is_gateway(host) or is_thor(host)))
 

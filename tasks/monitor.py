@@ -1,6 +1,6 @@
 """Monitor: Prometheus scraping every Thor's vLLM and box exporter, with thorfleet's alerts.
 
-On the monitor host (inventory group `monitor`, else the gateway): Prometheus and promtool from
+On the monitor host (inventory group `monitor`, else each gateway): Prometheus and promtool from
 the distribution's packages; its scrape config rendered from the inventory (each box labelled
 with its inventory name), thorfleet's alerting rules (files/monitor/alerts.yml) and its arguments
 (loopback 127.0.0.1:9090 only, the retention), each checked by promtool before it goes live so a

@@ -27,12 +27,15 @@ from thorfleet.gateway.monitor import (
 )
 from thorfleet.settings import layout
 from thorfleet.settings.hosts import SettingsError, settings_for_inventory
-from thorfleet.settings.roles import is_thor, monitor_of, thors
+from thorfleet.settings.roles import is_thor, monitors_of, thors
 from thorfleet.settings.schema import check_monitor
 
 PINS = {"weights_model_revision": "4" * 40, "weights_draft_revision": "5" * 40,
         "image_base": "registry.example/vllm@sha256:" + "a" * 64}
 THORS = [("thor-1", {"ssh_hostname": "10.0.0.1"}), ("thor-2", {"ssh_hostname": "thor-2.lan"})]
+GATEWAY = [("gw-1", {"ssh_hostname": "10.0.0.9"})]
+PAIR = [*GATEWAY, ("gw-2", {"ssh_hostname": "10.0.0.8"})]
+VIP = {"gateway_virtual_ip": "10.0.0.50/24"}
 # Debian 12's prometheus package: how its unit reads /etc/default/prometheus.
 DEBIAN_UNIT = Path("/lib/systemd/system/prometheus.service")
 
@@ -46,7 +49,7 @@ def promtool(*args):
 
 
 def inventory(tmp_path, thor_hosts=THORS, monitor_hosts=None, gateway_data=None, monitor_data=None,
-              with_gateway=False):
+              with_gateway=False, gateway_hosts=GATEWAY):
     """Thors, and a gateway (the monitor by default) or, with `monitor_hosts`, a monitor group."""
     key = tmp_path / "api_key"
     key.write_text("sk-test-0123456789\n")
@@ -54,9 +57,9 @@ def inventory(tmp_path, thor_hosts=THORS, monitor_hosts=None, gateway_data=None,
     groups = {"thors": ([n for n, _ in thor_hosts], {**PINS, "service_api_key_file": str(key)})}
     hosts = list(thor_hosts)
     if monitor_hosts is None or with_gateway:
-        hosts.append(("gw-1", {"ssh_hostname": "10.0.0.9"}))
-        groups["gateway"] = (["gw-1"], {"gateway_ca_dir": str(tmp_path / "ca"),
-                                        **(gateway_data or {})})
+        hosts += gateway_hosts
+        groups["gateway"] = ([n for n, _ in gateway_hosts], {"gateway_ca_dir": str(tmp_path / "ca"),
+                                                             **(gateway_data or {})})
     if monitor_hosts is not None:
         hosts += monitor_hosts
         groups["monitor"] = ([n for n, _ in monitor_hosts], monitor_data or {})
@@ -80,7 +83,8 @@ def config_check(tmp_path, m):
 def scraped(m):
     """{job: [(target, labels)]} of m's config, read back."""
     config = yaml.safe_load(m.config_text)
-    return {job["job_name"]: [(t, c["labels"]) for c in job["static_configs"] for t in c["targets"]]
+    return {job["job_name"]: [(t, c.get("labels")) for c in job["static_configs"]
+                              for t in c["targets"]]
             for job in config["scrape_configs"]}
 
 
@@ -91,7 +95,7 @@ def test_the_gateway_is_the_monitor_and_its_config_passes_promtool_check_config(
     assert isinstance(m, MonitorSettings) and m.name == "gw-1"
     checked = config_check(tmp_path, m)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 8 rules found" in checked.stdout  # the rules it names were read
+    assert "SUCCESS: 9 rules found" in checked.stdout  # the rules it names were read
     assert scraped(m) == {
         "vllm": [("10.0.0.1:8002", {"host": "thor-1"}), ("thor-2.lan:8002", {"host": "thor-2"})],
         "thorfleet": [("10.0.0.1:9105", {"host": "thor-1"}),
@@ -142,7 +146,7 @@ def test_the_monitor_group_overrides_the_gateway_and_serves_no_model(tmp_path):
     inv = inventory(tmp_path, monitor_hosts=[("mon-1", {"ssh_hostname": "10.0.0.7"})],
                     monitor_data={"monitor_retention": "1w"})
     h = inv.get_host("mon-1")
-    assert monitor_of(inv) is h and not is_thor(h)
+    assert monitors_of(inv) == [h] and not is_thor(h)
     assert [t.name for t in thors(inv)] == ["thor-1", "thor-2"]
     m = settings_for_inventory(inv)["mon-1"]
     assert m.monitor_role is m and m.gateway_role is None
@@ -155,8 +159,75 @@ def test_no_gateway_and_no_monitor_group_is_no_monitor(tmp_path):
     key.write_text("sk-test-0123456789\n")
     key.chmod(0o600)
     inv = Inventory((THORS, {**PINS, "service_api_key_file": str(key)}))
-    assert monitor_of(inv) is None
+    assert monitors_of(inv) == []
     assert all(s.monitor_role is None for s in settings_for_inventory(inv).values())
+
+
+# (each host's role groups, where Prometheus runs): a monitor host of its own wins, else every
+# gateway runs one, so losing either of a pair loses neither usage nor alerts
+MONITORS = [
+    ({"thor-1": ()}, []),
+    ({"thor-1": (), "gw-1": ("gateway",)}, ["gw-1"]),
+    ({"thor-1": (), "gw-1": ("gateway",), "gw-2": ("gateway",)}, ["gw-1", "gw-2"]),
+    ({"thor-1": (), "mon-1": ("monitor",)}, ["mon-1"]),
+    ({"thor-1": (), "gw-1": ("gateway",), "mon-1": ("monitor",)}, ["mon-1"]),
+    ({"thor-1": (), "gw-1": ("gateway",), "gw-2": ("gateway",), "mon-1": ("monitor",)}, ["mon-1"]),
+    ({"thor-1": (), "gw-1": ("gateway",), "gw-2": ("gateway", "monitor")}, ["gw-2"]),
+    # refused by the settings, naming both (the next test)
+    ({"thor-1": (), "mon-1": ("monitor",), "mon-2": ("monitor",)}, ["mon-1", "mon-2"]),
+]
+
+
+@pytest.mark.parametrize(("roles", "expected"), MONITORS)
+def test_where_prometheus_runs(roles, expected):
+    groups = {}
+    for name, own in roles.items():
+        for group in own:
+            groups.setdefault(group, []).append(name)
+    inv = Inventory((list(roles), {}), **{g: (names, {}) for g, names in groups.items()})
+    assert [h.name for h in monitors_of(inv)] == expected
+
+
+def test_two_gateways_each_run_one_prometheus_scraping_every_box_and_its_own_door(tmp_path):
+    """No monitor host: each gateway of a pair scrapes every Thor and its own door's usage on
+    loopback, from one config (the same labels on both: a reader of either sees one fleet)."""
+    from tests.fast.test_gateway_render import client_files
+
+    clients = client_files(tmp_path, alice="alice-key-0123456789abcdef")
+    settings = settings_for_inventory(inventory(tmp_path, gateway_hosts=PAIR, gateway_data={
+        **VIP, "gateway_clients": clients}))
+    m1, m2 = settings["gw-1"].monitor_role, settings["gw-2"].monitor_role
+    assert (m1.name, m2.name) == ("gw-1", "gw-2")
+    assert m1.config_text == m2.config_text
+    assert scraped(m2) == {
+        "vllm": [("10.0.0.1:8002", {"host": "thor-1"}), ("thor-2.lan:8002", {"host": "thor-2"})],
+        "thorfleet": [("10.0.0.1:9105", {"host": "thor-1"}),
+                      ("thor-2.lan:9105", {"host": "thor-2"})],
+        "door": [("127.0.0.1:9106", None)]}
+    checked = config_check(tmp_path, m2)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # the boxes' firewall lets in both gateways, so both Prometheus reach them
+    assert settings["thor-1"].gateway == ("10.0.0.9", "10.0.0.8")
+    assert settings["thor-1"].monitor_source is None
+
+
+def test_a_monitor_host_stays_the_one_prometheus_beside_two_gateways(tmp_path):
+    settings = settings_for_inventory(inventory(
+        tmp_path, gateway_hosts=PAIR, gateway_data=VIP, with_gateway=True,
+        monitor_hosts=[("mon-1", {"ssh_hostname": "10.0.0.7"})]))
+    assert settings["gw-1"].monitor_role is None and settings["gw-2"].monitor_role is None
+    assert settings["mon-1"].monitor_role is settings["mon-1"]
+    assert settings["thor-1"].monitor_source == "10.0.0.7"
+
+
+def test_two_gateways_scraping_at_other_intervals_are_refused_naming_both(tmp_path):
+    # their rules would see other samples, and fire at other times
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inventory(tmp_path, gateway_data=VIP, gateway_hosts=[
+            GATEWAY[0], ("gw-2", {"ssh_hostname": "10.0.0.8", "monitor_scrape_interval_s": 30})]))
+    assert error.value.problems == [
+        ("gw-1 and gw-2: monitor_scrape_interval_s differs between the two gateways (15 and 30): "
+         "set it once, in the group `gateway`'s data")]
 
 
 def test_two_monitors_and_a_monitor_s_bad_setting_are_refused_in_one_line_each(tmp_path):

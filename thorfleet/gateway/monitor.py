@@ -6,8 +6,10 @@
     m.defaults_text   # /etc/default/prometheus: where it listens, how long it keeps samples
     prometheus_config(m), defaults_text(retention)   # the same, as functions
 
-The monitor host is the inventory group `monitor`'s, else the gateway (roles.monitor_of). Every
-series names its box by its inventory name (the target's `host` label), not only by an address.
+The monitor host is the inventory group `monitor`'s, else each gateway (roles.monitors_of): a pair
+runs two alike, so either answers when the other is lost. Every series names its box by its
+inventory name (the target's `host` label), not only by an address, and by nothing that says
+which Prometheus read it: both of a pair show the same series and fire the same alerts.
 Both files come from emitters (yaml.safe_dump, whole words), so a value never becomes syntax; each
 value is checked here by its own rule before it lands (target, label_value, plain_word).
 """
@@ -129,8 +131,8 @@ class MonitorSettings(Checked):
         super().__init__(values, name)
         self.targets = targets
         self.gateway_role = None  # a monitor of its own is no gateway
-        # host:port of the gateway's usage per client, when the monitor is the gateway with
-        # gateway_clients (settings/hosts.py): job `door`
+        # host:port of the gateway's usage per client, when the monitor is a gateway with
+        # gateway_clients (settings/hosts.py): job `door`, its own gateway's on loopback
         self.door_usage = None
 
     @property

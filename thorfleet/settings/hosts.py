@@ -32,7 +32,7 @@ from thorfleet.settings.roles import (
     is_gateway,
     is_monitor_host,
     is_thor,
-    monitor_of,
+    monitors_of,
     near_role_groups,
     thors,
 )
@@ -239,7 +239,7 @@ def settings_for_inventory(inventory):
     found += _one_batch_size(settings)
     gateways, problems = _the_gateway(inventory, settings)
     found += problems
-    monitors, problems = _the_monitor(inventory, settings, gateways)
+    monitors, problems = _the_monitors(inventory, settings, gateways)
     found += problems
     if found:
         raise SettingsError(found)
@@ -249,7 +249,7 @@ def settings_for_inventory(inventory):
         else:
             settings[name] = gateway
     for name, monitor in monitors.items():
-        door = gateways.get(name)  # the gateway's usage per client, on its loopback
+        door = gateways.get(name)  # its own gateway's usage per client, on its loopback
         if door is not None and door.gateway_clients:
             monitor.door_usage = target(*GATEWAY_DOOR_USAGE_LISTEN)
         if name in settings:  # the gateway (or a gateway that is a Thor too) is the monitor
@@ -272,34 +272,49 @@ def _peer_key_problems(inventory, settings) -> list[str]:
             for p in private_file_problems(key, path)]
 
 
-def _the_monitor(inventory, settings, gateways):
-    """({name: MonitorSettings}, [problem]) of the host Prometheus runs on (roles.monitor_of): the
-    group `monitor`'s host, checked with its own settings, else the gateway with the gateway's;
-    none without either. Each Thor is a target at the address the gateway dials it at."""
-    h = monitor_of(inventory)
-    if h is None:
+def _the_monitors(inventory, settings, gateways):
+    """({name: MonitorSettings}, [problem]) of the hosts Prometheus runs on (roles.monitors_of):
+    the group `monitor`'s host, checked with its own settings, else each gateway with its own;
+    none without either. Every one scrapes every Thor, at the address the gateways dial it at,
+    under the same labels, so either of a pair answers a query or fires an alert alike."""
+    hosts = monitors_of(inventory)
+    if not hosts:
         return {}, []
-    hosts = [m for m in inventory if is_monitor_host(m)]
-    if len(hosts) > 1:
+    if len(hosts) > 1 and is_monitor_host(hosts[0]):
         return {}, [(f"{', '.join(m.name for m in hosts)}: group `monitor` holds one host "
                      "(one Prometheus scrapes the whole fleet)")]
-    if is_gateway(h):
-        gateway = gateways.get(h.name)
-        if gateway is None:
-            return {}, []  # the gateway's own problems are listed already
-        values = gateway.values
-    else:
-        values, problems = check_monitor(h.data.dict())
-        if problems:
-            return {}, [f"{h.name}: {p}" for p in problems]
-    problems, targets, source = [], [], None
+    found, problems = {}, []
+    for h in hosts:
+        if is_gateway(h):
+            gateway = gateways.get(h.name)
+            if gateway is None:
+                return {}, []  # the gateway's own problems are listed already
+            found[h.name] = gateway.values
+        else:
+            values, own = check_monitor(h.data.dict())
+            problems += [f"{h.name}: {p}" for p in own]
+            found[h.name] = values
+    if problems:
+        return {}, problems
+    source, h = None, hosts[0]  # a gateway is in the boxes' firewall as a gateway already
     if not is_gateway(h):  # a host of its own: the boxes' firewall (with a gateway) lets it in
         address = h.data.get("ssh_hostname") or h.name
-        source = values.monitor_fleet_address or address
+        source = found[h.name].monitor_fleet_address or address
         if gateways and not is_ip_address(source):
             problems.append(f"{h.name}: monitor_fleet_address is not set and ssh_hostname "
                             f"{address!r} is not an IP address: set monitor_fleet_address to the "
                             "IP the boxes see the monitor connect from (their firewall lets it in)")
+    targets, more = _monitor_targets(inventory, settings, gateways, source)
+    problems += more
+    if problems:
+        return {}, problems
+    return {name: MonitorSettings(values, name, targets) for name, values in found.items()}, []
+
+
+def _monitor_targets(inventory, settings, gateways, source):
+    """([Target], [problem]): each Thor as every monitor scrapes it, and each told the IP a
+    monitor host of its own (`source`) scrapes it from, for its firewall."""
+    problems, targets = [], []
     for t in thors(inventory):
         checked = settings.get(t.name)
         if checked is None:
@@ -322,9 +337,7 @@ def _the_monitor(inventory, settings, gateways):
                             "address: set weights_peer_address (the address the other boxes, "
                             "the gateway and the monitor reach it at)")
         targets.append(Target(t.name, address, checked.service_port, checked.watchdog_port))
-    if problems:
-        return {}, problems
-    return {h.name: MonitorSettings(values, h.name, targets)}, []
+    return targets, problems
 
 
 def _the_gateway(inventory, settings):
@@ -425,13 +438,14 @@ def _the_gateway(inventory, settings):
 
 
 # What the two gateways of a pair must say alike: they render one config, one certificate and one
-# set of client keys, so a failover changes nothing a client sees.
+# set of client keys, so a failover changes nothing a client sees; and one Prometheus config, so
+# the series and alerts of either read alike (each runs its own: roles.monitors_of).
 PAIR_ALIKE = ("gateway_virtual_ip", "gateway_vrrp_router_id", "gateway_port", "gateway_names",
               "gateway_tls_cert_file", "gateway_tls_key_file", "gateway_ca_dir",
               "gateway_clients", "gateway_client_max_inflight",
               "gateway_client_requests_per_minute", *CLIENT_BUDGETS.values(),
-              "gateway_queue_timeout_s",
-              "gateway_retry_after_s", "gateway_check_interval_s")
+              "gateway_queue_timeout_s", "gateway_retry_after_s", "gateway_check_interval_s",
+              "monitor_scrape_interval_s", "monitor_retention")
 
 
 def _pair_problems(hosts, values, sources) -> list[str]:

@@ -4,7 +4,7 @@
     is_thor(h)       # serves the model: every host but a gateway or monitor that is a box of its own
     thors(hosts)     # the Thors of an inventory (or any iterable of hosts), in order
     gateway_of(hosts)  # the gateway host, or None
-    monitor_of(hosts)  # where Prometheus runs: the `monitor` group's host, else the gateway, or None
+    monitors_of(hosts)  # where Prometheus runs: the `monitor` group's host, else every gateway
 
 A gateway is a box of its own unless its data says gateway_serves_model=True (then it is one of
 the Thors too): group names other than `gateway` and `monitor` are the operator's, so they cannot
@@ -60,8 +60,8 @@ def gateways(hosts) -> list:
     return [h for h in hosts if is_gateway(h)]
 
 
-def monitor_of(hosts):
-    """The host Prometheus runs on: the first of the group `monitor`, else the gateway, else None."""
+def monitors_of(hosts) -> list:
+    """The hosts Prometheus runs on: the group `monitor`'s (one; settings refuse more), else every
+    gateway, so a pair's usage and alerts outlive either gateway; [] without either."""
     hosts = list(hosts)
-    found = [h for h in hosts if is_monitor_host(h)]
-    return found[0] if found else gateway_of(hosts)
+    return [h for h in hosts if is_monitor_host(h)] or gateways(hosts)
