@@ -76,8 +76,8 @@ CLIENTS = ("alice", "bob", "carol")
 REVOKED = "carol"  # the client whose key the key_revoked fault takes away, then gives back
 # Each client's mix (round robin), and --vision's client. Carol asks little: she is the one
 # revoked, and her refusals should not crowd the others out.
-MIXES = {"alice": ("chat", "tool_stream", "reasoning"),
-         "bob": ("long", "chat", "tool_stream"),
+MIXES = {"alice": ("chat", "tool_stream", "reasoning", "abandoned"),
+         "bob": ("long", "chat", "tool_stream", "abandoned"),
          "carol": ("chat", "reasoning"),
          "dave": ("image", "chat")}
 # Short watchdog settings (as tests/fleet/test_watch.py's): a frozen engine is restarted within
@@ -87,6 +87,9 @@ WATCHDOG = {"watchdog_interval_s": 5, "watchdog_failures": 3, "watchdog_timeout_
 # The clients' limits at the door, above what the soak's clients ask (a 429 would be retried by
 # the SDK, and counted, but is not what the soak is about).
 DOOR_LIMITS = {"gateway_client_max_inflight": 4, "gateway_client_requests_per_minute": 600}
+ABANDONED_MAX_TOKENS = 64  # what an abandoned stream asks; its client reads ABANDON_AFTER chunks
+ABANDON_AFTER = 3
+COUNTED_WITHIN_S = 6.0  # the gateways' usage services ask every box every 2 s (1 s each)
 
 
 # ------------------------------------------------------------------ records and the report (pure)
@@ -102,6 +105,7 @@ class Record:
     outcome: str  # ok, failed, cut_silently, refused (raw); refused_revoked, served_revoked
     retries: int = 0
     error: str = ""
+    tokens: int = 0  # prompt + completion of the last usage the client received (0: none came)
 
 
 @dataclasses.dataclass
@@ -242,6 +246,30 @@ def goal(records, windows, probes, failover_s=FAILOVER_S):
             "failover_s": failover_s}
 
 
+def exactness(records, counted):
+    """Each client's tokens as each gateway counted them over the run (`counted`: {gateway:
+    {client: prompt + completion tokens}}, from its usage service, after minus before) against
+    the usage its answers carried (Record.tokens). A stream its client left (`abandoned`), or one
+    cut mid-answer by a fault, is open-ended: its box counts what it sent, which may run past
+    what reached the client, by at most that request's answer (ABANDONED_MAX_TOKENS, the mix's
+    longest). Met: the gateways agree, and each count is the usage received, plus no more than
+    the open-ended requests' bound."""
+    out, met = {}, True
+    for client in sorted({r.client for r in records}):
+        mine = [r for r in records if r.client == client]
+        received = sum(r.tokens for r in mine)
+        open_ended = sum(r.kind == "abandoned" or (r.outcome == "failed" and r.tokens > 0)
+                         for r in mine)
+        by_gateway = {g: c.get(client, 0) for g, c in counted.items()}
+        beyond = {g: n - received for g, n in by_gateway.items()}
+        bound = open_ended * ABANDONED_MAX_TOKENS
+        met = met and len(set(by_gateway.values())) == 1 and all(
+            0 <= b <= bound for b in beyond.values())
+        out[client] = {"received": received, "counted": by_gateway, "beyond_received": beyond,
+                       "open_ended": open_ended, "bound": bound}
+    return {"clients": out, "met": met}
+
+
 # ------------------------------------------------------------------ the timeline (pure)
 
 SPAN_GID = "fault-window"
@@ -364,6 +392,10 @@ def request_of(kind, model):
     if kind == "reasoning":
         return {**base, "stream": True, "reasoning_effort": "high", "max_tokens": 64,
                 "messages": [{"role": "user", "content": "Is 91 prime? Think first."}]}
+    if kind == "abandoned":  # read a few chunks, then closed: the client walks away
+        return {**base, "stream": True, "max_tokens": ABANDONED_MAX_TOKENS,
+                "extra_body": {"ignore_eos": True},
+                "messages": [{"role": "user", "content": "Tell me a long story."}]}
     if kind == "long":
         return {**base, "stream": True, "max_tokens": 16,
                 "messages": [{"role": "user", "content": LONG_PROMPT + "\nSum it up."}]}
@@ -417,25 +449,33 @@ class Client(threading.Thread):
     def one(self, kind):
         openai = self.openai
         before, start = self.attempts, self.clock()
-        first, outcome, error = None, "ok", ""
+        first, outcome, error, usage = None, "ok", "", None
         arguments = request_of(kind, self.model)
         try:
             answer = self.sdk.chat.completions.create(**arguments)
             if arguments.get("stream"):
                 finished = False
-                for chunk in answer:
+                for read, chunk in enumerate(answer, 1):  # each carries the usage so far
+                    usage = chunk.usage or usage
                     for choice in chunk.choices:
                         if first is None and _has_token(choice.delta):
                             first = self.clock()
                         finished = finished or choice.finish_reason is not None
+                    if kind == "abandoned" and read == ABANDON_AFTER:
+                        answer.close()
+                        finished = True
+                        break
                 if not finished:
                     outcome = "cut_silently"
+            else:
+                usage = answer.usage
         except openai.AuthenticationError as e:
             outcome, error = "refused", str(e)[:200]
         except Exception as e:  # noqa: BLE001 - whatever the SDK raised after its retries
             outcome, error = "failed", f"{type(e).__name__}: {str(e)[:200]}"
+        tokens = usage.prompt_tokens + usage.completion_tokens if usage else 0
         return Record(self.name_, kind, start, first, self.clock(), outcome,
-                      max(0, self.attempts - before - 1), error)
+                      max(0, self.attempts - before - 1), error, tokens)
 
 
 # ------------------------------------------------------------------ the prober
@@ -568,6 +608,17 @@ class Soak:
         code, stat = self.sim.exec(holder, "echo 'show stat' | socat stdio "
                                            "UNIX-CONNECT:/run/haproxy/admin.sock", timeout=30)
         return code == 0 and set(self.hosts) <= in_rotation(stat)
+
+    def tokens(self):
+        """{gateway: {client: prompt + completion tokens this UTC month}} as each gateway's usage
+        service counts them (`thorfleet-door-usage show`, what `thorfleet status` reads)."""
+        found = {}
+        for g in self.gateways:
+            code, out = self.sim.exec(g, "/usr/local/sbin/thorfleet-door-usage show", timeout=30)
+            clients = json.loads(out)["clients"] if code == 0 else {}
+            found[g] = {c: row["tokens"]["month"]["prompt"] + row["tokens"]["month"]["completion"]
+                        for c, row in clients.items() if "tokens" in row}
+        return found
 
     def engine_cores(self, host):
         _, top = self.sim.exec(host, "docker top thorfleet-vllm -eo pid,args || true")
@@ -783,6 +834,7 @@ def soak_run(soak, faults, minutes, tail_s=20.0):
                for name, path in soak.keys.items()]
     prober = Prober(soak.addresses, soak.clock)
     windows = []
+    soak.counted_before = soak.tokens()
     for thread in [prober, *clients]:
         thread.start()
     try:
@@ -798,6 +850,10 @@ def soak_run(soak, faults, minutes, tail_s=20.0):
         for thread in [prober, *clients]:
             thread.join(timeout=180)
     records = settle([r for c in clients for r in c.records], soak.revocations)
+    time.sleep(COUNTED_WITHIN_S)  # the usage services' next polls
+    after = soak.tokens()
+    soak.counted = {g: {c: n - soak.counted_before.get(g, {}).get(c, 0) for c, n in mine.items()}
+                    for g, mine in after.items()}
     return records, windows, prober.probes
 
 
@@ -839,11 +895,12 @@ def main(argv=None):
     records, windows, probes = soak_run(soak, faults, minutes)
     rows, totals = report(records, windows, probes)
     verdict = goal(records, windows, probes)
+    tokens = exactness(records, soak.counted)
     out = {"command": "python -m bench.soak " + " ".join(sys.argv[1:] if argv is None else argv),
            "hosts": soak.hosts, "gateways": list(soak.gateways), "door": soak.endpoint["url"],
            "minutes": minutes, "probe_every_s": PROBE_EVERY_S, "failover_s": FAILOVER_S,
            "schedule": [{"name": f.name, "at_s": f.at_s, "hold_s": f.hold_s} for f in faults],
-           "windows": rows, "totals": totals, "goal": verdict,
+           "windows": rows, "totals": totals, "goal": verdict, "tokens": tokens,
            "failures": [dataclasses.asdict(r) for r in records
                         if r.outcome in ("failed", "cut_silently", "served_revoked")][:200]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -851,8 +908,8 @@ def main(argv=None):
     (workdir / "records.json").write_text(json.dumps([dataclasses.asdict(r) for r in records]))
     if args.plot:
         write_timeline(records, windows, probes, args.plot, title=out["command"])
-    print(json.dumps({"windows": rows, "goal": verdict}, indent=2))
-    return 0 if verdict["met"] else 1
+    print(json.dumps({"windows": rows, "goal": verdict, "tokens": tokens}, indent=2))
+    return 0 if verdict["met"] and tokens["met"] else 1
 
 
 if __name__ == "__main__":

@@ -155,7 +155,11 @@ WHOLE = sse({"index": 0, "delta": {"role": "assistant", "content": "Hi"}},
 CUT = sse({"index": 0, "delta": {"role": "assistant", "content": "Hi"}})  # then the socket closes
 CHAT = {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"},
-                     "finish_reason": "stop"}]}
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8}}
+# a stream of ten chunks each carrying its usage so far, as the boxes send (forced usage)
+LONG = "".join(f"data: {json.dumps({**CHUNK, 'choices': [{'index': 0, 'delta': {'content': 'x'}}], 'usage': {'prompt_tokens': 5, 'completion_tokens': n, 'total_tokens': 5 + n}})}\n\n"
+               for n in range(1, 11)) + "data: [DONE]\n\n"
 
 
 class Door(http.server.BaseHTTPRequestHandler):
@@ -179,12 +183,12 @@ class Door(http.server.BaseHTTPRequestHandler):
             return self.answer(401, json.dumps({"error": {"message": "no", "type": "x"}}))
         if key == "flaky" and Door.seen[key] <= 2:
             return self.answer(503, "{}")
-        if key in ("whole", "cut"):
+        if key in ("whole", "cut", "long"):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")  # no length: the body ends when it closes
             self.end_headers()
-            self.wfile.write((WHOLE if key == "whole" else CUT).encode())
+            self.wfile.write({"whole": WHOLE, "cut": CUT, "long": LONG}[key].encode())
             self.close_connection = True
             return None
         return self.answer(200, json.dumps(CHAT))
@@ -217,6 +221,15 @@ def test_a_stream_that_ends_without_a_finish_reason_is_cut_silently(door):
     assert (cut.outcome, cut.error) == ("cut_silently", "")
 
 
+def test_a_client_keeps_the_last_usage_it_received_and_an_abandoned_stream_stops_early(door):
+    """Breaks with: the first chunk's usage kept, not the last; the abandoned stream read to
+    its end (its tokens then those of the whole answer)."""
+    assert client(door, "chat").one("chat").tokens == 8
+    assert client(door, "long").one("tool_stream").tokens == 15
+    left = client(door, "long").one("abandoned")
+    assert (left.outcome, left.tokens) == ("ok", 5 + soak.ABANDON_AFTER)
+
+
 def test_the_sdks_retries_are_counted_and_a_401_is_a_refusal(door):
     """Breaks with: the request hook not installed (the SDK's retries counted as none)."""
     flaky = client(door, "flaky").one("chat")
@@ -236,3 +249,35 @@ def test_any_http_answer_from_a_boxs_port_is_an_answer_to_the_prober(door):
     prober.port = nobody
     prober._one("thor-2", "127.0.0.1")
     assert prober.probes == [(1.0, "thor-1", True, 403), (1.0, "thor-2", False, None)]
+
+
+def test_each_gateways_token_count_is_what_the_client_received_plus_at_most_its_open_streams():
+    """Breaks with: a count under the usage received taken (a box that missed a request); the
+    gateways' disagreement not looked at; an abandoned or cut stream given no room (what its box
+    sent past the client is a miscount)."""
+    def toks(start, tokens, kind="chat", outcome="ok", client="alice"):
+        r = rec(start, outcome, kind=kind, client=client)
+        r.tokens = tokens
+        return r
+
+    closed = [toks(1, 100), toks(2, 50, "tool_stream"), toks(3, 0, outcome="refused_revoked")]
+    cases = [  # (records, {gateway: counted}, met)
+        (closed, {"gw-1": 150, "gw-2": 150}, True),
+        (closed, {"gw-1": 150, "gw-2": 149}, False),  # the gateways disagree
+        (closed, {"gw-1": 149, "gw-2": 149}, False),  # under what was received
+        (closed, {"gw-1": 151, "gw-2": 151}, False),  # past it, nothing open-ended
+        (closed + [toks(4, 20, "abandoned")], {"gw-1": 180, "gw-2": 180}, True),
+        (closed + [toks(4, 20, "abandoned")],
+         {"gw-1": 170 + soak.ABANDONED_MAX_TOKENS + 1, "gw-2": 170 + soak.ABANDONED_MAX_TOKENS + 1},
+         False),  # past the abandoned stream's whole answer
+        (closed + [toks(4, 20, "tool_stream", "failed")], {"gw-1": 175, "gw-2": 175}, True),
+        (closed + [toks(4, 0, "chat", "failed")], {"gw-1": 151, "gw-2": 151}, False),
+    ]
+    for records, by_gateway, met in cases:
+        counted = {g: {"alice": n} for g, n in by_gateway.items()}
+        found = soak.exactness(records, counted)
+        assert found["met"] is met, (by_gateway, found)
+    row = soak.exactness(closed, {"gw-1": {"alice": 150}, "gw-2": {"alice": 150}})["clients"]
+    assert row == {"alice": {"received": 150, "counted": {"gw-1": 150, "gw-2": 150},
+                             "beyond_received": {"gw-1": 0, "gw-2": 0}, "open_ended": 0,
+                             "bound": 0}}

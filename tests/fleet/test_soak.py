@@ -31,6 +31,8 @@ Uses boxes 2 and 9 and the gateway boxes gw-2 and gw-3, after the fault stories 
 pair's (one group, file order).
 """
 
+import json
+
 import pytest
 
 from bench import soak
@@ -51,7 +53,7 @@ def soaked(sim_fleet, my_boxes, tmp_path_factory):
     fleet.addresses = {h: sim_fleet.ip(h) for h in my_boxes}
     assert fleet.whole(), "the fleet is not whole before the first fault"
     records, windows, probes = soak.soak_run(fleet, soak.schedule(soak.SHORT, MINUTES), MINUTES)
-    # (nothing converges back: this is the group's last module, its boxes are retired after it)
+    # (nothing converges back: the team's story after it converges its own clients)
     return records, windows, probes, fleet
 
 
@@ -77,3 +79,15 @@ def test_the_short_schedule_fails_no_request_cuts_no_stream_opens_no_port_serves
     # each fault's window closed with the fleet whole, by itself (no converge needed)
     assert all(w.healed_at is not None and not w.remedied for w in windows), shown
     assert totals["ttft_p50_s"] is not None
+
+
+def test_each_clients_tokens_are_what_its_answers_carried_through_the_faults(soaked):
+    """The boxes count each client's tokens from their answers' usage; both gateways read every
+    box. Over the schedule (a frozen engine restarted, a key revoked and given back, a rolling
+    change), each gateway's count is the usage the client received, plus at most what its
+    abandoned or cut streams' boxes sent past what reached it (soak.exactness)."""
+    records, _, _, fleet = soaked
+    tokens = soak.exactness(records, fleet.counted)
+    assert all(row["received"] > 0 for row in tokens["clients"].values()), tokens
+    assert any(r.kind == "abandoned" for r in records)
+    assert tokens["met"], json.dumps(tokens, indent=1)
