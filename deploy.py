@@ -42,6 +42,9 @@ settings = settings_for_run(host.state)[host.name]
 # (gateway_role, monitor_role: its own settings, the others', or None).
 if is_gateway(host):
     gateway.run(settings.gateway_role, lock=not is_thor(host))
+    # a change of clients is a run of the gateways alone (--limit gateway): no Thor writes the
+    # report, so this says which gateway of a pair the run left behind
+    report.name_the_gateways_left_behind(host.state)
 # Prometheus on each gateway, or on the host of group `monitor` (which runs nothing else).
 if settings.monitor_role is not None:
     monitor.run(settings.monitor_role, lock=not (is_gateway(host) or is_thor(host)))

@@ -12,13 +12,17 @@ SDK as the clients:
   UTC day ends, on both gateways, and no box is asked; how far it overshot is printed;
 - alice revoked and the robot's budget raised by a run limited to the gateways (`--limit
   gateway`): alice's key is refused on both gateways when it returns, the robot is served again,
-  bob's stream running across the change ends whole, and no counter started again.
+  bob's stream running across the change ends whole, and no counter started again;
+- a gateway down during such a change: the run names it, and back up it fails its level check
+  (keepalived keeps it out of the shared address) until a run reaches it.
 
-The edits that break them: the middleware not loaded (no tokens: 0 != the usage); the in-flight
-record not kept per chunk (bob's killed stream counts nothing); the door not naming the client
-to the box (the tokens are `_fleet`'s); the budget rule dropped from the template (the robot is
-served past its budget); the usage service not restarted for its new config (the robot is held
-after its budget is raised).
+The edits that break them, each seen failing on the sim: the middleware not loaded (the first
+three fail: nothing counted, no record in flight, the robot never held); the in-flight record
+not rewritten per chunk (bob's killed stream: no record in flight to count); the budget's 429
+rule dropped from the template (the robot spent 6,840 tokens of its 1,500, never refused); the
+usage service not restarted for its new config (the robot still held after its budget was
+raised); the gateways' run not naming a gateway it left behind (deploy.py's
+name_the_gateways_left_behind not called).
 
 Uses boxes 2 and 9 and the gateway boxes gw-2 and gw-3 (after the soak).
 """
@@ -28,6 +32,7 @@ import ssl
 import threading
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import openai
 import pytest
@@ -213,3 +218,32 @@ def _served(client):
         return True
     except openai.RateLimitError:
         return False
+
+
+def test_a_gateway_down_during_a_change_is_named_and_stays_out_until_a_run_reaches_it(
+        sim_fleet, team):
+    """The change applies where it can; the gateway it missed is named, and its level check
+    (keepalived's, the one that keeps a gateway out of the shared address) fails until a run
+    brings it level: it never holds the address with the old clients."""
+    converge, clients, endpoint, _, _ = team
+    holding = next(g for g in PAIR if sim_fleet.exec(
+        g, f"ip -o -4 addr show | grep -qw {endpoint['url'].split('//')[1].rsplit(':', 1)[0]}")[0]
+        == 0)
+    away = next(g for g in PAIR if g != holding)
+    check = box(sim_fleet, away, "sed -n 's/^ *script \"\\(.* level .*\\)\"$/\\1/p' "
+                                 "/etc/keepalived/keepalived.conf")
+    assert sim_fleet.exec(away, check)[0] == 0  # level before
+    sim_fleet.client.containers.get(f"thorfleet-{away}").stop(timeout=10)
+    try:
+        changed = {**clients, "dana": str(Path(clients["alice"]).with_name("dana.key"))}
+        run = converge("missed", changed, "--limit", "gateway")
+        assert run.returncode != 0
+        assert f"gateway {away} is not level with this run" in run.stderr, run.stderr[-3000:]
+    finally:
+        sim_fleet.client.containers.get(f"thorfleet-{away}").start()
+        sim_fleet.wait_booted(away)
+    # back with the old clients: behind the other, so its check fails and keepalived keeps it out
+    assert wait_for(lambda: sim_fleet.exec(away, check)[0] == 1, 30)
+    run = converge("level", changed, "--limit", "gateway")
+    assert run.returncode == 0, outcome(run, away)
+    assert wait_for(lambda: sim_fleet.exec(away, check)[0] == 0, 30)

@@ -127,6 +127,25 @@ def install(state, path):
         atexit.register(write, state, path)
 
 
+def name_the_gateways_left_behind(state):
+    """At the run's end, say which gateway of a pair this run did not bring level, when no report
+    will (a run of the gateways alone, `--limit gateway`: the report is the Thors')."""
+    recorded = run_state(state)
+    if not recorded.gateways_told:
+        recorded.gateways_told = True
+        atexit.register(_say_left_behind, state)
+
+
+def _say_left_behind(state):
+    recorded = run_state(state)
+    front = None if recorded.report_path is not None else _front_door(state)
+    if front is None:
+        return  # the report says it, or there is no gateway
+    for name, why in sorted(_not_level(state, front, recorded).items()):
+        print(f"thorfleet: gateway {name} is not level with this run ({why}): it stays out of "
+              f"gateway_virtual_ip until a run reaches it", file=sys.stderr)
+
+
 def _front_door(state):
     """The run's GatewaySettings, or None without a gateway."""
     try:

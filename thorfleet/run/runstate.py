@@ -43,6 +43,8 @@ class RunState:
     out_of_rotation: dict[str, str] = field(default_factory=dict)
     # Where the report is written once the run ends (None until report.install).
     report_path: str | None = None
+    # A run of the gateways alone says at its end which of a pair it left behind (report.py).
+    gateways_told: bool = False
     # This run as the run lock names it to a run that finds a box held, and its own id there.
     holder: str = field(default_factory=lambda: (
         f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"))
