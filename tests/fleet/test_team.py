@@ -247,3 +247,47 @@ def test_a_gateway_down_during_a_change_is_named_and_stays_out_until_a_run_reach
     run = converge("level", changed, "--limit", "gateway")
     assert run.returncode == 0, outcome(run, away)
     assert wait_for(lambda: sim_fleet.exec(away, check)[0] == 0, 30)
+
+
+def test_when_the_pool_is_full_a_person_is_served_before_the_robots_queue_and_a_second_request(
+        sim_fleet, team, my_boxes):
+    """Two boxes of one request each: a pool of 2 slots, a fair share of 1. bob holds one with a
+    long answer and asks a second; the robot (batch) floods; dana (interactive, last in) gets
+    the next slot that frees, before every request that waited longer: the robot's (batch waits
+    behind interactive) and bob's second (a client at its share waits behind every other)."""
+    _, clients, endpoint, _, tls = team
+    dana = Path(clients["alice"]).with_name("dana.key").read_text().strip()  # the last story's
+
+    def as_key(key):
+        return openai.OpenAI(base_url=endpoint["url"] + "/v1", api_key=key, max_retries=0,
+                             http_client=openai.DefaultHttpxClient(verify=tls))
+
+    firsts = []  # (who, sent, first token)
+
+    def one(who, client, max_tokens):
+        sent = time.monotonic()
+        for chunk in ask(client, max_tokens, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                firsts.append((who, sent, time.monotonic()))
+                break
+
+    bob, robot = sdk(team, "bob"), sdk(team, "ci")
+    holding = threading.Thread(target=lambda: [c for c in ask(bob, 600, stream=True)])
+    holding.start()
+    time.sleep(2)
+    waiting = [threading.Thread(target=one, args=("robot", robot, 40)) for _ in range(3)]
+    waiting.append(threading.Thread(target=one, args=("bob", bob, 40)))
+    for thread in waiting:
+        thread.start()
+        time.sleep(0.3)
+    time.sleep(1)
+    one("dana", as_key(dana), 40)
+    for thread in waiting:
+        thread.join(timeout=300)
+    holding.join(timeout=300)
+    (_, sent, first), = [f for f in firsts if f[0] == "dana"]
+    jumped = [who for who, their_sent, their_first in firsts
+              if who != "dana" and their_sent < sent and their_first > sent
+              and their_first < first]
+    assert jumped == [], (jumped, firsts)  # none that waited got a slot before her
+    assert len(firsts) == 5 and sum(f[0] == "robot" for f in firsts) == 3, firsts
