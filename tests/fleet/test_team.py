@@ -241,7 +241,8 @@ def test_a_gateway_down_during_a_change_is_named_and_stays_out_until_a_run_reach
     assert sim_fleet.exec(away, check)[0] == 0  # level before
     sim_fleet.client.containers.get(f"thorfleet-{away}").stop(timeout=10)
     try:
-        changed = {**clients, "dana": str(Path(clients["alice"]).with_name("dana.key"))}
+        changed = {**clients, "ci": {**clients["ci"], "tokens_per_day": 10_000_000},
+                   "dana": str(Path(clients["alice"]).with_name("dana.key"))}
         run = converge("missed", changed, "--limit", "gateway")
         assert run.returncode != 0
         assert f"gateway {away} is not level with this run" in run.stderr, run.stderr[-3000:]
