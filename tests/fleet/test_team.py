@@ -282,7 +282,8 @@ def test_when_the_pool_is_full_a_person_is_served_before_the_robots_queue_and_a_
     holding = threading.Thread(target=lambda: [c for c in ask(bob, 600, stream=True)])
     holding.start()
     time.sleep(2)
-    waiting = [threading.Thread(target=one, args=("robot", robot, 40)) for _ in range(3)]
+    # the robot's answers take seconds each, so every request still waits when dana comes
+    waiting = [threading.Thread(target=one, args=("robot", robot, 150)) for _ in range(3)]
     waiting.append(threading.Thread(target=one, args=("bob", bob, 40)))
     for thread in waiting:
         thread.start()
@@ -293,8 +294,10 @@ def test_when_the_pool_is_full_a_person_is_served_before_the_robots_queue_and_a_
         thread.join(timeout=300)
     holding.join(timeout=300)
     (_, sent, first), = [f for f in firsts if f[0] == "dana"]
+    # none that waited when she came got a slot before her (a first token comes a prefill
+    # after the slot: the robot's seconds-long answers leave no other slot in that time)
     jumped = [who for who, their_sent, their_first in firsts
               if who != "dana" and their_sent < sent and their_first > sent
               and their_first < first]
-    assert jumped == [], (jumped, firsts)  # none that waited got a slot before her
+    assert jumped == [], (jumped, firsts)
     assert len(firsts) == 5 and sum(f[0] == "robot" for f in firsts) == 3, firsts
