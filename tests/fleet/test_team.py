@@ -22,7 +22,8 @@ not rewritten per chunk (bob's killed stream: no record in flight to count); the
 rule dropped from the template (the robot spent 6,840 tokens of its 1,500, never refused); the
 usage service not restarted for its new config (the robot still held after its budget was
 raised); the gateways' run not naming a gateway it left behind (deploy.py's
-name_the_gateways_left_behind not called).
+name_the_gateways_left_behind not called: no line names gw-3); HAProxy's set-priority-class
+rules dropped (the robot's and bob's waiting requests got the slot before dana).
 
 Uses boxes 2 and 9 and the gateway boxes gw-2 and gw-3 (after the soak).
 """
@@ -279,11 +280,11 @@ def test_when_the_pool_is_full_a_person_is_served_before_the_robots_queue_and_a_
                 break
 
     bob, robot = sdk(team, "bob"), sdk(team, "ci")
-    holding = threading.Thread(target=lambda: [c for c in ask(bob, 600, stream=True)])
+    holding = threading.Thread(target=lambda: [c for c in ask(bob, 6000, stream=True)])
     holding.start()
     time.sleep(2)
     # the robot's answers take seconds each, so every request still waits when dana comes
-    waiting = [threading.Thread(target=one, args=("robot", robot, 150)) for _ in range(3)]
+    waiting = [threading.Thread(target=one, args=("robot", robot, 1500)) for _ in range(3)]
     waiting.append(threading.Thread(target=one, args=("bob", bob, 40)))
     for thread in waiting:
         thread.start()
@@ -300,4 +301,7 @@ def test_when_the_pool_is_full_a_person_is_served_before_the_robots_queue_and_a_
               if who != "dana" and their_sent < sent and their_first > sent
               and their_first < first]
     assert jumped == [], (jumped, firsts)
+    waited = [who for who, their_sent, their_first in firsts
+              if who != "dana" and their_sent < sent and their_first > sent]
+    assert set(waited) == {"robot", "bob"}, firsts  # the queue was there when she came
     assert len(firsts) == 5 and sum(f[0] == "robot" for f in firsts) == 3, firsts
