@@ -30,8 +30,10 @@ from sim.base import (
     ensure_base_image,
     export_v15_tokenizer,
 )
+from thorfleet.settings import layout
 
 VARIANTS = HERE / "variants"
+USAGE_CODE = REPO / "files" / "bin" / "thorfleet_usage.py"  # layout.BOX_USAGE_CODE on a box
 # As files/systemd/thorfleet-vllm.service.j2 runs it, after `vllm serve /model`.
 SERVE_ARGS = ("--config", "/config/vllm.yaml", "--attention-backend", "TRITON_MLA",
               "--language-model-only")
@@ -273,13 +275,19 @@ def serving(client, image: str, model: Path, config: str = SEED_CONFIG, args=SER
                    tmp: {"bind": "/config", "mode": "ro"},
                    str(Path(tmp) / "meminfo"): {"bind": "/proc/meminfo", "mode": "ro"},
                    str(cache): {"bind": "/root/.cache/vllm", "mode": "rw"}}
+        # the unit's usage middleware (vllm.yaml names it): its code on PYTHONPATH, its journal
+        (Path(tmp) / "usage").mkdir()
+        volumes[str(Path(tmp) / "usage")] = {"bind": layout.BOX_USAGE_DIR, "mode": "rw"}
+        volumes[str(USAGE_CODE)] = {"bind": f"{layout.IMAGE_USAGE_HOME}/{USAGE_CODE.name}",
+                                    "mode": "ro"}
         if draft:
             volumes[str(model.with_name(model.name + ".eagle"))] = {"bind": "/eagle", "mode": "ro"}
         if thorsim is not None:
             volumes[str(thorsim)] = {"bind": "/run/thorsim", "mode": "rw"}
         container = client.containers.run(
             image, ["vllm", "serve", "/model", *args], detach=True, runtime=runtime,
-            environment={"THORFLEET_SIM_LOAD_SECONDS": "2", **(env or {})},
+            environment={"THORFLEET_SIM_LOAD_SECONDS": "2",
+                         "PYTHONPATH": layout.IMAGE_USAGE_HOME, **(env or {})},
             volumes=volumes, ports={"8002/tcp": ("127.0.0.1", None)})
         try:
             yield StandIn(container)

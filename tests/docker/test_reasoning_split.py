@@ -91,6 +91,9 @@ def stream(server, body) -> tuple[dict, str | None, list[dict]]:
                 continue
             event = json.loads(line[6:])
             assert "choices" in event, event  # vLLM streams an error as an event of its own
+            if not event["choices"]:  # the last chunk: the whole usage (enable_force_include_usage)
+                assert event["usage"]["completion_tokens"] > 0, event
+                continue
             choice = event["choices"][0]
             delta = choice["delta"]
             joined["reasoning"] += delta.get("reasoning") or delta.get("reasoning_content") or ""
