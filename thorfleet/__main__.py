@@ -183,6 +183,9 @@ def cmd_doctor(args) -> int:
 def cmd_bench(args) -> int:
     from thorfleet.cli import bench
 
+    if args.conversations is not None:
+        return _conversations(args)
+
     try:
         concurrencies = tuple(int(c) for c in args.max_concurrency.split(",")) \
             if args.max_concurrency else None
@@ -213,6 +216,33 @@ def cmd_bench(args) -> int:
         return bench.run_all(inventory, settings, Path(args.out), models=args.model,
                              shapes=shapes, client=args.client_name, on=args.on,
                              goodput=args.goodput or ())
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _conversations(args) -> int:
+    from thorfleet.cli import conversations
+
+    shape = (args.conversations, args.turns, args.first_tokens, args.grow_tokens,
+             args.answer_tokens)
+    if min(shape) < 1 or args.think_s < 0:
+        _err("--conversations, --turns, --first-tokens, --grow-tokens and --answer-tokens are "
+             "at least 1, --think-s at least 0")
+        return EXIT_PROBLEMS
+    if args.preset or args.random_input_len or args.num_prompts or args.max_concurrency:
+        _err("--conversations or vllm bench serve's shapes (--preset, --random-input-len, ...), "
+             "not both")
+        return EXIT_PROBLEMS
+    checked = _checked(args.inventory)
+    if checked is None:
+        return EXIT_PROBLEMS
+    try:
+        return conversations.run(
+            *checked, args.out, conversations=args.conversations, turns=args.turns,
+            first_tokens=args.first_tokens, grow_tokens=args.grow_tokens,
+            answer_tokens=args.answer_tokens, think_s=args.think_s,
+            model=(args.model or [None])[0], client=args.client_name,
+            session=args.session_token)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 
@@ -323,6 +353,23 @@ def parser() -> argparse.ArgumentParser:
                        "clients; its limits apply)")
     bench.add_argument("--on", metavar="HOST", help="the Thor that runs the benchmark (default: "
                        "the first)")
+    talk = bench.add_argument_group(
+        "conversations", "multi-turn mode: N conversations at once from this machine through the "
+        "door, each turn resending the whole history; time to first token by turn, the box each "
+        "turn landed on and the prompt tokens served from cache (DIR/conversations.json, .png)")
+    talk.add_argument("--conversations", type=int, metavar="N", help="turns on this mode")
+    talk.add_argument("--turns", type=int, default=6, metavar="N", help="each (default 6)")
+    talk.add_argument("--first-tokens", type=int, default=16000, metavar="N",
+                      help="the first message's length (default 16000)")
+    talk.add_argument("--grow-tokens", type=int, default=300, metavar="N",
+                      help="each later message's (default 300)")
+    talk.add_argument("--answer-tokens", type=int, default=64, metavar="N",
+                      help="each answer's (default 64)")
+    talk.add_argument("--think-s", type=float, default=2.0, metavar="SECONDS",
+                      help="between an answer and the next turn (default 2)")
+    talk.add_argument("--session-token", action="store_true",
+                      help="send each conversation's own X-Session-Token (default: none, as the "
+                      "OpenAI SDK sends; the door derives the conversation)")
     bench.set_defaults(run=cmd_bench)
 
     client = commands.add_parser(

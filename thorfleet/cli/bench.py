@@ -219,12 +219,27 @@ def plot(results: list[dict], path: Path) -> bool:
     return True
 
 
+def door_key(g, box, client: str | None) -> str:
+    """The key a benchmark asks the door with: client's (gateway_clients), else the fleet's one
+    key when the door has no clients. ValueError naming the fix; OSError for an unreadable file."""
+    from thorfleet.gateway.config import client_key
+
+    if client:
+        if client not in (g.gateway_clients or {}):
+            raise ValueError(f"--client {client}: not one of gateway_clients "
+                             f"({', '.join(sorted(g.gateway_clients or {})) or 'none'})")
+        return client_key(client, Path(key_file(g.gateway_clients[client])).expanduser())
+    if g.gateway_clients:
+        raise ValueError("the door takes client keys only (gateway_clients): name one with "
+                         "--client NAME; its limits apply to the benchmark")
+    return box.api_key
+
+
 def run_all(inventory, settings, out: Path, *, models=None, shapes=None, client=None, on=None,
             goodput=(), run=None, err=sys.stderr, timeout=None) -> int:
     """Every run on the box `on` (default: the inventory's first Thor), one after another, with
     progress on stderr; DIR/bench.json and DIR/bench.png written. 0 when every run completed
     with no failed request, else 1."""
-    from thorfleet.gateway.config import client_key
     from thorfleet.settings.roles import gateways, thors
 
     if run is None:
@@ -246,16 +261,7 @@ def run_all(inventory, settings, out: Path, *, models=None, shapes=None, client=
     box = settings[runner.name]
     try:
         url, add_host = door_for_boxes(g)
-        if client:
-            if client not in (g.gateway_clients or {}):
-                raise ValueError(f"--client {client}: not one of gateway_clients "
-                                 f"({', '.join(sorted(g.gateway_clients or {})) or 'none'})")
-            key = client_key(client, Path(key_file(g.gateway_clients[client])).expanduser())
-        elif g.gateway_clients:
-            raise ValueError("the door takes client keys only (gateway_clients): name one with "
-                             "--client NAME; its limits apply to the benchmark")
-        else:
-            key = box.api_key
+        key = door_key(g, box, client)
     except (OSError, ValueError) as error:
         print(f"thorfleet: {error}", file=err)
         return 2
