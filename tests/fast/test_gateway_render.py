@@ -1044,3 +1044,24 @@ def test_prometheus_scrapes_the_doors_usage_only_where_it_runs_beside_it(tmp_pat
     assert "job_name: door" in with_clients and "127.0.0.1:9106" in with_clients, with_clients
     without = settings_for_inventory(inventory(tmp_path))["gw-1"].monitor_role.config_text
     assert "door" not in without
+
+
+def test_each_answer_names_its_box_and_the_time_it_waited_at_the_door(tmp_path):
+    """The box's answer with the door's two headers: the box (HAProxy's server name, the host's)
+    and the wait for a slot: a second request behind a 2 s one on a box of one slot waits ~2 s."""
+    with running_door(tmp_path) as (door, g, _):
+        context = ssl.create_default_context(cafile=g.ca_file)
+        url = f"https://[::1]:{door}/v1/models"
+
+        def ask(path):
+            with urllib.request.urlopen(keyed(url + path), timeout=30, context=context) as answer:
+                return (answer.headers[layout.GATEWAY_BOX_HEADER],
+                        int(answer.headers[layout.GATEWAY_QUEUED_HEADER]))
+
+        assert ask("") == ("thor-1", 0)
+        first = threading.Thread(target=ask, args=("?slow=1",))
+        first.start()
+        time.sleep(0.5)
+        box, waited = ask("?slow=2")
+        first.join()
+        assert box == "thor-1" and 1000 <= waited <= 2500, waited

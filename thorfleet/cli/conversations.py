@@ -29,6 +29,8 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
+from thorfleet.settings import layout
+
 # Words the prompts are made of: a token or two each for a Mistral tokenizer. The request's own
 # usage says how many tokens a prompt was, so this only sets the size roughly.
 WORDS = ("river", "stone", "lantern", "orchard", "copper", "meadow", "signal", "harbor", "engine",
@@ -37,8 +39,7 @@ WORDS = ("river", "stone", "lantern", "orchard", "copper", "meadow", "signal", "
 TOKENS_PER_WORD = 1.5  # measured on the sim's tokenizer: usage.prompt_tokens / words sent
 SYSTEM = ("You are the team's assistant on the fleet. Answer briefly and precisely; keep to the "
           "facts in the conversation.")
-BOX_HEADER = "X-Thorfleet-Box"
-QUEUED_HEADER = "X-Thorfleet-Queued-Ms"
+BOX_HEADER, QUEUED_HEADER = layout.GATEWAY_BOX_HEADER, layout.GATEWAY_QUEUED_HEADER
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,10 @@ GATEWAY_BUDGET_MAP = f"{GATEWAY_DOOR_USAGE_STATE}/budget.map"
 # The door tells each box which client asks (its name, or FLEET_CLIENT without gateway_clients),
 # replacing any a client sent: the boxes count tokens per client by it.
 GATEWAY_CLIENT_HEADER = "X-Thorfleet-Client"
+# What the door adds to each box's answer: the box that gave it, and how long the request waited
+# at the door for one of its slots (milliseconds, HAProxy's %Tw): what a client's latency is made of.
+GATEWAY_BOX_HEADER = "X-Thorfleet-Box"
+GATEWAY_QUEUED_HEADER = "X-Thorfleet-Queued-Ms"
 GATEWAY_BACKEND = "thors"  # HAProxy's backend of the Thors' vLLM ports
 GATEWAY_CLIENT_TABLE = "clients"  # HAProxy's stick table of each client's requests (gateway_clients)
 GATEWAY_SHARE_TABLE = "client-pools"  # ...and of its requests at the door per pool (fair shares)
