@@ -19,7 +19,6 @@ a slot (X-Thorfleet-Queued-Ms), and the last chunk carries the usage, cached tok
 
 from __future__ import annotations
 
-import http.client
 import json
 import random
 import ssl
@@ -28,6 +27,7 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
+from http.client import HTTPException, HTTPSConnection
 
 from thorfleet.settings import layout
 
@@ -123,7 +123,7 @@ class Door:
         body = json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens,
                            "temperature": 0, "stream": True, "ignore_eos": True,
                            "stream_options": {"include_usage": True}})
-        connection = http.client.HTTPSConnection(self.host, self.port, context=self.context,
+        connection = HTTPSConnection(self.host, self.port, context=self.context,
                                                  timeout=600)
         started = time.monotonic()
         try:
@@ -151,7 +151,7 @@ class Door:
                     "queued_ms": float(response.getheader(QUEUED_HEADER) or 0),
                     "prompt_tokens": usage.get("prompt_tokens", 0),
                     "cached_tokens": details.get("cached_tokens") or 0}
-        except (OSError, http.client.HTTPException, ValueError) as error:
+        except (OSError, HTTPException, ValueError) as error:
             return {"error": str(error)}
         finally:
             connection.close()
