@@ -7,12 +7,16 @@ The edits that break it (each tried once): the last-token rule dropped (`request
 `request.prompt`); EAGLE's dropped block kept; freed blocks appended head first (no `reversed`);
 a hit left in the free queue (touch not removing it); the free queue taken from the back; the
 hit not counted as prefilled (`request.prefilled = 0`); the lookup counted only on a hit; the
-output events without "cached".
+output events without "cached"; the API server's block size left at the CPU platform's; the
+draft's KV layers left out of a block's bytes.
 """
 
+import importlib.util
 import json
 import socket
 import threading
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -21,6 +25,7 @@ from bench.standin_model import core, thor
 BASE = thor.Box(thor.MISTRAL_SMALL_4, thor.THOR)
 EAGLE = thor.Box(thor.MISTRAL_SMALL_4, thor.THOR, 3)
 BLOCK = 16
+STANDIN = Path(__file__).resolve().parents[2] / "sim" / "base" / "vllm_standin.py"
 
 
 def chain(labels: str) -> list[str]:
@@ -170,3 +175,40 @@ def test_the_engine_core_reports_hits_and_lookups_over_its_socket():
     ours.close()
     assert (cached["first"], cached["second"]) == (0, 48)
     assert prefix == [2, 128, 48]
+
+
+def standin():
+    """vllm_standin alone (its top level is stdlib; thor is imported beside it)."""
+    spec = importlib.util.spec_from_file_location("vllm_standin_cache_under_test", STANDIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# (why, block size vLLM's config holds, whether the user chose it, the Thor's)
+SIZES = [("the sim's CpuPlatform set 128; TRITON_MLA on a Thor keeps the default 16", 128, False,
+          16),
+         ("a --block-size the user gave is kept", 64, True, 64)]
+
+
+@pytest.mark.parametrize("why, configured, chosen, thors", SIZES, ids=[s[0] for s in SIZES])
+def test_the_engine_core_gets_a_thors_block_size(why, configured, chosen, thors):
+    config = SimpleNamespace(block_size=configured, user_specified_block_size=chosen)
+    assert standin().thor_block_size(config) == thors, why
+
+
+# (why, requested bytes, weight bytes, draft, max_model_len, blocks): the seed asks 0.72 of a
+# Thor's 122 GiB (94,317,481,821 bytes) and loads 66 GB; a token's KV is 320 BF16 values a layer,
+# 36 layers and the draft's 2
+KV = [("the seed with its draft: 28.3 GB over 16 x 38 x 640 bytes", 94_317_481_821,
+       66_000_000_000, True, 65536, 72_773),
+      ("without the draft: 36 layers", 94_317_481_821, 66_000_000_000, False, 65536, 76_816),
+      ("no room: one max_model_len sequence, the least vLLM starts with", 60_000_000_000,
+       66_000_000_000, True, 65536, 4096)]
+
+
+@pytest.mark.parametrize("why, requested, weights, draft, max_model_len, blocks", KV,
+                         ids=[k[0] for k in KV])
+def test_kv_blocks_are_what_the_memory_left_after_the_weights_holds(why, requested, weights,
+                                                                   draft, max_model_len, blocks):
+    assert standin().kv_blocks(requested, weights, 16, draft, max_model_len) == blocks, why
