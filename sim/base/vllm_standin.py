@@ -54,6 +54,19 @@ IMITATED (cannot run without a CUDA GPU and 66 GB of weights), each rule citing 
   faster in all; prefill chunks fill KV-cache blocks that vllm:kv_cache_usage_perc reports, and
   the first token comes with the last chunk. THORFLEET_SIM_DECODE_TOKS (tests only) runs the
   same box's clock faster.
+- Prefix caching, when vLLM's parsed config has it on (cache_config.enable_prefix_caching): the
+  client hashes the prompt's full blocks (then the answer's) with vLLM's own hash_block_tokens,
+  the engine core keeps vLLM's block pool (LRU free queue, hits in whole blocks from the prompt's
+  start, never the last token, one block less with EAGLE; standin_core.py cites each rule); a hit
+  is prefilled already, so the first token comes sooner, and it is reported as vLLM reports it:
+  EngineCoreOutput.num_cached_tokens (usage.prompt_tokens_details.cached_tokens with
+  --enable-prompt-tokens-details) and vllm:prefix_cache_queries/_hits. The blocks are a Thor's:
+  16 tokens (TRITON_MLA keeps CacheConfig.DEFAULT_BLOCK_SIZE), as many as the KV memory left
+  after the weights holds. Running vLLM's own KVCacheManager instead was measured: importing
+  vllm.v1.core.block_pool pulls in torch, 5.7 CPU-s a process in the base image, against the
+  engine core's stdlib start. THORFLEET_SIM_HIT_ANSWERS_DIFFER=1 (tests only) answers a request
+  that had a cache hit with other tokens, so a proof that answers agree on a hit can be seen
+  to fail.
 - Decoding: token ids are chosen, not computed; alone, a box decodes at the seed's Thor rates
   (33.7 tok/s with the EAGLE draft, 17.5 without), with EAGLE 1 + the accepted drafts a step
   (1.87 of 3 on average, fitted to 33.7) in one output, as vLLM delivers a step's tokens:
@@ -682,6 +695,7 @@ ANSWER = ("This is the thorfleet stand-in engine answering: the prompt went thro
           "renderer, no weights were run.")
 TRACE = "Thinking it over, step by step."
 FILLER = " token"
+HIT_FILLER = " cached"  # THORFLEET_SIM_HIT_ANSWERS_DIFFER's answer to a request that hit
 
 
 def sample_arguments(tool: dict) -> dict:
@@ -721,6 +735,18 @@ class StandInCore:
             "[/AVAILABLE_TOOLS]")}
         self.eos = tokenizer.eos_token_id
         self.filler = self.encode(FILLER)[0]
+        cache_config = vllm_config.cache_config
+        self.block_size = cache_config.block_size
+        self.caching = bool(cache_config.enable_prefix_caching)
+        if self.caching:
+            # as the engine core sets its hasher up (v1/engine/core.py L199-208)
+            from vllm.utils.hashing import get_hash_fn_by_name
+            from vllm.v1.core.kv_cache_utils import init_none_hash
+
+            self.hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
+            init_none_hash(self.hash_fn)
+        self.hit_differs = os.environ.get("THORFLEET_SIM_HIT_ANSWERS_DIFFER") == "1"
+        self.other = self.encode(HIT_FILLER)[0]
         ours, theirs = socket.socketpair()
         self.sock = ours
         self.received = b""
@@ -734,13 +760,31 @@ class StandInCore:
              "--budget", str(PREFILL_CHUNK or vllm_config.scheduler_config.max_num_batched_tokens),
              "--time-scale", str(time_scale(vllm_config)),
              "--kv-blocks", str(vllm_config.cache_config.num_gpu_blocks),
-             "--block-size", str(vllm_config.cache_config.block_size)],
+             "--block-size", str(self.block_size),
+             *(["--prefix-caching"] if self.caching else []),
+             *(["--eagle"] if spec is not None and spec.use_eagle() else [])],
             pass_fds=(theirs.fileno(),))
         theirs.close()
         ours.setblocking(False)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def block_hashes(self, request, answer: list[int]) -> list[str]:
+        """The hash chain of every full block of the prompt and then the answer, as the engine
+        core's Request computes it (kv_cache_utils.py get_request_block_hasher L565-617, with
+        vLLM's own hash_block_tokens L535-562); a cache_salt keys the first block (L518-520)."""
+        from vllm.v1.core.kv_cache_utils import hash_block_tokens
+
+        tokens = [*(request.prompt_token_ids or []), *answer]
+        salt = getattr(request, "cache_salt", None)
+        hashes, parent = [], None
+        for start in range(0, len(tokens) - self.block_size + 1, self.block_size):
+            extra = (salt,) if start == 0 and salt else None
+            parent = hash_block_tokens(self.hash_fn, parent,
+                                       tokens[start:start + self.block_size], extra)
+            hashes.append(bytes(parent).hex())
+        return hashes
 
     def plan(self, request) -> tuple[list[int], bool]:
         """(token ids, ends with EOS) for this prompt, as a model would answer it."""
@@ -797,6 +841,11 @@ class StandInCore:
             # (v1/metrics/loggers.py)
             stats = SchedulerStats(num_running_reqs=event["running"],
                                    num_waiting_reqs=event["waiting"], kv_cache_usage=event["kv"])
+            if event.get("prefix"):
+                # the step's lookups, as Scheduler.make_stats hands them on (scheduler.py
+                # L1940-1960) to vllm:prefix_cache_queries/_hits (v1/metrics/loggers.py L1048-1053)
+                prefix = stats.prefix_cache_stats
+                prefix.requests, prefix.queries, prefix.hits = event["prefix"]
             outputs = []
             rid = event["rid"]
             if rid is not None and rid in self.in_flight:
@@ -808,11 +857,14 @@ class StandInCore:
                 ids, step = self.in_flight[rid], event["step"]
                 tokens = [ids[i] if i < len(ids) else self.filler
                           for i in range(step, step + event["n"])]
+                if self.hit_differs and event["cached"] > 0:  # tests only: see the docstring
+                    tokens = [t if t == self.eos else self.other for t in tokens]
                 finish = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}.get(
                     event["finish"])
                 if finish is not None:  # FinishReason.STOP is 0: falsy
                     del self.in_flight[rid]
-                outputs = [EngineCoreOutput(rid, tokens, finish_reason=finish)]
+                outputs = [EngineCoreOutput(rid, tokens, finish_reason=finish,
+                                            num_cached_tokens=event["cached"])]
             self.queue.put_nowait(EngineCoreOutputs(outputs=outputs, scheduler_stats=stats))
 
     def end(self, request_id: str, report: bool) -> None:
@@ -843,9 +895,11 @@ class StandInCore:
         max_tokens = request.sampling_params.max_tokens or 16
         self.in_flight[rid] = ids
         stop = natural and len(ids) <= max_tokens
-        self.send(op="add", rid=rid, prompt=len(request.prompt_token_ids or []),
-                  steps=len(ids) if stop else max_tokens,
-                  finish="stop" if stop else "length")
+        steps = len(ids) if stop else max_tokens
+        answer = [ids[i] if i < len(ids) else self.filler for i in range(steps)]
+        self.send(op="add", rid=rid, prompt=len(request.prompt_token_ids or []), steps=steps,
+                  finish="stop" if stop else "length",
+                  blocks=self.block_hashes(request, answer) if self.caching else [])
 
     async def get_output_async(self):
         return await self.queue.get()
@@ -900,11 +954,52 @@ class StandInCore:
         raise AttributeError(name)
 
 
+def thor_block_size(cache_config) -> int:
+    """The KV block a Thor's vLLM uses for this MLA model: the user's --block-size, else
+    CacheConfig.DEFAULT_BLOCK_SIZE (16, config/cache.py L34), which TRITON_MLA, the one MLA
+    backend valid on sm_110 (select_attention), supports (multiples of 16: triton_mla.py L43-50),
+    so get_preferred_block_size keeps it (v1/attention/backend.py L189-197)."""
+    if getattr(cache_config, "user_specified_block_size", False):
+        return cache_config.block_size
+    return 16
+
+
+def weight_bytes(model: Path, draft: Path | None) -> int:
+    """What loading puts in memory: the index's total_size (the sim's shards are tiny) and the
+    draft's files."""
+    index = model / "consolidated.safetensors.index.json"
+    size = int(json.loads(index.read_text()).get("metadata", {}).get("total_size", 0)) \
+        if index.is_file() else 0
+    if draft is not None:
+        size += sum(f.stat().st_size for f in draft.rglob("*") if f.is_file())
+    return size
+
+
+def kv_blocks(requested: int, weights: int, block_size: int, draft: bool,
+              max_model_len: int) -> int:
+    """KV blocks as vLLM sizes them after profiling (gpu_worker.py determine_available_memory:
+    the requested memory less what the model takes; kv_cache_utils.py get_num_blocks: that over
+    a block's bytes in every layer), the draft's layers included. The activations' peak that
+    profiling also subtracts is not modelled (no figure for a Thor), so this errs a few GiB
+    large. Never below one max_model_len sequence: vLLM refuses to start there
+    (kv_cache_utils.py check_enough_kv_cache_memory)."""
+    import thor
+
+    model = thor.MISTRAL_SMALL_4
+    per_token = model.kv_bytes // model.attention_layers \
+        * (model.attention_layers + (thor.DRAFT_LAYERS if draft else 0))
+    return max((requested - weights) // (block_size * per_token), -(-max_model_len // block_size))
+
+
 def start_engine_core(vllm_config, started: float) -> None:
     """What the EngineCore process does before it answers (v1/engine/core.py, worker init, model
     load): memory check, kernel choice, weights. Raises what vLLM raises."""
     cache_config = vllm_config.cache_config
     requested = check_memory(cache_config)  # gpu_worker.py init_device -> request_memory
+    # the executor sets the backend's block size before the KV cache is sized (uniproc_executor.py
+    # L53 -> platforms/interface.py update_block_size_for_backend L427-474); the sim's CpuPlatform
+    # set its own 128 (platforms/cpu.py L165-166), which a Thor never does
+    cache_config.block_size = thor_block_size(cache_config)
     hold(THORSIM / "holds", requested, f"vllm-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     select_attention(vllm_config)
     select_nvfp4_gemm(vllm_config)
@@ -918,11 +1013,9 @@ def start_engine_core(vllm_config, started: float) -> None:
     time.sleep(max(0.0, seconds - (time.time() - started)))
     vlog("model_executor/model_loader/default_loader.py", '"Loading weights took %.2f seconds"',
          logging.INFO, "Loading weights took %.2f seconds", time.time() - started)
-    # KV blocks as after profiling (metrics need them): room for at least one max_model_len
-    # sequence, the least vLLM starts with (v1/core/kv_cache_utils.py
-    # check_enough_kv_cache_memory raises below it).
-    cache_config.num_gpu_blocks = cache_config.num_gpu_blocks or max(
-        4096, -(-vllm_config.model_config.max_model_len // cache_config.block_size))
+    cache_config.num_gpu_blocks = cache_config.num_gpu_blocks or kv_blocks(
+        requested, weight_bytes(model, draft), cache_config.block_size, draft is not None,
+        vllm_config.model_config.max_model_len)
 
 
 def make_engine(vllm_config):

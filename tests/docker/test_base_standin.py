@@ -117,6 +117,10 @@ def test_serves_with_the_seed_environment(docker_client, base_image, model_dir):
             r"(\S+)$", metrics, re.MULTILINE)}
         assert counts["num_drafts"] > 0, metrics
         assert 0.55 < counts["num_accepted_tokens"] / counts["num_draft_tokens"] < 0.7, counts
+        # the seed's `enable_prefix_caching: false` is dropped by --config (utils/argparse_utils.py
+        # L502-504), so vLLM 0.19.0 caches by default: prompts are looked up (too short to hit)
+        cache = prefix_cache(metrics)
+        assert cache["queries"] > 0 and cache["hits"] == 0, metrics
 
 
 def test_marlin_only_the_way_an_operator_reaches_it(docker_client, base_image, model_dir):
@@ -257,9 +261,11 @@ def test_max_num_seqs_decode_at_once_and_the_rest_wait(docker_client, base_image
     # The seed's max_num_seqs: 1 (SEED_CONFIG): three requests at once run one after another,
     # the two behind counted in vllm:num_requests_waiting as vLLM's scheduler reports them
     # (v1/core/sched/scheduler.py L568, L1957).
+    # With prefix caching off as thorfleet's vllm.yaml turns it off: no lookup is counted.
     env = {**SEED_ENV, "VLLM_API_KEY": KEY}
     body = {"model": "/model", "prompt": "def fib(n):", "max_tokens": 34, "temperature": 0}
-    with serving(docker_client, base_image, model_dir, env=env) as server:
+    config = SEED_CONFIG + "no-enable-prefix-caching: true\n"
+    with serving(docker_client, base_image, model_dir, env=env, config=config) as server:
         server.wait_healthy()
         ended = []
 
@@ -275,6 +281,8 @@ def test_max_num_seqs_decode_at_once_and_the_rest_wait(docker_client, base_image
         _, metrics = server.request("GET", "/metrics")
         for thread in threads:
             thread.join(timeout=30)
+        _, after = server.request("GET", "/metrics")
+    assert prefix_cache(after) == {"queries": 0.0, "hits": 0.0}, after
     gauge = {name: float(value) for name, value in re.findall(
         r"^vllm:num_requests_(running|waiting)\{[^}]*\} (\S+)$", metrics, re.MULTILINE)}
     assert gauge == {"running": 1.0, "waiting": 2.0}, metrics
@@ -304,3 +312,36 @@ def test_a_frozen_engine_core_looks_like_a_hung_gpu(docker_client, base_image, m
             os.kill(cores[0], signal.SIGCONT)
         # thawed, it answers again
         assert server.request("POST", "/v1/completions", key=KEY, body=body, timeout=30)[0] == 200
+
+
+def prefix_cache(metrics: str) -> dict:
+    return {name: float(value) for name, value in re.findall(
+        r"^vllm:prefix_cache_(queries|hits)_total\{[^}]*\} (\S+)$", metrics, re.MULTILINE)}
+
+
+def test_prefix_cache_hits_whole_blocks_as_vllm_reports_them(docker_client, base_image,
+                                                             model_dir):
+    """enable_prefix_caching on (what thorfleet's service_prefix_caching renders): the same long
+    prompt twice, the second's usage says how many of its tokens came from the cache, in whole
+    16-token blocks less the last token's block and, with the seed's EAGLE draft, one more
+    (standin_core.py cites vLLM's rules); vLLM's counters count every prompt token looked up and
+    every one found. THORFLEET_SIM_HIT_ANSWERS_DIFFER answers the hit with other tokens."""
+    config = SEED_CONFIG.replace("enable_prefix_caching: false", "enable_prefix_caching: true") \
+        + "enable_prompt_tokens_details: true\n"
+    env = {**SEED_ENV, "THORFLEET_SIM_HIT_ANSWERS_DIFFER": "1"}
+    body = {"model": "/model", "prompt": "def fib(n):\n" + "    # the same long preamble\n" * 40,
+            "max_tokens": 4, "temperature": 0}
+    with serving(docker_client, base_image, model_dir, config=config, env=env) as server:
+        server.wait_healthy()
+        answers = [server.request("POST", "/v1/completions", body=body) for _ in range(2)]
+        _, metrics = server.request("GET", "/metrics")
+    (status1, first), (status2, second) = answers
+    assert status1 == status2 == 200, answers
+    prompt = first["usage"]["prompt_tokens"]
+    assert prompt > 100 and first["usage"].get("prompt_tokens_details") is None, first
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == ((prompt - 1) // 16 - 1) * 16, (prompt, second["usage"])
+    assert prefix_cache(metrics) == {"queries": 2.0 * prompt, "hits": float(cached)}, metrics
+    # temperature 0: the same answer, unless the knob says a hit changes it
+    assert first["choices"][0]["text"] == " token" * 4
+    assert second["choices"][0]["text"] == " cached" * 4
