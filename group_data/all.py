@@ -53,6 +53,7 @@ service_name = "thorfleet-vllm"  # systemd unit and container name
 service_profile = "default"  # what the box serves, under its model name: "default" (mistral-small-4: EAGLE-3, 64K), "no-eagle" (mistral-small-4-256k), "throughput" (mistral-small-4-batch: 8 at once, 32K), "vision" (mistral-small-4-vision: images, 64K); may differ per host
 service_images_per_prompt = 4  # vision profile: most images in one prompt (vLLM's limit_mm_per_prompt); each takes up to 3,080 tokens of the 64K context
 service_media_domains = []  # vision profile: domains a box may fetch image URLs from, whole names (none: data: URLs only, the box fetches nothing)
+service_prefix_caching = None  # vLLM's prefix caching (a prompt's start seen before is not computed again): True, False, or None for the profile's (on, but off for vision: docs/workloads.md)
 service_host = None  # listen address; None: 0.0.0.0 with an API key, 127.0.0.1 without one
 service_port = 8002  # port vLLM listens on
 service_gpu_memory_utilization = 0.72  # share of unified memory vLLM may take (~96 GB on a Thor)

@@ -129,9 +129,14 @@ DRAFTED = "vllm:spec_decode_num_draft_tokens_total"
 # at L1958; 0.26.0 L2434; 0.33.0 L3294), as this gauge (v1/metrics/loggers.py: 0.19.0 L483 and
 # L1046, 0.26.0 L562, 0.33.0 L620).
 KV_USAGE = "vllm:kv_cache_usage_perc"
+# Prompt tokens looked up in the prefix cache, and found there (loggers.py 0.19.0 L505-523): both
+# stay 0 while prefix caching is off (v1/core/kv_cache_manager.py get_computed_blocks returns
+# before counting). `thorfleet doctor` shows their ratio, the box's hit rate.
+PREFIX_QUERIES, PREFIX_HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 # Every name the watchdog reads, by what it tells (`thorfleet doctor` checks the server has them).
 VLLM_METRICS = {"running": RUNNING, "waiting": WAITING, "generated": GENERATED,
-                "prompted": PROMPTED, "accepted": ACCEPTED, "drafted": DRAFTED, "kv_usage": KV_USAGE}
+                "prompted": PROMPTED, "accepted": ACCEPTED, "drafted": DRAFTED, "kv_usage": KV_USAGE,
+                "prefix_queries": PREFIX_QUERIES, "prefix_hits": PREFIX_HITS}
 
 # One sample of Prometheus's text exposition format (0.0.4): `name{labels} value [timestamp]` or
 # `name value [timestamp]`; a label value is a quoted string that may hold }, spaces and \" .

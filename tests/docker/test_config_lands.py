@@ -6,8 +6,8 @@ has (0.19.0, 0.26.0, 0.33.0): vLLM's own parser reads the file in a container of
 Why: `--config` turns `key: true` into `--key`, and a false one into nothing (0.19.0
 utils/argparse_utils.py L501-504) or into `--no-key` only when that exact option exists (0.33.0
 L654-658, never for a key written with underscores), so `enable_prefix_caching: false`, the
-seed's setting, left prefix caching at vLLM's default. The edit that breaks it: writing that line
-back into files/vllm.yaml.j2. A vision box's image limit and media domains land as vLLM's own
+seed's setting, left prefix caching at vLLM's default. The edit that breaks it: writing off that
+way in files/vllm.yaml.j2 (a vision box's prefix caching is off, a default box's on). A vision box's image limit and media domains land as vLLM's own
 limit_mm_per_prompt and allowed_media_domains (the edit that breaks it: a domain list rendered as
 one string).
 """
@@ -59,8 +59,10 @@ def test_every_setting_of_the_file_lands_as_written(parsed):
         assert parsed[name] == value, (key, parsed[name])
 
 
-def test_prefix_caching_is_off_as_the_seed_says(parsed):
-    assert parsed["enable_prefix_caching"] is False
+def test_prefix_caching_lands_as_the_profile_says(parsed, parsed_vision):
+    # on (`enable_prefix_caching: true`) for the default profile, off (`no-...: true`) for vision
+    assert parsed["enable_prefix_caching"] is True
+    assert parsed_vision["enable_prefix_caching"] is False
 
 
 def test_the_draft_and_the_graphs_are_read(parsed):

@@ -37,7 +37,7 @@ SETTINGS = SimpleNamespace(
     weights_model_revision="a" * 40, weights_draft_revision="b" * 40, power_mode=1,
     power_allow_reboot=False, image_base="ghcr.io/nvidia-ai-iot/vllm@sha256:" + "c" * 64,
     service_docker_gpus="all", service_name="thorfleet-vllm", service_port=8002,
-    service_profile="default")
+    service_profile="default", prefix_caching=True)
 
 # What a converged Thor answers (the sim's box, as doctor read it)
 MODES = {0: "MAXN", 1: "120W", 2: "90W", 3: "70W"}
@@ -55,7 +55,9 @@ CONVERGED = {
                 "kernels": {"TRITON_MLA attention": "Using TRITON_MLA attention backend",
                             "GEMM": "Using NvFp4LinearBackend.FLASHINFER_CUTLASS for NVFP4 GEMM",
                             "MoE": "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend"}},
-    "metrics": {name: 0.0 for name in readings.VLLM_METRICS.values()},
+    # the proof's prompt twice (tests/fast/test_prefix_caching.py): 384 of 800 tokens cached
+    "metrics": {**{name: 0.0 for name in readings.VLLM_METRICS.values()},
+                readings.PREFIX_QUERIES: 800.0, readings.PREFIX_HITS: 384.0},
     "thermal": {"thermal_zone0": {"type": "cpu-thermal", "temp_c": 37.3}},
 }
 
@@ -64,6 +66,20 @@ def verdicts(sudo=True, **changed):
     got = {k: Answer(v) for k, v in CONVERGED.items()}
     got.update({k: v if isinstance(v, Answer) else Answer(v) for k, v in changed.items()})
     return {r["check"]: r for r in rows.thor_rows("thor-1", SETTINGS, sudo, got)}
+
+
+@pytest.mark.parametrize("queries,hits,found,verdict", [
+    (0.0, 0.0, "off", "ok"),
+    (800.0, 384.0, "off in group data, on in the running server (48% hit rate", "copes"),
+])
+def test_a_box_with_prefix_caching_off_says_off(queries, hits, found, verdict):
+    got = {k: Answer(v) for k, v in CONVERGED.items()}
+    got["metrics"] = Answer({**CONVERGED["metrics"], readings.PREFIX_QUERIES: queries,
+                             readings.PREFIX_HITS: hits})
+    s = SimpleNamespace(**{**vars(SETTINGS), "prefix_caching": False})
+    table = {r["check"]: r for r in rows.thor_rows("thor-1", s, True, got)}
+    assert table["prefix cache"]["found"].startswith(found)
+    assert table["prefix cache"]["verdict"] == verdict
 
 
 def test_a_converged_thor_is_ok():
@@ -128,6 +144,16 @@ CASES = [
     ({"metrics": {readings.RUNNING: 0.0}}, "server metrics", "blocks", "wedged"),
     ({"metrics": {n: 0.0 for n in readings.VLLM_METRICS.values() if n != readings.KV_USAGE}},
      "server metrics", "copes", "kv_usage"),
+    ({}, "prefix cache", "ok", "on; 48% hit rate (384 of 800 prompt tokens cached)"),
+    ({"metrics": {**CONVERGED["metrics"], readings.PREFIX_QUERIES: 0.0,
+                  readings.PREFIX_HITS: 0.0}}, "prefix cache", "not checked yet",
+     "no prompt looked up yet"),
+    ({"metrics": {n: 0.0 for n in readings.VLLM_METRICS.values()
+                  if n not in (readings.PREFIX_QUERIES, readings.PREFIX_HITS)}},
+     "prefix cache", "copes", "no prefix_cache counters"),
+    ({"metrics": None}, "prefix cache", "not checked yet", "once the server runs"),
+    ({"metrics": {n: 0.0 for n in readings.VLLM_METRICS.values() if n != readings.PREFIX_HITS}},
+     "server metrics", "ok", "8 of 9"),  # the counters are the prefix cache row's, not needed
     ({"thermal": {"thermal_zone0": {"type": "cpu-thermal", "temp_c": 37.3},
                   "thermal_zone2": {"type": "soc012-thermal", "error": "No such file"}}},
      "thermal zones", "copes", "thermal_zone2 (soc012-thermal"),

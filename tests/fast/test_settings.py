@@ -298,6 +298,9 @@ BAD_INPUTS = [
     ({"service_name": "vllm@1"}, "is not a name both systemd and Docker accept"),
     ({"service_profile": "fast"}, "service_profile='fast' is unknown: use one of ['default', "),
     ({"service_images_per_prompt": 0}, "service_images_per_prompt=0 must be a whole number from"),
+    ({"service_prefix_caching": "on"},
+     "service_prefix_caching='on' must be True, False, or None for the profile's default"),
+    ({"service_prefix_caching": 1}, "service_prefix_caching=1 must be True, False, or None"),
     ({"service_images_per_prompt": "4"}, "service_images_per_prompt='4' must be a whole number"),
     # 11 images of 3,080 tokens are more than half of the vision profile's 64K
     ({"service_images_per_prompt": 11},

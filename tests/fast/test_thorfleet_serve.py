@@ -117,6 +117,10 @@ class VLLM(BaseHTTPRequestHandler):
             f'vllm:num_requests_{name}{{engine="0",model_name="/model"}} {value}\n'
             f'vllm:num_requests_{name}{{engine="1",model_name="/model"}} 0.0\n'
             for name, value in (("running", float(bool(left))), ("waiting", 0.0)))
+        counters = json.loads((self.box / "prefix").read_text()) if (
+            self.box / "prefix").exists() else {"queries": 0, "hits": 0}
+        text += "".join(f'vllm:prefix_cache_{name}_total{{engine="0",model_name="/model"}} '
+                        f"{float(value)}\n" for name, value in counters.items())
         data = text.encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -142,10 +146,34 @@ class VLLM(BaseHTTPRequestHandler):
         if body.get("reasoning_effort") == "high" and body.get("return_token_ids"):
             return self.answer(200, {"choices": [{"message": {"content": "Hello!"}}],
                                      "prompt_token_ids": [1, 2, 3]})
+        if body.get("cache_salt"):  # the prefix cache's proof: a salt seen before is a hit
+            return self.answer(200, self.prefix_answer(body))
         if body.get("tools"):
             call = {"function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
             return self.answer(200, {"choices": [{"message": {"tool_calls": [call]}}]})
         return self.answer(200, {"choices": [{"message": {"content": "Hello!"}, "text": "x"}]})
+
+
+    def prefix_answer(self, body):
+        """As vLLM answers a prompt with return_token_ids, counting prefix cache queries and hits;
+        a running config saying `prefix-miss` never hits, one saying `prefix-wrong` answers a hit
+        with other tokens."""
+        state = self.box / "prefix"
+        counters = json.loads(state.read_text()) if state.exists() else {"queries": 0, "hits": 0}
+        salts = self.box / "salts"
+        seen = salts.read_text().split() if salts.exists() else []
+        config = (self.box / "running").read_text()
+        cached = 384 if body["cache_salt"] in seen and "prefix-miss" not in config else 0
+        salts.write_text(" ".join([*seen, body["cache_salt"]]))
+        counters["queries"] += 400
+        counters["hits"] += cached
+        state.write_text(json.dumps(counters))
+        ids = [7] * body["max_tokens"] if cached and "prefix-wrong" in config else \
+            list(range(body["max_tokens"]))
+        usage = {"prompt_tokens": 400, "completion_tokens": len(ids)}
+        if cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return {"choices": [{"text": "201 202", "token_ids": ids}], "usage": usage}
 
 
 # The tool with every way to change a file's mode after creating it made to do nothing, under
@@ -256,6 +284,25 @@ def test_a_version_that_fails_is_rolled_back_to_the_last_good_one(box, version, 
     assert box.config.read_text() == "version: 1\n"  # the live files are the last good ones again
     assert (box.fake / "running").read_text() == "version: 1\n"
     assert box.proven.read_text() == "1" * 64
+
+
+PREFIX_ON = "enable_prefix_caching: true\n"
+
+
+@pytest.mark.parametrize("version,why", [
+    (f"version: 2 prefix-miss\n{PREFIX_ON}", "reports no cached tokens"),
+    (f"version: 2 prefix-wrong\n{PREFIX_ON}", "uncached answer at token 1 of 16"),
+], ids=["no hit", "a wrong hit"])
+def test_a_prefix_cache_that_fails_its_proof_is_rolled_back(box, version, why):
+    assert box.activate(f"version: 1\n{PREFIX_ON}", "1" * 64).returncode == 0  # one that works
+    done = box.activate(version, "2" * 64)
+    assert done.returncode == 1
+    failed = next(line for line in done.stdout.splitlines() if line.startswith("FAILED: "))
+    assert failed.startswith("FAILED: prefix caching: ") and why in failed, done.stdout
+    assert failed.endswith("turn service_prefix_caching off for this box (its host data) and "
+                           "deploy again")
+    assert f"Rolled back: the last good version ({'1' * 12}) serves again" in done.stdout
+    assert (box.fake / "running").read_text() == f"version: 1\n{PREFIX_ON}"
 
 
 def test_a_first_version_that_fails_is_stopped_with_nothing_to_roll_back_to(box):

@@ -35,6 +35,8 @@ HAPROXY_MIN = "2.6"  # Debian 12's, whose `haproxy -c` the fast tests check the 
 HAPROXY_FEATURES = {"OpenSSL (TLS at the door, sha2 of client keys)": "Built with OpenSSL"}
 # what the watchdog cannot judge a server without (files/bin/thorfleet-watchdog)
 WATCHDOG_NEEDS = ("running", "waiting", "generated", "prompted")
+# read for the prefix cache's own row, not asked of every server
+PREFIX_CACHE = ("prefix_queries", "prefix_hits")
 
 
 def row(host, area, check, expects, found, verdict, fix="") -> dict:
@@ -308,6 +310,7 @@ def _model(host, s, got):
             yield row(host, "model", "kernels", expects,
                       "; ".join(kernels["kernels"].values())[:200], OK)
     yield _metrics_row(host, s, got["metrics"])
+    yield _prefix_cache_row(host, s, got["metrics"])
 
 
 def _metrics_row(host, s, metrics):
@@ -319,7 +322,7 @@ def _metrics_row(host, s, metrics):
     missing = [k for k, name in readings.VLLM_METRICS.items() if name not in metrics.value]
     needed = [k for k in missing if k in WATCHDOG_NEEDS]
     eagle = PROFILES.get(s.service_profile, {}).get("eagle")
-    optional = [k for k in missing if k not in WATCHDOG_NEEDS
+    optional = [k for k in missing if k not in WATCHDOG_NEEDS and k not in PREFIX_CACHE
                 and (eagle or k not in ("accepted", "drafted"))]
     found = f"{len(readings.VLLM_METRICS) - len(missing)} of {len(readings.VLLM_METRICS)}"
     if needed:
@@ -330,6 +333,37 @@ def _metrics_row(host, s, metrics):
                    f"{found}; no {', '.join(optional)}", COPES,
                    "status lacks EAGLE acceptance, or a long prefill is judged by tokens only")
     return row(host, "model", "server metrics", expects, found, OK)
+
+
+def _prefix_cache_row(host, s, metrics):
+    """The share of prompt tokens the running server took from its prefix cache (vLLM's counters
+    since it started), or "off"."""
+    expects = "with prefix caching on, the share of prompt tokens served from the cache"
+    if metrics.error or metrics.value is None:
+        return row(host, "model", "prefix cache", expects,
+                   metrics.error or "the server does not answer", NOT_YET,
+                   "read once the server runs")
+    queries = metrics.value.get(readings.PREFIX_QUERIES)
+    hits = metrics.value.get(readings.PREFIX_HITS)
+    if queries is None or hits is None:
+        return row(host, "model", "prefix cache", expects, "no prefix_cache counters on /metrics",
+                   COPES if s.prefix_caching else OK, "no hit rate to show" if s.prefix_caching
+                   else "")
+    if not s.prefix_caching:
+        if queries:  # vLLM counts no query while caching is off: the running server has it on
+            return row(host, "model", "prefix cache", expects,
+                       f"off in group data, on in the running server ({_hit_rate(hits, queries)})",
+                       COPES, "a deploy restarts it with prefix caching off")
+        return row(host, "model", "prefix cache", expects, "off", OK)
+    if not queries:
+        return row(host, "model", "prefix cache", expects,
+                   "on; no prompt looked up yet (or the running server has it off)", NOT_YET,
+                   "read again once it has served prompts (a deploy restarts an older server)")
+    return row(host, "model", "prefix cache", expects, f"on; {_hit_rate(hits, queries)}", OK)
+
+
+def _hit_rate(hits, queries):
+    return f"{hits / queries:.0%} hit rate ({hits:g} of {queries:g} prompt tokens cached)"
 
 
 def _heat(host, s, got):

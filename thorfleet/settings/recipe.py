@@ -13,19 +13,23 @@ Facts of the model on a Thor, not settings: group data picks a profile by name
 # follows it). The throughput profile batches 8: reported on Thor for a 120B NVFP4 MoE, 15 tok/s
 # at concurrency 1 and 40 at 8 (jetson-ai-lab PR #410), with no EAGLE (its drafts are verified per
 # sequence, so its gain shrinks as the batch grows) and 32K a request: 8 of them hold the tokens
-# of one 256K request, which the no-eagle profile's KV cache holds.
+# of one 256K request, which the no-eagle profile's KV cache holds. `prefix_caching`: vLLM's
+# prefix caching when service_prefix_caching leaves it to the profile (docs/workloads.md "Prefix
+# caching" has vLLM 0.19.0's code and bugs behind each choice).
 PROFILES = {
     "default": {"model": "mistral-small-4", "eagle": True, "max_model_len": 65536,
-                "max_num_seqs": 1},
+                "max_num_seqs": 1, "prefix_caching": True},
     "no-eagle": {"model": "mistral-small-4-256k", "eagle": False, "max_model_len": 262144,
-                 "max_num_seqs": 1},
+                 "max_num_seqs": 1, "prefix_caching": True},
     "throughput": {"model": "mistral-small-4-batch", "eagle": False, "max_model_len": 32768,
-                   "max_num_seqs": 8},
+                   "max_num_seqs": 8, "prefix_caching": True},
     # Images as seed 004 section 4.5 sends them (image_url). Without EAGLE: its draft head was
     # trained on text, and whether vLLM drafts for a Pixtral-wrapped target is unconfirmed; the
     # draft's ~0.4 GB goes to the vision encoder (VISION_ENCODER_BYTES). 64K, as the default.
+    # Prefix caching off, the seed's: an open report of cached prefixes mixing images up (vLLM
+    # #20261), which the proof's text-only check could not catch.
     "vision": {"model": "mistral-small-4-vision", "eagle": False, "max_model_len": 65536,
-               "max_num_seqs": 1, "vision": True},
+               "max_num_seqs": 1, "vision": True, "prefix_caching": False},
 }
 # The name every box answers besides its own (the only one before profiles): old clients keep
 # working, and the door sends it to the fleet's first model (the order above).
@@ -59,6 +63,12 @@ NO_MEDIA_DOMAIN = "no-image-urls.invalid"
 def max_images(profile: str) -> int:
     """The most images a prompt of `profile` may hold: IMAGE_CONTEXT_SHARE of its context."""
     return int(PROFILES[profile]["max_model_len"] * IMAGE_CONTEXT_SHARE) // IMAGE_TOKENS_MAX
+
+
+def prefix_caching(profile: str, setting: bool | None) -> bool:
+    """Whether a box of `profile` caches prompt prefixes: service_prefix_caching when set, else
+    the profile's default."""
+    return PROFILES[profile]["prefix_caching"] if setting is None else setting
 
 
 def served_names(profile: str, hf_id: str) -> list[str]:

@@ -16,7 +16,13 @@ import jinja2
 import yaml
 
 from thorfleet.settings import layout
-from thorfleet.settings.recipe import NO_MEDIA_DOMAIN, PROFILES, RECIPE_ENV, served_names
+from thorfleet.settings.recipe import (
+    NO_MEDIA_DOMAIN,
+    PROFILES,
+    RECIPE_ENV,
+    prefix_caching,
+    served_names,
+)
 from thorfleet.settings.schema import API_KEY, Schema
 
 
@@ -171,6 +177,12 @@ class Settings:
     def vision(self) -> bool:
         """Whether this box takes images (its profile's `vision`)."""
         return bool(PROFILES[self.service_profile].get("vision"))
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether vLLM caches prompt prefixes on this box: service_prefix_caching, or its
+        profile's default."""
+        return prefix_caching(self.service_profile, self.service_prefix_caching)
 
     @property
     def image_limit(self) -> dict:

@@ -640,6 +640,10 @@ class Schema(BaseModel):
         [], "vision profile: domains a box may fetch image URLs from, whole names (none: data: "
         "URLs only, the box fetches nothing)",
         "must be a list of domain names, like ['images.example.com']")
+    service_prefix_caching: StrictBool | None = setting(
+        None, "vLLM's prefix caching (a prompt's start seen before is not computed again): "
+        "True, False, or None for the profile's (on, but off for vision: docs/workloads.md)",
+        "must be True, False, or None for the profile's default")
     service_host: Annotated[StrictStr | None, AfterValidator(_listen_address)] = setting(
         None, "listen address; None: 0.0.0.0 with an API key, 127.0.0.1 without one",
         "must be an IP address or host name to listen on, or None")
