@@ -306,6 +306,7 @@ def test_every_setting_is_generated():
         "gateway_queue_timeout_s", "gateway_check_interval_s", "watchdog_port",
         "monitor_scrape_interval_s",
         "gateway_clients",  # names and key files: tests/fast/test_gateway_render.py
+        "gateway_affinity_balance_factor",  # tests/fast/test_door_affinity.py
         "service_media_domains",  # a list: test_a_vision_box_reads_back_its_images_and_domains
         "service_prefix_caching",  # tests/fast/test_prefix_caching.py
     } >= set(schema.FIELDS), set(schema.FIELDS) - set(STRINGS)

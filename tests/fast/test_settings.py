@@ -196,6 +196,8 @@ BAD_INPUTS = [
     ({"gateway_queue_timeout_s": 0.5}, "gateway_queue_timeout_s=0.5 must be a whole number"),
     ({"gateway_check_interval_s": 0}, "gateway_check_interval_s=0 must be a whole number"),
     ({"gateway_retry_after_s": 0}, "gateway_retry_after_s=0 must be a whole number"),
+    ({"gateway_affinity_balance_factor": 100},
+     "gateway_affinity_balance_factor=100 must be a whole number from 101 to 1000"),
     ({"gateway_clients": {"Al ice": "~/alice.key"}}, "gateway_clients has 'Al ice', not a client name"),
     ({"gateway_clients": ["~/alice.key"]}, "must be a dict of client name: key file path"),
     ({"gateway_client_max_inflight": 0}, "gateway_client_max_inflight=0 must be a whole number"),

@@ -77,6 +77,14 @@ USAGE_TIMEOUT_S = 1
 # for the runtime API and the pair's level frontend.
 DOOR_MAXCONN_CAP = 4000
 DOOR_MAXCONN_SPARE = 100
+# The header a client names its conversation by (llm-d's x-session-token): turns that carry the
+# same one go to the same box (gateway_affinity_balance_factor), whatever their bodies say.
+SESSION_HEADER = "X-Session-Token"
+# A conversation's first messages, as the door reads them when no SESSION_HEADER names it: the
+# first message, and the second too when the first is a system prompt (shared by many
+# conversations: alone it would send them all to one box). A turn's earlier messages are
+# resent unchanged, so every turn reads the same. A content of parts: its first part's text.
+FIRST_MESSAGE_ROLES = ("system", "developer")
 
 
 def haproxy_word(value):
@@ -652,6 +660,20 @@ class GatewaySettings(Checked):
         """HAProxy's tune.bufsize: a body up to body_limit and its headers (64 KiB) in one
         buffer, which is all `wait-for-body` waits for and what a retry can send again."""
         return self.body_limit + 65536
+
+    @property
+    def affinity(self) -> bool:
+        """Each conversation goes to the box its earlier turns went to (consistent hashing,
+        bounded by gateway_affinity_balance_factor); off, the least busy box."""
+        return self.gateway_affinity_balance_factor is not None
+
+    @property
+    def session_header(self) -> str:
+        return SESSION_HEADER
+
+    @property
+    def first_message_roles(self) -> tuple[str, ...]:
+        return FIRST_MESSAGE_ROLES
 
     @property
     def request_timeout_s(self) -> int:

@@ -445,7 +445,7 @@ PAIR_ALIKE = ("gateway_virtual_ip", "gateway_vrrp_router_id", "gateway_port", "g
               "gateway_clients", "gateway_client_max_inflight",
               "gateway_client_requests_per_minute", *CLIENT_BUDGETS.values(),
               "gateway_queue_timeout_s", "gateway_retry_after_s", "gateway_check_interval_s",
-              "monitor_scrape_interval_s", "monitor_retention")
+              "gateway_affinity_balance_factor", "monitor_scrape_interval_s", "monitor_retention")
 
 
 def _pair_problems(hosts, values, sources) -> list[str]:

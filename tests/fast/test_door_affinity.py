@@ -1,0 +1,140 @@
+"""The door keeps a conversation on its box (gateway_affinity_balance_factor): HAProxy itself on
+the rendered config, in front of stand-in boxes that say which one answered.
+
+Fast: no Docker, no SSH; haproxy and socat from Debian's packages (.ci/setup installs them).
+"""
+
+import contextlib
+import http.client
+import json
+import ssl
+import subprocess
+import time
+
+import pytest
+
+from tests.fast.test_gateway_render import BOX_KEY, gateway_settings, haproxy_check, running_door
+from thorfleet.settings import layout
+
+# The bound at its widest: the door may count a turn's previous request as in flight for a moment
+# after its answer (on a loaded machine), and a tight bound would then pass its box for the next.
+AFFINITY = {"gateway_affinity_balance_factor": 1000}
+SYSTEM = {"role": "system", "content": "You are a careful assistant."}  # shared by every one
+
+
+@pytest.mark.parametrize("factor, lines", [
+    (None, {"balance leastconn"}),
+    (150, {"balance hash var(txn.session)", "hash-type consistent", "hash-balance-factor 150"}),
+    (400, {"hash-balance-factor 400"}),
+])
+def test_the_pools_balance_follows_the_setting_and_haproxy_takes_it(tmp_path, factor, lines):
+    g = gateway_settings(tmp_path, gateway_affinity_balance_factor=factor)
+    checked = haproxy_check(tmp_path, g)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    rendered = {line.strip() for line in g.config_text.splitlines()}
+    assert lines <= rendered
+    # the conversation is named only with affinity: off, a body of declared length streams
+    assert ("req.fhdr(X-Session-Token)" in g.config_text) == (factor is not None)
+
+
+def chat(door, g, messages, token=None):
+    """The box (its vLLM port) that answered a chat completion through the door."""
+    connection = http.client.HTTPSConnection(
+        "::1", door, context=ssl.create_default_context(cafile=g.ca_file), timeout=10)
+    headers = {"Authorization": f"Bearer {BOX_KEY}", "Content-Type": "application/json"}
+    if token is not None:
+        headers["X-Session-Token"] = token
+    # the OpenAI SDK writes `model` after the messages
+    connection.request("POST", "/v1/chat/completions", headers=headers,
+                       body=json.dumps({"messages": messages, "model": "mistral-small-4"}))
+    answer = connection.getresponse()
+    body = answer.read()
+    connection.close()
+    assert answer.status == 200, body
+    return json.loads(body)["box"]
+
+
+def turns(n, first, content_parts=False):
+    """The messages of turn `n` (1-based) of a conversation opening with `first`."""
+    said = []
+    for k in range(1, n + 1):
+        text = first if k == 1 else f"and then {k}?"
+        said.append({"role": "user", "content": [{"type": "text", "text": text}]
+                     if content_parts else text})
+        if k < n:
+            said.append({"role": "assistant", "content": f"answer {k}"})
+    return said
+
+
+def api(tmp_path, command):
+    return subprocess.run(["socat", "-t", "5", "stdio", f"UNIX-CONNECT:{tmp_path / 'admin.sock'}"],
+                          input=command + "\n", capture_output=True, text=True, timeout=30,
+                          check=True).stdout
+
+
+def boxes(tmp_path):
+    """{box: (its status, its failed health checks)} at the door."""
+    rows = [r.split(",") for r in api(tmp_path, "show stat").splitlines()]
+    return {r[1]: (r[17], r[20]) for r in rows if len(r) > 20 and r[0] == layout.GATEWAY_BACKEND
+            and r[1] not in ("FRONTEND", "BACKEND")}
+
+
+@contextlib.contextmanager
+def door_of_three(tmp_path):
+    """running_door of 3 boxes, once the door has every one in rotation: a box coming up later
+    takes its share of the ring, and conversations would move for that, not for the test. A
+    test whose box failed a health check meanwhile (a stand-in late on a loaded machine) is
+    skipped, not failed: the ring changed under it."""
+    with running_door(tmp_path, thors=3, gateway_data=AFFINITY) as (door, g, running):
+        for _ in range(300):
+            before = boxes(tmp_path)
+            if [status for status, _ in before.values()] == ["UP"] * 3:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the boxes did not all come up: {before}")
+        try:
+            yield door, g, running
+        except AssertionError:
+            if [f for _, f in boxes(tmp_path).values()] != [f for _, f in before.values()]:
+                pytest.skip(f"a box failed a health check meanwhile: {boxes(tmp_path)}")
+            raise
+
+
+@pytest.mark.parametrize("parts", [False, True], ids=["text", "parts"])
+@pytest.mark.parametrize("system", [[SYSTEM], []], ids=["system-prompt", "none"])
+def test_each_conversations_turns_go_to_the_box_of_its_first(tmp_path, system, parts):
+    """Each later turn goes where the first went, and the conversations spread over the boxes:
+    a shared system prompt alone would put them all on one. Content as a string, or as the
+    SDK's list of parts."""
+    with door_of_three(tmp_path) as (door, g, _):
+        homes = {}
+        for c in range(10):
+            opening = f"question {c} of its own"
+            homes[c] = chat(door, g, [*system, *turns(1, opening, parts)])
+            for n in range(2, 5):
+                assert chat(door, g, [*system, *turns(n, opening, parts)]) == homes[c], (c, n)
+        assert len(set(homes.values())) > 1, homes
+
+
+def test_a_session_token_keeps_a_conversation_whatever_its_messages(tmp_path):
+    with door_of_three(tmp_path) as (door, g, _):
+        for token in ("t-1", "t-2", "t-3", "a,comma"):
+            home = chat(door, g, turns(1, "hello"), token)
+            assert {chat(door, g, turns(1, f"other {k}"), token) for k in range(6)} == {home}
+
+
+def test_a_drained_box_hands_its_conversations_on_and_the_others_stay(tmp_path):
+    """Drained as a rollout drains a box: its conversations go on elsewhere (cold), every turn
+    answered; every other conversation stays on its box; ready again, it takes its own back."""
+    with door_of_three(tmp_path) as (door, g, _):
+        homes = {c: chat(door, g, turns(1, f"opening {c}")) for c in range(12)}
+        drained = next(iter(set(homes.values())))
+        server = next(b.name for b in g.backends if b.port == drained)
+        assert api(tmp_path, f"set server {layout.GATEWAY_BACKEND}/{server} state drain") == "\n"
+        during = {c: chat(door, g, turns(2, f"opening {c}")) for c in homes}
+        assert drained not in during.values()
+        assert {c for c in homes if during[c] != homes[c]} == {
+            c for c in homes if homes[c] == drained}
+        api(tmp_path, f"set server {layout.GATEWAY_BACKEND}/{server} state ready")
+        assert {c: chat(door, g, turns(3, f"opening {c}")) for c in homes} == homes
