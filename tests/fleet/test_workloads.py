@@ -51,6 +51,7 @@ import pytest
 
 from sim.fleet import GATEWAY_HTTPS_PORT
 from tests.helpers import ROOT, Clients, box, changed_on, deploy, outcome
+from thorfleet.cli import conversations
 
 GATEWAY = "gw-1"
 EAGLE, LONG, VISION = "mistral-small-4", "mistral-small-4-256k", "mistral-small-4-vision"
@@ -113,20 +114,24 @@ def sessions(sim_fleet):
             if len(f) > 7 and f[0].startswith("thors") and f[1] not in ("FRONTEND", "BACKEND")}
 
 
+def mixed_inventory(sim_fleet, my_boxes, path, **gateway_data):
+    eagle_a, eagle_b, long_box = my_boxes
+    # the door's certificate names the address the boxes reach it at, so `bench` can run on one
+    inventory = sim_fleet.write_inventory(
+        path, hosts=[eagle_a, eagle_b, (long_box, {"service_profile": "no-eagle"})],
+        gateway=(GATEWAY, {"gateway_names": [sim_fleet.ip(GATEWAY)], **gateway_data}),
+        extra_data={"rollout_report_path": str(path.with_suffix(".json")), "rollout_batch": 2,
+                    "rollout_canary_group": "canary"})
+    with inventory.open("a") as f:  # a canary of each profile
+        f.write(f"canary = {[eagle_a, long_box]!r}\n")
+    return inventory
+
+
 @pytest.fixture(scope="module")
 def mixed(sim_fleet, my_boxes, tmp_path_factory):
     """The fleet converged mixed under EAGLE load; yields (door, the run, the load's results)."""
     workdir = tmp_path_factory.mktemp("workloads")
-    eagle_a, eagle_b, long_box = my_boxes
-    report = workdir / "report.json"
-    # the door's certificate names the address the boxes reach it at, so `bench` can run on one
-    inventory = sim_fleet.write_inventory(
-        workdir / "mixed.py", hosts=[eagle_a, eagle_b, (long_box, {"service_profile": "no-eagle"})],
-        gateway=(GATEWAY, {"gateway_names": [sim_fleet.ip(GATEWAY)]}),
-        extra_data={"rollout_report_path": str(report), "rollout_batch": 2,
-                    "rollout_canary_group": "canary"})
-    with inventory.open("a") as f:  # a canary of each profile
-        f.write(f"canary = {[eagle_a, long_box]!r}\n")
+    inventory = mixed_inventory(sim_fleet, my_boxes, workdir / "mixed.py")
     key = (sim_fleet.state / "api_key").read_text().strip()
     # the door the earlier stories set up (its report's endpoint): the sim's published port
     door = Door({"url": f"https://127.0.0.1:{GATEWAY_HTTPS_PORT}",
@@ -236,6 +241,58 @@ def test_bench_runs_vllms_own_benchmark_through_the_door_per_model(sim_fleet, my
     assert "1 of 2 requests waited at the door" in done.stdout, done.stdout
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert door.key not in done.stdout + done.stderr  # the key is never shown
+
+
+def test_a_conversation_stays_warm_on_its_box_and_moves_cold_when_the_box_drains(
+        sim_fleet, my_boxes, mixed, tmp_path):
+    """Issue 52: the door keeps each conversation on the box holding its prefix (affinity on: a
+    gateway reload, the boxes untouched), and the box serves its later turns from its prefix
+    cache. `thorfleet bench --conversations`: 4 conversations on the 2 EAGLE boxes, each turn
+    resending the whole history. Then the box of one is drained: its next turn is answered by
+    the other box, cold, and nothing fails."""
+    door, _, _ = mixed
+    inventory = mixed_inventory(sim_fleet, my_boxes, tmp_path / "affinity.py",
+                                gateway_affinity_balance_factor=150)
+    run = deploy(inventory, "--limit", GATEWAY)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = tmp_path / "bench"
+    done = subprocess.run(
+        [sys.executable, "-m", "thorfleet", "bench", str(inventory), "--out", str(out),
+         "--conversations", "4", "--turns", "4", "--first-tokens", "3000", "--grow-tokens", "200",
+         "--answer-tokens", "16", "--think-s", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    result = json.loads((out / "conversations.json").read_text())
+    rows, summary = result["turns"], result["summary"]
+    assert {r["box"] for r in rows} <= set(my_boxes[:2]), rows  # the EAGLE pool's
+    # each later turn where the turn before it was, and served from that box's cache
+    assert summary["later_turns_on_their_box"] >= 0.9, rows
+    later = [r for r in rows if r["turn"] > 1]
+    assert sum(r["cached_tokens"] for r in later) >= 0.8 * sum(r["prompt_tokens"] for r in later), rows
+    assert all(r["prompt_tokens"] >= 3000 for r in rows), rows  # the prompts as long as asked
+    assert summary["later_vs_first_ttft"] < 0.5, summary
+
+    # a new conversation's box drained at the door: its next turn goes to the other box, cold
+    client = conversations.Door(f"https://127.0.0.1:{GATEWAY_HTTPS_PORT}/v1",
+                                str(sim_fleet.state / "fleet-ca" / "fleet-ca.pem"), door.key)
+    first, second = conversations.plan(1, 2, 3000, 200)
+    sent = [conversations.text(99, 1, first.words), conversations.text(99, 2, second.words)]
+    opened = client.ask(EAGLE, conversations.history(first, sent[:1], []), 16)
+    assert "error" not in opened, opened
+    home = opened["box"]
+    other = next(b for b in my_boxes[:2] if b != home)
+    admin = "socat stdio UNIX-CONNECT:/run/haproxy/admin.sock"
+    backend = next(line.split(",")[0] for line in box(
+        sim_fleet, GATEWAY, f"echo 'show stat' | {admin}").splitlines()
+        if line.split(",")[1:2] == [home])
+    box(sim_fleet, GATEWAY, f"echo 'set server {backend}/{home} state drain' | {admin}")
+    try:
+        moved = client.ask(EAGLE, conversations.history(second, sent, [opened["answer"]]), 16)
+    finally:
+        box(sim_fleet, GATEWAY, f"echo 'set server {backend}/{home} state ready' | {admin}")
+    assert "error" not in moved, moved
+    assert moved["box"] == other, moved
+    assert moved["cached_tokens"] < opened["prompt_tokens"] / 2, moved  # cold: its prefix stayed
 
 
 def picture(url=None):
