@@ -4,8 +4,9 @@ door, with prefix caching on and off, on the default profile and the throughput 
     python -m sim up --hosts 3 --gateway
     python -m bench.warm_conversations --hosts 1-3 --out bench/results/warm-conversations.json
 
-The boxes thor-<hosts> behind gw-1. Each run converges them on a profile with
-service_prefix_caching on or off, then runs `python -m thorfleet bench --conversations N` (the
+The boxes thor-<hosts> behind gw-1. Each run converges them on a profile, with prefix caching
+and the door's affinity both on (gateway_affinity_balance_factor AFFINITY), caching on and the
+door spreading turns (leastconn), or both off (the seed's), then runs `python -m thorfleet bench --conversations N` (the
 product's own multi-turn mode, on this machine as a client) with issue 52's shape: each
 conversation 6 turns growing from 16K tokens, 64-token answers, 2 s of thought between turns; 3
 conversations at once on the default profile (one per box), 8 on the throughput profile. Each
@@ -30,13 +31,17 @@ from sim import fleet, operator
 
 GATEWAY = "gw-1"
 RUNS = (("default", 3), ("throughput", 8))  # (profile, conversations at once)
+AFFINITY = 150
+# (prefix caching, the door's balance factor or None: leastconn)
+WAYS = ((True, AFFINITY), (True, None), (False, None))
 SHAPE = {"turns": 6, "first_tokens": 16000, "grow_tokens": 300, "answer_tokens": 64,
          "think_s": 2.0}
 
 
-def converge(sim, workdir: Path, hosts, profile: str, caching: bool) -> Path:
+def converge(sim, workdir: Path, hosts, profile: str, caching: bool, factor) -> Path:
     inventory = sim.write_inventory(
-        workdir / f"{profile}-{caching}.py", hosts=hosts, gateway=(GATEWAY, {}),
+        workdir / f"{profile}-{caching}-{factor}.py", hosts=hosts,
+        gateway=(GATEWAY, {"gateway_affinity_balance_factor": factor}),
         extra_data={"service_profile": profile, "service_prefix_caching": caching,
                     "rollout_report_path": str(workdir / "report.json"), "rollout_batch": 3})
     run = operator.deploy(inventory)
@@ -81,13 +86,13 @@ def main(argv=None):
     for profile, conversations in RUNS:
         if args.profile and profile not in args.profile:
             continue
-        for caching in (True, False):
-            print(f"bench: {profile}, prefix caching {'on' if caching else 'off'}: converging",
-                  file=sys.stderr, flush=True)
-            inventory = converge(sim, workdir, hosts, profile, caching)
-            run = converse(inventory, workdir / f"{profile}-{caching}", conversations)
-            run.update(profile=profile, prefix_caching=caching)
-            if caching:
+        for caching, factor in WAYS:
+            print(f"bench: {profile}, prefix caching {'on' if caching else 'off'}, affinity "
+                  f"{factor}: converging", file=sys.stderr, flush=True)
+            inventory = converge(sim, workdir, hosts, profile, caching, factor)
+            run = converse(inventory, workdir / f"{profile}-{caching}-{factor}", conversations)
+            run.update(profile=profile, prefix_caching=caching, affinity=factor)
+            if caching and factor:
                 run["goal"] = goals(run["summary"])
             results["runs"].append(run)
             args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +100,8 @@ def main(argv=None):
     met = all(r["goal"]["met"] for r in results["runs"] if "goal" in r)
     for r in results["runs"]:
         s = r["summary"]  # read back from JSON: its turns are keyed "1", "2", ...
-        print(f"{r['profile']:>10} caching {'on ' if r['prefix_caching'] else 'off'}: turn 1 "
+        print(f"{r['profile']:>10} caching {'on ' if r['prefix_caching'] else 'off'} affinity "
+              f"{r['affinity']}: turn 1 "
               f"{s['turns']['1']['median_ttft_ms']} ms, "
               f"later/first {s['later_vs_first_ttft']}, on their box "
               f"{s['later_turns_on_their_box']}, busiest {s['busiest_box_vs_mean']}x")
