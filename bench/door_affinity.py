@@ -209,6 +209,11 @@ def timed(door, size, n):
             "p99_ms": round(took[int(0.99 * (len(took) - 1))] * 1000, 3)}
 
 
+# Bodies timed: a short chat, a 16K-token conversation's (issue 52's first turn, ~4 bytes a
+# token), and a megabyte (a long-context prompt).
+SIZES = {"2KB": 2_000, "64KB": 64_000, "1MB": 1_000_000}
+
+
 def measure(conversations: int, requests: int) -> dict:
     found = {}
     for name, factor in (("leastconn", None), (f"affinity {FACTOR}", FACTOR)):
@@ -216,13 +221,12 @@ def measure(conversations: int, requests: int) -> dict:
             door = Door(Path(folder), factor)
             try:
                 found[name] = {"spread": spread(door, conversations), "hot": hot(door),
-                               "2KB": timed(door, 2_000, requests),
-                               "1MB": timed(door, 1_000_000, requests)}
+                               **{size: timed(door, n, requests) for size, n in SIZES.items()}}
             finally:
                 door.stop()
     off, on = found["leastconn"], found[f"affinity {FACTOR}"]
     found["added_by_affinity_ms"] = {size: round(on[size]["median_ms"] - off[size]["median_ms"], 3)
-                                     for size in ("2KB", "1MB")}
+                                     for size in SIZES}
     return found
 
 
