@@ -128,3 +128,18 @@ def test_a_refusal_is_the_turns_error(tmp_path):
     ca = tls.ensure_fleet_ca(tmp_path / "ca")
     answer = c.Door("https://127.0.0.1:9/v1", str(ca), "k").ask("m", [], 1)
     assert "error" in answer and "answer" not in answer
+
+
+def test_each_conversation_sends_its_turns_in_order_each_with_the_answers_before_it(door):
+    client, got = door
+    rows = c.converse(client, "m", c.plan(2, 3, 30, 15), 2, think_s=0)
+    assert [(r["conversation"], r["turn"], r["box"]) for r in rows] == [
+        (0, 1, "thor-2"), (0, 2, "thor-2"), (0, 3, "thor-2"),
+        (1, 1, "thor-2"), (1, 2, "thor-2"), (1, 3, "thor-2")]
+    bodies = [body for _, _, body in got]
+    third = next(b for b in bodies if b["messages"][-1]["content"].startswith(
+        "Conversation 1, message 3."))
+    assert [m["role"] for m in third["messages"]] == ["system", "user", "assistant", "user",
+                                                     "assistant", "user"]
+    assert third["messages"][2]["content"] == "Hello there"  # the answer the door streamed
+    assert c.summary(rows)["later_turns_on_their_box"] == 1.0

@@ -189,12 +189,8 @@ def summary(results: list[dict]) -> list[str]:
 def plot(results: list[dict], path: Path) -> bool:
     """DIR/bench.png: output tok/s, and median TTFT and TPOT, against concurrency, a line per
     model. False when matplotlib is not installed (the optional extra `plot`)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     figure, (speed, latency) = plt.subplots(1, 2, figsize=(11, 4))
     for model in dict.fromkeys(r["model_id"] for r in results):
@@ -210,13 +206,43 @@ def plot(results: list[dict], path: Path) -> bool:
                          label=f"{label} TPOT")
     speed.set(xlabel="concurrency", ylabel="output tok/s", title="throughput")
     latency.set(xlabel="concurrency", ylabel="ms (median)", title="latency", yscale="log")
-    for axes in (speed, latency):
+    return saved(plt, figure, (speed, latency), path)
+
+
+def pyplot():
+    """matplotlib's pyplot drawing to files, or None without the optional extra `plot`."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def saved(plt, figure, panels, path) -> bool:
+    """Each panel's legend and grid, the figure written to `path` and closed: True."""
+    for axes in panels:
         axes.legend(fontsize=7)
         axes.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return True
+
+
+def the_door(inventory, settings, err):
+    """The first gateway's settings: what a benchmark asks through. None, said on `err`, when
+    the inventory has no gateway."""
+    from thorfleet.settings.roles import gateways
+
+    doors = [settings[h.name].gateway_role for h in gateways(inventory)]
+    if not doors:
+        print("thorfleet: bench measures through the door: the inventory has no gateway",
+              file=err)
+        return None
+    return doors[0]
 
 
 def door_key(g, box, client: str | None) -> str:
@@ -240,19 +266,16 @@ def run_all(inventory, settings, out: Path, *, models=None, shapes=None, client=
     """Every run on the box `on` (default: the inventory's first Thor), one after another, with
     progress on stderr; DIR/bench.json and DIR/bench.png written. 0 when every run completed
     with no failed request, else 1."""
-    from thorfleet.settings.roles import gateways, thors
+    from thorfleet.settings.roles import thors
 
     if run is None:
         from thorfleet.run.pyinfra_hooks import connectable
         from thorfleet.run.pyinfra_hooks import run_once as run
 
         connectable(inventory, 10)
-    doors = [settings[h.name].gateway_role for h in gateways(inventory)]
-    if not doors:
-        print("thorfleet: bench measures through the door: the inventory has no gateway",
-              file=err)
+    g = the_door(inventory, settings, err)
+    if g is None:
         return 2
-    g = doors[0]
     boxes = thors(inventory)
     runner = next((h for h in boxes if h.name == on), None) if on else boxes[0]
     if runner is None:

@@ -196,12 +196,10 @@ def converse(door: Door, model: str, turns: list[Turn], answer_tokens: int, thin
 def plot(rows: list[dict], path) -> bool:
     """DIR/conversations.png: each conversation's time to first token by turn (the door's wait
     taken out), and the box each turn landed on. False without matplotlib (the extra `plot`)."""
-    try:
-        import matplotlib
+    from thorfleet.cli.bench import pyplot, saved
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     figure, (ttft, landed) = plt.subplots(1, 2, figsize=(11, 4))
     boxes = sorted({r["box"] for r in rows if r.get("box")})
@@ -216,13 +214,7 @@ def plot(rows: list[dict], path) -> bool:
              yscale="log")
     landed.set(xlabel="turn", title="the box that answered", yticks=range(len(boxes)),
                yticklabels=boxes)
-    for axes in (ttft, landed):
-        axes.legend(fontsize=7)
-        axes.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return True
+    return saved(plt, figure, (ttft, landed), path)
 
 
 def run(inventory, settings, out, *, conversations: int, turns: int, first_tokens: int,
@@ -234,16 +226,13 @@ def run(inventory, settings, out, *, conversations: int, turns: int, first_token
     import sys
     from pathlib import Path
 
-    from thorfleet.cli.bench import door_key
-    from thorfleet.settings.roles import gateways, thors
+    from thorfleet.cli.bench import door_key, the_door
+    from thorfleet.settings.roles import thors
 
     err = err or sys.stderr
-    doors = [settings[h.name].gateway_role for h in gateways(inventory)]
-    if not doors:
-        print("thorfleet: bench measures through the door: the inventory has no gateway",
-              file=err)
+    g = the_door(inventory, settings, err)
+    if g is None:
         return 2
-    g = doors[0]
     served = [pool[0].model for pool in g.pools.values() if pool]
     model = model or served[0]
     if model not in served:
