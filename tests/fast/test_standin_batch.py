@@ -112,10 +112,12 @@ def test_no_more_run_than_max_num_seqs_the_rest_wait_in_turn():
 
 
 def test_the_engine_core_keeps_the_models_time_in_wall_time():
-    """The busy loop (as the API server runs it), on a socket pair, its clock 50 times a Thor's:
-    four 16-token answers at once end when the replayed model says they end."""
+    """The busy loop (as the API server runs it), on a socket pair, at a Thor's own pace: four
+    16-token answers at once end when the replayed model says they end (~1.5 s: long enough that
+    a loaded machine's late wake-ups, ~0.1 s seen with CI's stories beside it, stay inside the
+    bound, while steps that take no time end in ~0.2 s, outside it)."""
     ours, theirs = socket.socketpair()
-    scale = 0.02
+    scale = 1.0
     engine = core.Core(theirs, core.scheduler_for(BASE, 8, 8192), scale)
     threading.Thread(target=engine.busy_loop, args=(theirs,), daemon=True).start()
     started = time.monotonic()
@@ -137,4 +139,4 @@ def test_the_engine_core_keeps_the_models_time_in_wall_time():
     expected = max(r["end"] for r in core.closed_loop(core.scheduler_for(BASE, 8, 8192),
                                                       4, 4, 64, 16))
     assert tokens == 64
-    assert took == pytest.approx(expected * scale, rel=0.3, abs=0.05), (took, expected * scale)
+    assert took == pytest.approx(expected * scale, rel=0.3, abs=0.15), (took, expected * scale)
