@@ -17,7 +17,7 @@ def test_each_conversation_starts_long_and_grows_a_little_a_turn():
     turns = c.plan(2, 3, 1500, 300)
     assert [(t.conversation, t.turn) for t in turns] == [(0, 1), (0, 2), (0, 3),
                                                          (1, 1), (1, 2), (1, 3)]
-    assert [t.words for t in turns[:3]] == [1000, 200, 200]
+    assert [t.words for t in turns[:3]] == [1250, 250, 250]
 
 
 def test_no_two_conversations_share_more_than_the_system_prompt():
