@@ -193,7 +193,8 @@ def test_a_long_prefill_outlasts_a_verdict_and_is_answered_not_restarted(fleet, 
         ahead = pool.submit(fleet.completion, host, max_tokens=4, timeout=180,
                             prompt=" hello" * 48000, body_file="/var/tmp/thorfleet-test-ahead.json")
         time.sleep(2)  # the one ahead is in first
-        code, out = fleet.completion(host, max_tokens=4, timeout=180, prompt=" hello" * 48000)
+        # another prompt from its first token: none of it in the first one's cached blocks
+        code, out = fleet.completion(host, max_tokens=4, timeout=180, prompt=" world" * 48000)
         took = time.time() - began
         ahead_code, ahead_out = ahead.result()
     for c, o in ((ahead_code, ahead_out), (code, out)):
