@@ -707,6 +707,25 @@ def sample_arguments(tool: dict) -> dict:
             if name in parameters.get("required", [])}
 
 
+
+def cached_tokens(event: dict, prompt: int) -> dict:
+    """The prompt tokens a step's output says were served from the prefix cache, in the field
+    the installed vLLM reads: 0.19.0's EngineCoreOutput.num_cached_tokens (v1/engine/__init__.py),
+    or, from 0.26.0 on, the first token's `prefill_stats` (PrefillStats.set, v1/metrics/stats.py;
+    output_processor.py reads its num_cached_tokens for the answer's usage)."""
+    from vllm.v1.engine import EngineCoreOutput
+
+    if "num_cached_tokens" in EngineCoreOutput.__struct_fields__:
+        return {"num_cached_tokens": event["cached"]}
+    if event["step"] != 0:
+        return {}
+    from vllm.v1.metrics.stats import PrefillStats
+
+    stats = PrefillStats()
+    stats.set(num_prompt_tokens=prompt, num_local_cached_tokens=min(event["cached"], prompt),
+              num_external_cached_tokens=0)
+    return {"prefill_stats": stats}
+
 class StandInCore:
     """The EngineCore client AsyncLLM talks to (v1/engine/core_client.py's async interface), in
     the API server's process; the engine core it sends requests to is a process of its own
@@ -727,6 +746,7 @@ class StandInCore:
         self.spec_tokens = spec.num_speculative_tokens if spec is not None else 0
         self.queue: asyncio.Queue = asyncio.Queue()
         self.in_flight: dict[str, list[int]] = {}  # request id -> its token ids
+        self.prompts: dict[str, int] = {}  # request id -> its prompt's tokens (the prefill's stats)
         self.draining = False
         self.loop = None
         vocab = tokenizer.get_vocab()
@@ -864,7 +884,9 @@ class StandInCore:
                 if finish is not None:  # FinishReason.STOP is 0: falsy
                     del self.in_flight[rid]
                 outputs = [EngineCoreOutput(rid, tokens, finish_reason=finish,
-                                            num_cached_tokens=event["cached"])]
+                                            **cached_tokens(event, self.prompts.get(rid, 0)))]
+                if finish is not None:
+                    self.prompts.pop(rid, None)
             self.queue.put_nowait(EngineCoreOutputs(outputs=outputs, scheduler_stats=stats))
 
     def end(self, request_id: str, report: bool) -> None:
@@ -894,6 +916,7 @@ class StandInCore:
             ids = [*ids, self.eos]
         max_tokens = request.sampling_params.max_tokens or 16
         self.in_flight[rid] = ids
+        self.prompts[rid] = len(request.prompt_token_ids or [])
         stop = natural and len(ids) <= max_tokens
         steps = len(ids) if stop else max_tokens
         answer = [ids[i] if i < len(ids) else self.filler for i in range(steps)]
