@@ -160,8 +160,8 @@ class Door:
 def converse(door: Door, model: str, turns: list[Turn], answer_tokens: int, think_s: float,
              session: bool = False, progress=None) -> list[dict]:
     """Each conversation in a thread of its own, turn after turn with `think_s` between; every
-    turn's row. `session`: send each conversation's own X-Session-Token (else the door derives
-    one, as for the OpenAI SDK, which sends none)."""
+    turn's row. `session`: send each conversation's own X-Session-Token (else none, as the
+    OpenAI SDK sends)."""
     rows, lock = [], threading.Lock()
     by_conversation = {}
     for turn in turns:
