@@ -369,7 +369,7 @@ def parser() -> argparse.ArgumentParser:
                       help="between an answer and the next turn (default 2)")
     talk.add_argument("--session-token", action="store_true",
                       help="send each conversation's own X-Session-Token (default: none, as the "
-                      "OpenAI SDK sends; the door derives the conversation)")
+                      "OpenAI SDK sends)")
     bench.set_defaults(run=cmd_bench)
 
     client = commands.add_parser(

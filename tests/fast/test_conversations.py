@@ -11,6 +11,7 @@ import pytest
 
 from thorfleet.cli import conversations as c
 from thorfleet.gateway import tls
+from thorfleet.settings import layout
 
 
 def test_each_conversation_starts_long_and_grows_a_little_a_turn():
@@ -29,12 +30,11 @@ def test_no_two_conversations_share_more_than_the_system_prompt():
 
 
 def test_a_turn_resends_the_whole_history_in_order():
-    turn = c.Turn(0, 3, 10)
-    messages = c.history(turn, ["one", "two", "three"], ["a1", "a2"])
+    messages = c.history(["one", "two", "three"], ["a1", "a2"])
     assert [(m["role"], m["content"]) for m in messages] == [
         ("system", c.SYSTEM), ("user", "one"), ("assistant", "a1"), ("user", "two"),
         ("assistant", "a2"), ("user", "three")]
-    assert c.history(c.Turn(0, 1, 10), ["one"], []) == [
+    assert c.history(["one"], []) == [
         {"role": "system", "content": c.SYSTEM}, {"role": "user", "content": "one"}]
 
 
@@ -59,6 +59,14 @@ def test_the_summary_counts_where_later_turns_landed_and_how_fast(rows, stayed, 
     assert s["busiest_box_vs_mean"] == busiest
     assert s["later_vs_first_ttft"] == ratio
     assert s["failed"] == 0
+
+
+def test_a_turn_that_failed_is_counted_and_left_out_of_the_figures():
+    s = c.summary([row(0, 1, "a", 1000), row(0, 2, "a", 100, 900),
+                   {"conversation": 1, "turn": 1, "error": "503 no box was free"}])
+    assert s["failed"] == 1
+    assert s["turns"][1]["requests"] == 1 and s["requests_per_box"] == {"a": 2}
+    assert s["later_turns_on_their_box"] == 1.0
 
 
 def test_the_doors_wait_is_taken_out_of_the_time_to_first_token():
@@ -90,8 +98,8 @@ def door(tmp_path):
                         json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
-            self.send_header(c.BOX_HEADER, "thor-2")
-            self.send_header(c.QUEUED_HEADER, "250")
+            self.send_header(layout.GATEWAY_BOX_HEADER, "thor-2")
+            self.send_header(layout.GATEWAY_QUEUED_HEADER, "250")
             self.end_headers()
             for chunk in CHUNKS:
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())

@@ -277,7 +277,7 @@ def test_a_conversation_stays_warm_on_its_box_and_moves_cold_when_the_box_drains
                                 str(sim_fleet.state / "fleet-ca" / "fleet-ca.pem"), door.key)
     first, second = conversations.plan(1, 2, 3000, 200)
     sent = [conversations.text(99, 1, first.words), conversations.text(99, 2, second.words)]
-    opened = client.ask(EAGLE, conversations.history(first, sent[:1], []), 16)
+    opened = client.ask(EAGLE, conversations.history(sent[:1], []), 16)
     assert "error" not in opened, opened
     home = opened["box"]
     other = next(b for b in my_boxes[:2] if b != home)
@@ -287,7 +287,7 @@ def test_a_conversation_stays_warm_on_its_box_and_moves_cold_when_the_box_drains
         if line.split(",")[1:2] == [home])
     box(sim_fleet, GATEWAY, f"echo 'set server {backend}/{home} state drain' | {admin}")
     try:
-        moved = client.ask(EAGLE, conversations.history(second, sent, [opened["answer"]]), 16)
+        moved = client.ask(EAGLE, conversations.history(sent, [opened["answer"]]), 16)
     finally:
         box(sim_fleet, GATEWAY, f"echo 'set server {backend}/{home} state ready' | {admin}")
     assert "error" not in moved, moved

@@ -5,7 +5,7 @@ the prompt grows a few hundred tokens a turn and only what is new needs a prefil
 conversation's prefix is cached.
 
     turns = plan(conversations, turns, first, grow, answer)  # pure: who sends what, in order
-    messages = history(turn, answers)                         # pure: the turn's whole request
+    messages = history(sent, answers)                         # pure: the turn's whole request
     rows = [ask(...) for each turn]                           # I/O: one streamed answer each
     result = summary(rows)                                    # pure: by turn, by box, hits
 
@@ -39,7 +39,6 @@ WORDS = ("river", "stone", "lantern", "orchard", "copper", "meadow", "signal", "
 TOKENS_PER_WORD = 1.2  # measured on the sim's tokenizer: 2,428 prompt tokens for 2,000 words
 SYSTEM = ("You are the team's assistant on the fleet. Answer briefly and precisely; keep to the "
           "facts in the conversation.")
-BOX_HEADER, QUEUED_HEADER = layout.GATEWAY_BOX_HEADER, layout.GATEWAY_QUEUED_HEADER
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ def text(conversation: int, turn: int, words: int) -> str:
         rng.choice(WORDS) for _ in range(words))
 
 
-def history(turn: Turn, sent: list[str], answers: list[str]) -> list[dict]:
+def history(sent: list[str], answers: list[str]) -> list[dict]:
     """The turn's whole request: the system prompt, each earlier message and its answer, and
     this turn's message (`sent` holds every user message up to and including this turn's)."""
     messages = [{"role": "system", "content": SYSTEM}]
@@ -76,7 +75,11 @@ def history(turn: Turn, sent: list[str], answers: list[str]) -> list[dict]:
 def summary(rows: list[dict]) -> dict:
     """By turn: median and largest time to first token, the door's wait taken out; the share of
     later turns served by the box that served the turn before (where the prefix is), and of
-    prompt tokens served from cache; requests per box."""
+    prompt tokens served from cache; requests per box. Of the answered turns; the rest (a row
+    with an `error`) are counted as failed."""
+    answered = [r for r in rows if "error" not in r]
+    failed = len(rows) - len(answered)
+    rows = answered
     by_turn = {}
     for row in rows:
         by_turn.setdefault(row["turn"], []).append(row)
@@ -103,7 +106,7 @@ def summary(rows: list[dict]) -> dict:
             "later_turns_on_their_box": round(len(stayed) / len(later), 3) if later else None,
             "later_vs_first_ttft": round(statistics.median(rest) / first, 3)
             if rest and first else None,
-            "failed": sum(1 for r in rows if r.get("error"))}
+            "failed": failed}
 
 
 class Door:
@@ -147,8 +150,8 @@ class Door:
                 usage = event.get("usage") or usage
             details = usage.get("prompt_tokens_details") or {}
             return {"ttft_ms": round(((first or time.monotonic()) - started) * 1000, 1),
-                    "answer": "".join(answer), "box": response.getheader(BOX_HEADER),
-                    "queued_ms": float(response.getheader(QUEUED_HEADER) or 0),
+                    "answer": "".join(answer), "box": response.getheader(layout.GATEWAY_BOX_HEADER),
+                    "queued_ms": float(response.getheader(layout.GATEWAY_QUEUED_HEADER) or 0),
                     "prompt_tokens": usage.get("prompt_tokens", 0),
                     "cached_tokens": details.get("cached_tokens") or 0}
         except (OSError, HTTPException, ValueError) as error:
@@ -160,8 +163,8 @@ class Door:
 def converse(door: Door, model: str, turns: list[Turn], answer_tokens: int, think_s: float,
              session: bool = False, progress=None) -> list[dict]:
     """Each conversation in a thread of its own, turn after turn with `think_s` between; every
-    turn's row. `session`: send each conversation's own X-Session-Token (else the door derives
-    one, as for the OpenAI SDK, which sends none)."""
+    turn's row. `session`: send each conversation's own X-Session-Token (else none, as the
+    OpenAI SDK sends)."""
     rows, lock = [], threading.Lock()
     by_conversation = {}
     for turn in turns:
@@ -174,7 +177,7 @@ def converse(door: Door, model: str, turns: list[Turn], answer_tokens: int, thin
                 time.sleep(think_s)
             sent.append(text(turn.conversation, turn.turn, turn.words))
             headers = {"X-Session-Token": f"conversation-{turn.conversation}"} if session else None
-            got = door.ask(model, history(turn, sent, answers), answer_tokens, headers)
+            got = door.ask(model, history(sent, answers), answer_tokens, headers)
             row = {"conversation": turn.conversation, "turn": turn.turn,
                    **{k: v for k, v in got.items() if k != "answer"}}
             with lock:
