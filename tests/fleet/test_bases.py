@@ -172,7 +172,7 @@ NEWEST_PATCHES = ("vllm-reasoning-effort=skipped,transformers-reasoning-effort=s
 
 def serves_as_a_newer_base_should(sim_fleet, host):
     """What the proof reads, asked again from outside it: streamed tool calls, the reasoning
-    split, the key on every route but the liveness ones."""
+    split, cached prompt tokens, the key on every route but the liveness ones."""
     # streamed tool calls arrive as tool_calls (the newer vLLM's own parser)
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -189,6 +189,14 @@ def serves_as_a_newer_base_should(sim_fleet, host):
     message = json.loads(text)["choices"][0]["message"]
     assert status == 200 and (message.get("reasoning") or message.get("reasoning_content")), text
     assert "[/THINK]" not in (message.get("content") or ""), text
+    # prefix caching (on in the default profile): the same long prompt again reports its cached
+    # tokens where this vLLM reports them (0.26.0 moved them to the first token's prefill_stats)
+    long = {"model": "/model", "prompt": "The sky is blue because " * 60, "max_tokens": 2,
+            "temperature": 0}
+    for _ in range(2):
+        status, text = on_box(sim_fleet, host, "/v1/completions", long)
+    details = json.loads(text)["usage"].get("prompt_tokens_details") or {}
+    assert status == 200 and details.get("cached_tokens", 0) >= 16, text
     # the key on every route but the liveness ones (the patch's allowlist)
     prompt = {"model": "/model", "prompt": "hi"}
     for path, body in (("/v1/models", None), ("/invocations", prompt), ("/tokenize", prompt)):
