@@ -169,7 +169,9 @@ def spread(door, conversations):
         landed = list(pool.map(lambda c: conversation(door, c), range(conversations)))
     per_box = [b.answered - a for b, a in zip(door.boxes, before)]
     later = [box == turns[0] for turns in landed for box in turns[1:]]
+    stayed = [box == turns[n - 1] for turns in landed for n, box in enumerate(turns) if n]
     return {"conversations": conversations, "turns": 6, "at_once": THREADS,
+            "turns_2_6_on_box_of_turn_before": round(sum(stayed) / len(stayed), 3),
             "turns_2_6_on_box_of_turn_1": round(sum(later) / len(later), 3),
             "requests_per_box": per_box,
             "max_over_mean": round(max(per_box) / statistics.mean(per_box), 3)}

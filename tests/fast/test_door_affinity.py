@@ -4,16 +4,25 @@ the rendered config, in front of stand-in boxes that say which one answered.
 Fast: no Docker, no SSH; haproxy and socat from Debian's packages (.ci/setup installs them).
 """
 
+import concurrent.futures
 import contextlib
 import http.client
 import json
 import ssl
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
-from tests.fast.test_gateway_render import BOX_KEY, gateway_settings, haproxy_check, running_door
+from tests.fast.test_client_policy import resynced
+from tests.fast.test_gateway_render import (
+    BOX_KEY,
+    ROTATION,
+    gateway_settings,
+    haproxy_check,
+    running_door,
+)
 from thorfleet.settings import layout
 
 # The bound at its widest: the door may count a turn's previous request as in flight for a moment
@@ -22,17 +31,16 @@ AFFINITY = {"gateway_affinity_balance_factor": 1000}
 SYSTEM = {"role": "system", "content": "You are a careful assistant."}  # shared by every one
 
 
-@pytest.mark.parametrize("factor, lines", [
-    (None, {"balance leastconn"}),
-    (150, {"balance hash var(txn.session)", "hash-type consistent", "hash-balance-factor 150"}),
-    (400, {"hash-balance-factor 400"}),
-])
-def test_the_pools_balance_follows_the_setting_and_haproxy_takes_it(tmp_path, factor, lines):
+@pytest.mark.parametrize("factor", [None, 100, 150, 400])
+def test_the_pools_homes_follow_the_setting_and_haproxy_takes_it(tmp_path, factor):
     g = gateway_settings(tmp_path, gateway_affinity_balance_factor=factor)
     checked = haproxy_check(tmp_path, g)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     rendered = {line.strip() for line in g.config_text.splitlines()}
-    assert lines <= rendered
+    assert "balance leastconn" in rendered  # a first turn, and every turn without affinity
+    homes = {line for line in rendered if line.startswith("use-server ")}
+    assert len(homes) == (0 if factor is None else len(g.backends))
+    assert any(f"be_conn,mul({factor})," in line for line in rendered) == (factor is not None)
     # the conversation is named only with affinity: off, a body of declared length streams
     assert ("req.fhdr(X-Session-Token)" in g.config_text) == (factor is not None)
 
@@ -80,12 +88,12 @@ def boxes(tmp_path):
 
 
 @contextlib.contextmanager
-def door_of_three(tmp_path):
+def door_of_three(tmp_path, gateway_data=AFFINITY):
     """running_door of 3 boxes, once the door has every one in rotation: a box coming up later
     takes its share of the ring, and conversations would move for that, not for the test. A
     test whose box failed a health check meanwhile (a stand-in late on a loaded machine) is
     skipped, not failed: the ring changed under it."""
-    with running_door(tmp_path, thors=3, gateway_data=AFFINITY) as (door, g, running):
+    with running_door(tmp_path, thors=3, gateway_data=gateway_data) as (door, g, running):
         for _ in range(300):
             before = boxes(tmp_path)
             if [status for status, _ in before.values()] == ["UP"] * 3:
@@ -125,16 +133,55 @@ def test_a_session_token_keeps_a_conversation_whatever_its_messages(tmp_path):
 
 
 def test_a_drained_box_hands_its_conversations_on_and_the_others_stay(tmp_path):
-    """Drained as a rollout drains a box: its conversations go on elsewhere (cold), every turn
-    answered; every other conversation stays on its box; ready again, it takes its own back."""
+    """Drained as a rollout drains a box (thorfleet-rotation): its conversations go on elsewhere
+    (cold), every turn answered; every other conversation stays on its box; ready again, the
+    box takes new conversations, and a moved one stays where it is now warm."""
     with door_of_three(tmp_path) as (door, g, _):
         homes = {c: chat(door, g, turns(1, f"opening {c}")) for c in range(12)}
         drained = next(iter(set(homes.values())))
         server = next(b.name for b in g.backends if b.port == drained)
-        assert api(tmp_path, f"set server {layout.GATEWAY_BACKEND}/{server} state drain") == "\n"
+        rotation(tmp_path, "drain", server, "30")
         during = {c: chat(door, g, turns(2, f"opening {c}")) for c in homes}
         assert drained not in during.values()
         assert {c for c in homes if during[c] != homes[c]} == {
             c for c in homes if homes[c] == drained}
-        api(tmp_path, f"set server {layout.GATEWAY_BACKEND}/{server} state ready")
-        assert {c: chat(door, g, turns(3, f"opening {c}")) for c in homes} == homes
+        rotation(tmp_path, "ready", server)
+        assert {c: chat(door, g, turns(3, f"opening {c}")) for c in homes} == during
+        assert drained in {chat(door, g, turns(1, f"new {c}")) for c in range(6)}
+
+
+@pytest.mark.parametrize("factor, stays", [(100, False), (1000, True)])
+def test_a_busy_home_is_passed_over_past_the_bound(tmp_path, factor, stays):
+    """One box of three busy with the conversation's own long answer (one slot each): with the
+    bound at the mean (100) its next request goes to an idle box; at 1000 it waits for its home."""
+    with door_of_three(tmp_path, {"gateway_affinity_balance_factor": factor}) as (door, g, _):
+        home = chat(door, g, turns(1, "hello"), "t")
+        context = ssl.create_default_context(cafile=g.ca_file)
+        slow = urllib.request.Request(f"https://[::1]:{door}/v1/models?slow", headers={
+            "Authorization": f"Bearer {BOX_KEY}", "X-Session-Token": "t"})
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            held = pool.submit(lambda: json.loads(
+                urllib.request.urlopen(slow, context=context, timeout=10).read()))
+            time.sleep(0.5)  # the long answer in flight on its home
+            second = chat(door, g, turns(2, "hello"), "t")
+            assert held.result()["path"].endswith("?slow")
+        assert (second == home) == stays, (home, second)
+
+
+def test_a_reload_keeps_every_conversations_home(tmp_path):
+    """A change at the door is a reload: the old process hands the homes to the new one at the
+    local peer, so no conversation moves (none would return to a box by chance: each was
+    placed where the fewest requests were)."""
+    with door_of_three(tmp_path) as (door, g, running):
+        homes = {c: chat(door, g, turns(1, f"kept {c}")) for c in range(9)}
+        resynced(tmp_path)
+        running.reload()
+        chat(door, g, turns(1, "another"))  # the boxes' turn moved on: a new process's leastconn
+        assert {c: chat(door, g, turns(2, f"kept {c}")) for c in reversed(homes)} == homes
+
+
+def rotation(tmp_path, action, server, *more):
+    done = subprocess.run(["sh", str(ROTATION), str(tmp_path / "admin.sock"),
+                           str(tmp_path / "server-state"), action, layout.GATEWAY_BACKEND, server,
+                           *more], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -81,7 +81,7 @@ def test_the_rendered_config_passes_haproxy_c(tmp_path):
     assert checked.returncode == 0, checked.stdout + checked.stderr
     lines = [line.strip() for line in g.config_text.splitlines()]
     # each box takes max_num_seqs at a time; the rest queue 45 s at the gateway
-    assert "server thor-1 thorfleet-thor-1:8002 port 9105 maxconn 1" in lines
+    assert "server thor-1 thorfleet-thor-1:8002 port 9105 maxconn 1 id 1" in lines
     assert "timeout queue 45s" in lines
     # a request that failed before its answer began is tried on another box (retry-on's events
     # all come before a response is forwarded); a 500 or a timeout is not
@@ -320,7 +320,7 @@ def test_any_inventory_value_is_refused_or_lands_as_itself(tmp_path):
         servers = [line.split() for line in g.config_text.splitlines()
                    if line.strip().startswith("server ")]
         assert servers == [["server", v["name"], f"{v['address']}:8002", "port", "9105",
-                            "maxconn", "1"]], (key, value, servers)
+                            "maxconn", "1", "id", "1"]], (key, value, servers)
         script, _ = firewall_script((8002,), *settings[v["name"]].gateway)
         assert f"ip saddr {v['fleet']} tcp dport {{ 8002 }} accept" in script, (key, value)
         assert g.names == ["10.0.0.9", v["names"].lower()], (key, value, g.names)
@@ -425,8 +425,8 @@ def test_an_ipv6_thor_and_gateway_render_as_haproxy_reads_them(tmp_path):
     assert checked.returncode == 0, checked.stdout + checked.stderr
     lines = [line.strip() for line in g.config_text.splitlines()]
     # the whole address, bracketed: `2001:8002` (its first group read as an IPv4 number) once
-    assert "server thor-1 [2001:db8::5]:8002 port 9105 maxconn 1" in lines
-    assert "server thor-2 thor-2.lan:8002 port 9105 maxconn 1" in lines
+    assert "server thor-1 [2001:db8::5]:8002 port 9105 maxconn 1 id 1" in lines
+    assert "server thor-2 thor-2.lan:8002 port 9105 maxconn 1 id 2" in lines
     # a client name is IPv6: the door listens on both families (it was IPv4 only)
     assert "bind :::8443 v4v6 ssl crt /etc/haproxy/thorfleet/gateway.pem alpn http/1.1" in lines
     assert g.url == "https://[2001:db8::9]:8443"

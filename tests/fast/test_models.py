@@ -95,7 +95,7 @@ def test_a_mixed_fleet_has_a_pool_per_model_and_batches_follow_max_num_seqs(tmp_
         "thors-mistral-small-4-256k": ["thor-3"],
         "thors-mistral-small-4-batch": ["thor-2"]}
     lines = [line.strip() for line in g.config_text.splitlines()]
-    assert "server thor-2 10.0.0.2:8002 port 9105 maxconn 8" in lines
+    assert "server thor-2 10.0.0.2:8002 port 9105 maxconn 8 id 1" in lines
     # the longest context read whole: 256K tokens at 16 bytes, and the headers
     assert f"tune.bufsize {262144 * 16 + 65536}" in lines
     assert "default_backend thors-mistral-small-4" in lines

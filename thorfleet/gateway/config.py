@@ -78,7 +78,8 @@ USAGE_TIMEOUT_S = 1
 DOOR_MAXCONN_CAP = 4000
 DOOR_MAXCONN_SPARE = 100
 # The header a client names its conversation by (llm-d's x-session-token): turns that carry the
-# same one go to the same box (gateway_affinity_balance_factor), whatever their bodies say.
+# same one are one conversation, kept on its box (gateway_affinity_balance_factor), whatever
+# their bodies say.
 SESSION_HEADER = "X-Session-Token"
 # A conversation's first messages, as the door reads them when no SESSION_HEADER names it: the
 # first message, and the second too when the first is a system prompt (shared by many
@@ -347,11 +348,12 @@ class GatewaySettings(Checked):
     @property
     def door_peers(self) -> list[tuple[str, str]]:
         """[(peer name, address:port)] of HAProxy's peers section, which keeps the clients table
-        (gateway_clients; none without). One gateway: its own peer on loopback, where the old
-        process hands its rows to the new one at a reload. Two: each gateway's peer on its own
-        address, so each sends its rows to the other and a failover keeps them. Named by place in
-        the inventory, not by host name: one grammar, and the same lines on both."""
-        if not self.gateway_clients:
+        (gateway_clients) and the conversations' homes (affinity); none without either. One
+        gateway: its own peer on loopback, where the old process hands its rows to the new one at
+        a reload. Two: each gateway's peer on its own address, so each sends its rows to the
+        other and a failover keeps them. Named by place in the inventory, not by host name: one
+        grammar, and the same lines on both."""
+        if not (self.gateway_clients or self.affinity):
             return []
         addresses = [a for _, a in self.pair] if self.peers else ["127.0.0.1"]
         return [(f"gateway-{n}", target(a, layout.GATEWAY_PEERS_PORT))
@@ -663,8 +665,8 @@ class GatewaySettings(Checked):
 
     @property
     def affinity(self) -> bool:
-        """Each conversation goes to the box its earlier turns went to (consistent hashing,
-        bounded by gateway_affinity_balance_factor); off, the least busy box."""
+        """Each conversation goes to its home, the box that answered its last turn, within
+        gateway_affinity_balance_factor; a first turn, and off every turn, the least busy box."""
         return self.gateway_affinity_balance_factor is not None
 
     @property
