@@ -102,7 +102,7 @@ gateway_client_tokens_per_month = None  # with gateway_clients: most tokens (pro
 gateway_queue_timeout_s = 120  # how long a request waits at the gateway for a free box before a 503
 gateway_retry_after_s = 5  # seconds a client is told to wait (Retry-After) when no box was free in time
 gateway_check_interval_s = 2  # seconds between the gateway's health checks of each box
-gateway_affinity_balance_factor = None  # the load bound of a conversation's home, in percent of the mean: the gateway sends each later turn of a conversation (X-Session-Token, else its client and first messages) to the box that answered the turn before while that box holds under this share of the mean of its pool's requests (None: off, the least busy box)
+gateway_affinity_balance_factor = 150  # the load bound of a conversation's home, in percent of the mean: the gateway sends each later turn of a conversation (X-Session-Token, else its client and first messages) to the box that answered the turn before while that box holds under this share of the mean of its pool's requests and has a free slot (None: off, the least busy box)
 
 # --- monitor: Prometheus on the gateway host (or the inventory group `monitor`) -----------------
 monitor_scrape_interval_s = 15  # seconds between two scrapes of every box by Prometheus (and between rule evaluations)

@@ -88,12 +88,13 @@ def boxes(tmp_path):
 
 
 @contextlib.contextmanager
-def door_of_three(tmp_path, gateway_data=AFFINITY):
+def door_of_three(tmp_path, gateway_data=AFFINITY, thor_data=()):
     """running_door of 3 boxes, once the door has every one in rotation: a box coming up later
     takes its share of the ring, and conversations would move for that, not for the test. A
     test whose box failed a health check meanwhile (a stand-in late on a loaded machine) is
     skipped, not failed: the ring changed under it."""
-    with running_door(tmp_path, thors=3, gateway_data=gateway_data) as (door, g, running):
+    with running_door(tmp_path, thors=3, gateway_data=gateway_data, thor_data=thor_data) as (
+            door, g, running):
         for _ in range(300):
             before = boxes(tmp_path)
             if [status for status, _ in before.values()] == ["UP"] * 3:
@@ -150,11 +151,16 @@ def test_a_drained_box_hands_its_conversations_on_and_the_others_stay(tmp_path):
         assert drained in {chat(door, g, turns(1, f"new {c}")) for c in range(6)}
 
 
-@pytest.mark.parametrize("factor, stays", [(100, False), (1000, True)])
-def test_a_busy_home_is_passed_over_past_the_bound(tmp_path, factor, stays):
-    """One box of three busy with the conversation's own long answer (one slot each): with the
-    bound at the mean (100) its next request goes to an idle box; at 1000 it waits for its home."""
-    with door_of_three(tmp_path, {"gateway_affinity_balance_factor": factor}) as (door, g, _):
+@pytest.mark.parametrize("profile, factor, stays", [
+    ("default", 1000, False), ("throughput", 100, False), ("throughput", 1000, True)])
+def test_a_busy_home_is_passed_over_when_full_or_past_the_bound(tmp_path, profile, factor, stays):
+    """A box of three busy with the conversation's own long answer: its next request goes home
+    only while home has a free slot (never waits for one box while another is idle) and holds
+    under `factor` percent of the mean (100: no more than the mean, so it spreads). The default
+    profile's boxes take one request at a time, the throughput profile's eight."""
+    data = {"gateway_affinity_balance_factor": factor}
+    thors = [{"service_profile": profile}] * 3
+    with door_of_three(tmp_path, data, thors) as (door, g, _):
         home = chat(door, g, turns(1, "hello"), "t")
         context = ssl.create_default_context(cafile=g.ca_file)
         slow = urllib.request.Request(f"https://[::1]:{door}/v1/models?slow", headers={

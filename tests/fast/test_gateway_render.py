@@ -847,7 +847,8 @@ def test_without_clients_the_door_opens_to_the_fleets_key_alone(tmp_path):
     lines = [line.strip() for line in g.config_text.splitlines()]
     refused = lines.index("http-request deny deny_status 401 unless { var(txn.client) -m found }")
     assert refused < next(n for n, line in enumerate(lines) if "wait-for-body" in line)
-    assert "track-sc0" not in g.config_text and "stick-table" not in g.config_text
+    assert "track-sc0" not in g.config_text
+    assert f"backend {layout.GATEWAY_CLIENT_TABLE}" not in g.config_text
 
 
 def test_without_clients_the_fleets_key_opens_the_door_and_no_other_key_does(tmp_path):

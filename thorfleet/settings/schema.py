@@ -803,7 +803,7 @@ class Schema(BaseModel):
         2, "seconds between the gateway's health checks of each box",
         "must be a whole number of seconds from 1 to 3600")
     gateway_affinity_balance_factor: Annotated[StrictInt, Field(ge=100, le=1000)] | None = setting(
-        None, "the load bound of a conversation's home, in percent of the mean: the gateway sends each later turn of a conversation (X-Session-Token, else its client and first messages) to the box that answered the turn before while that box holds under this share of the mean of its pool's requests (None: off, the least busy box)",
+        150, "the load bound of a conversation's home, in percent of the mean: the gateway sends each later turn of a conversation (X-Session-Token, else its client and first messages) to the box that answered the turn before while that box holds under this share of the mean of its pool's requests and has a free slot (None: off, the least busy box)",
         "must be a whole number from 100 to 1000 (percent of the mean), or None")
 
     # --- monitor: Prometheus on the gateway host (or the inventory group `monitor`) --------------
