@@ -27,6 +27,9 @@ def test_no_two_conversations_share_more_than_the_system_prompt():
                                         for n, t in enumerate(first))
     assert c.text(1, 2, 50) == c.text(1, 2, 50)  # the same conversation, the same words
     assert len(c.text(0, 1, 50).split()) == 4 + 50
+    # a run's conversations are new to a box that served another run's (its prefix cache)
+    assert c.text(0, 1, 50, "a1") != c.text(0, 1, 50, "b2")
+    assert c.text(0, 1, 50, "a1").startswith("Conversation 0 of run a1, message 1. ")
 
 
 def test_a_turn_resends_the_whole_history_in_order():

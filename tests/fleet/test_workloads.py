@@ -52,6 +52,7 @@ import pytest
 from sim.fleet import GATEWAY_HTTPS_PORT
 from tests.helpers import ROOT, Clients, box, changed_on, deploy, outcome
 from thorfleet.cli import conversations
+from thorfleet.settings import layout
 
 GATEWAY = "gw-1"
 EAGLE, LONG, VISION = "mistral-small-4", "mistral-small-4-256k", "mistral-small-4-vision"
@@ -245,16 +246,13 @@ def test_bench_runs_vllms_own_benchmark_through_the_door_per_model(sim_fleet, my
 
 def test_a_conversation_stays_warm_on_its_box_and_moves_cold_when_the_box_drains(
         sim_fleet, my_boxes, mixed, tmp_path):
-    """Issue 52: the door keeps each conversation on the box holding its prefix (affinity on: a
-    gateway reload, the boxes untouched), and the box serves its later turns from its prefix
-    cache. `thorfleet bench --conversations`: 4 conversations on the 2 EAGLE boxes, each turn
-    resending the whole history. Then the box of one is drained: its next turn is answered by
-    the other box, cold, and nothing fails."""
+    """Issue 52: the door keeps each conversation on the box holding its prefix (affinity, on by
+    default), and the box serves its later turns from its prefix cache. `thorfleet bench
+    --conversations`: 4 conversations on the 2 EAGLE boxes, each turn resending the whole
+    history. Then the box of one is drained as a rollout drains it (thorfleet-rotation): its
+    next turn is answered by the other box, cold, and nothing fails."""
     door, _, _ = mixed
-    inventory = mixed_inventory(sim_fleet, my_boxes, tmp_path / "affinity.py",
-                                gateway_affinity_balance_factor=150)
-    run = deploy(inventory, "--limit", GATEWAY)
-    assert run.returncode == 0, run.stderr[-3000:]
+    inventory = mixed_inventory(sim_fleet, my_boxes, tmp_path / "affinity.py")
     out = tmp_path / "bench"
     done = subprocess.run(
         [sys.executable, "-m", "thorfleet", "bench", str(inventory), "--out", str(out),
@@ -281,15 +279,17 @@ def test_a_conversation_stays_warm_on_its_box_and_moves_cold_when_the_box_drains
     assert "error" not in opened, opened
     home = opened["box"]
     other = next(b for b in my_boxes[:2] if b != home)
-    admin = "socat stdio UNIX-CONNECT:/run/haproxy/admin.sock"
+    admin = f"socat stdio UNIX-CONNECT:{layout.GATEWAY_ADMIN_SOCKET}"
     backend = next(line.split(",")[0] for line in box(
         sim_fleet, GATEWAY, f"echo 'show stat' | {admin}").splitlines()
         if line.split(",")[1:2] == [home])
-    box(sim_fleet, GATEWAY, f"echo 'set server {backend}/{home} state drain' | {admin}")
+    rotation = (f"{layout.GATEWAY_ROTATION} {layout.GATEWAY_ADMIN_SOCKET} "
+                f"{layout.GATEWAY_SERVER_STATE}")
+    box(sim_fleet, GATEWAY, f"{rotation} drain {backend} {home} 30")
     try:
         moved = client.ask(EAGLE, conversations.history(sent, [opened["answer"]]), 16)
     finally:
-        box(sim_fleet, GATEWAY, f"echo 'set server {backend}/{home} state ready' | {admin}")
+        box(sim_fleet, GATEWAY, f"{rotation} ready {backend} {home}")
     assert "error" not in moved, moved
     assert moved["box"] == other, moved
     assert moved["cached_tokens"] < opened["prompt_tokens"] / 2, moved  # cold: its prefix stayed

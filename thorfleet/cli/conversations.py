@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import random
+import secrets
 import ssl
 import statistics
 import threading
@@ -55,12 +56,13 @@ def plan(conversations: int, turns: int, first_tokens: int, grow_tokens: int) ->
             for c in range(conversations) for t in range(1, turns + 1)]
 
 
-def text(conversation: int, turn: int, words: int) -> str:
+def text(conversation: int, turn: int, words: int, run: str = "") -> str:
     """A user message: its conversation and turn named first (so no two conversations share
-    more than the system prompt), then words of a generator seeded by both."""
+    more than the system prompt), and the bench's `run` (so no run finds another's in a box's
+    prefix cache), then words of a generator seeded by conversation and turn."""
     rng = random.Random(conversation * 1000 + turn)
-    return f"Conversation {conversation}, message {turn}. " + " ".join(
-        rng.choice(WORDS) for _ in range(words))
+    return f"Conversation {conversation}{f' of run {run}' if run else ''}, message {turn}. " + \
+        " ".join(rng.choice(WORDS) for _ in range(words))
 
 
 def history(sent: list[str], answers: list[str]) -> list[dict]:
@@ -161,10 +163,10 @@ class Door:
 
 
 def converse(door: Door, model: str, turns: list[Turn], answer_tokens: int, think_s: float,
-             session: bool = False, progress=None) -> list[dict]:
+             session: bool = False, progress=None, run: str = "") -> list[dict]:
     """Each conversation in a thread of its own, turn after turn with `think_s` between; every
     turn's row. `session`: send each conversation's own X-Session-Token (else none, as the
-    OpenAI SDK sends)."""
+    OpenAI SDK sends). `run` names this run in every first message (text())."""
     rows, lock = [], threading.Lock()
     by_conversation = {}
     for turn in turns:
@@ -175,8 +177,9 @@ def converse(door: Door, model: str, turns: list[Turn], answer_tokens: int, thin
         for turn in mine:
             if turn.turn > 1:
                 time.sleep(think_s)
-            sent.append(text(turn.conversation, turn.turn, turn.words))
-            headers = {"X-Session-Token": f"conversation-{turn.conversation}"} if session else None
+            sent.append(text(turn.conversation, turn.turn, turn.words, run))
+            headers = ({"X-Session-Token": f"{run}-conversation-{turn.conversation}"} if session
+                       else None)
             got = door.ask(model, history(sent, answers), answer_tokens, headers)
             row = {"conversation": turn.conversation, "turn": turn.turn,
                    **{k: v for k, v in got.items() if k != "answer"}}
@@ -259,8 +262,9 @@ def run(inventory, settings, out, *, conversations: int, turns: int, first_token
         print(f"thorfleet: conversation {row['conversation']} turn {row['turn']}: {said}",
               file=err, flush=True)
 
-    rows = converse(door, model, asked, answer_tokens, think_s, session, progress)
-    result = {"model": model, "conversations": conversations, "turns_each": turns,
+    run = secrets.token_hex(4)  # this run's conversations are new to every box's cache
+    rows = converse(door, model, asked, answer_tokens, think_s, session, progress, run)
+    result = {"model": model, "run": run, "conversations": conversations, "turns_each": turns,
               "first_tokens": first_tokens, "grow_tokens": grow_tokens,
               "answer_tokens": answer_tokens, "think_s": think_s, "session_header": session,
               "summary": summary(rows), "turns": rows}
