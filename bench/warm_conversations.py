@@ -15,12 +15,16 @@ its cached tokens) is kept under `runs`, with the goals checked beside it:
 - time to first token of turns 2-6 (median, the door's wait apart) at most a tenth of turn 1's;
 - at least 90 % of turns 2-6 served by the box that served the turn before (where the prefix
   is), and no box serving more than 1.5x the mean number of requests.
+Beside the first way's result: `modelled`, what the step model of a Thor gives turn 2 against
+turn 1 from the run's own token counts (the share no cache takes off), and `floor`, what the API
+server's render and tokenizer and a one-token chat take on this machine's CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +32,8 @@ from pathlib import Path
 
 from bench.rollout import parse_range
 from sim import fleet, operator
+from sim.base import thor
+from thorfleet.cli.conversations import TOKENS_PER_WORD, history, text
 
 GATEWAY = "gw-1"
 RUNS = (("default", 3), ("throughput", 8))  # (profile, conversations at once)
@@ -58,6 +64,65 @@ def converse(inventory: Path, out: Path, conversations: int) -> dict:
     result = json.loads((out / "conversations.json").read_text())
     result["exit"] = done.returncode
     return result
+
+
+KEY_FILE = "/etc/thorfleet/secrets.env"  # the box's own key (files/systemd: EnvironmentFile)
+
+
+def on_box(sim, host, path: str, body: dict, runs: int = 3) -> float:
+    """Median seconds of `runs` POSTs of `body` to the box's own vLLM port, timed by curl on the
+    box (no door, no TLS); the body and the key go through files, never a command line."""
+    sim.put(host, "/tmp/bench-body.json", json.dumps(body))
+    code, out = sim.exec(host, (
+        f"set -a; . {KEY_FILE}; set +a; umask 077; h=$(mktemp); "
+        'printf "Authorization: Bearer %s\\n" "$VLLM_API_KEY" > "$h"; '
+        f"for i in $(seq {runs}); do curl -sS -o /dev/null -w '%{{time_total}}\\n' -H @\"$h\" "
+        "-H 'Content-Type: application/json' --data-binary @/tmp/bench-body.json "
+        f"http://127.0.0.1:8002{path}; done; rm -f \"$h\" /tmp/bench-body.json"), timeout=300)
+    if code != 0:
+        raise RuntimeError(f"{host}: {out[-1000:]}")
+    return statistics.median(float(t) for t in out.split())
+
+
+def floor(sim, host: str, words: int) -> dict:
+    """What a later turn costs that is not the prefill the box models: the API server's chat
+    template and tokenizer on a whole first turn's messages (vLLM's own /tokenize, the same
+    render a chat request takes), and a one-word chat answered with one token. Both on this
+    machine's CPU, where a Thor's would be its own."""
+    messages = history([text(0, 1, words, "floor")], [])
+    return {"host": host,
+            "tokenize_first_turn_s": round(on_box(sim, host, "/tokenize", {
+                "model": "/model", "messages": messages}), 3),
+            "one_word_chat_s": round(on_box(sim, host, "/v1/chat/completions", {
+                "model": "/model", "max_tokens": 1,
+                "messages": [{"role": "user", "content": "hello"}]}), 3)}
+
+
+BATCHED_TOKENS, EAGLE_TOKENS = 8192, 3  # files/vllm.yaml.j2: a step's tokens, EAGLE's draft
+
+
+def modelled(run: dict) -> dict | None:
+    """What the stand-in's step model of a Thor (sim/base/thor.py) gives the default profile's
+    turn 1 and turn 2 of one conversation of this run alone, from its own token counts: the
+    share no prefix cache can take off. A later turn's few hundred new tokens are one step that
+    reads nearly every expert's weights (a Thor's bandwidth), and its first token one more."""
+    rows = {r["turn"]: r for r in run["turns"] if r["conversation"] == 0 and "error" not in r}
+    if run["profile"] != "default" or not {1, 2} <= set(rows):
+        return None
+    box = thor.Box(thor.MISTRAL_SMALL_4, thor.THOR, spec_tokens=EAGLE_TOKENS)
+
+    def first_token(new: int, cached: int) -> float:
+        seconds, done = 0.0, 0
+        while done < new:  # chunked prefill
+            chunk = min(BATCHED_TOKENS, new - done)
+            seconds += box.step_seconds([thor.Work(chunk, cached + done)], False)
+            done += chunk
+        return seconds
+
+    one = first_token(rows[1]["prompt_tokens"], 0)
+    two = first_token(rows[2]["prompt_tokens"] - rows[2]["cached_tokens"], rows[2]["cached_tokens"])
+    return {"turn_1_s": round(one, 3), "turn_2_s": round(two, 3),
+            "later_vs_first_ttft": round(two / one, 3)}
 
 
 def goals(summary: dict) -> dict:
@@ -92,6 +157,9 @@ def main(argv=None):
             inventory = converge(sim, workdir, hosts, profile, caching, factor)
             run = converse(inventory, workdir / f"{profile}-{caching}-{factor}", conversations)
             run.update(profile=profile, prefix_caching=caching, affinity=factor)
+            if caching and factor:
+                run["modelled"] = modelled(run)
+                run["floor"] = floor(sim, hosts[0], round(SHAPE["first_tokens"] / TOKENS_PER_WORD))
             if caching and factor:
                 run["goal"] = goals(run["summary"])
             results["runs"].append(run)
