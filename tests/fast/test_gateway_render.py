@@ -886,6 +886,42 @@ def test_without_clients_the_thors_share_one_bearer_key_or_are_refused(tmp_path,
          "of 16 to 512 letters, digits and -._~+/= (openssl rand -hex 24)")], error.value.problems
 
 
+KEY_A, KEY_B = "sk-test-the-boxes-own-0123456789", "sk-test-another-0123456789"
+
+
+@pytest.mark.parametrize("box_keys, said", [
+    (set(), False),  # no Thor passed its own check: each one's line says why
+    ({KEY_A}, False),
+    ({KEY_A, KEY_B}, True),
+    ({None}, True),  # a Thor that passed without a key: a door open to anyone
+    ({"sk-test!odd#0123456789"}, True),
+])
+def test_the_gateway_speaks_of_the_thors_keys_only_from_thors_that_passed(box_keys, said):
+    """Breaks with: box_key_problems taking no key at all (every Thor refused on its own) for
+    keys that differ."""
+    assert bool(hosts.box_key_problems(box_keys)) is said
+
+
+@pytest.mark.parametrize("thors_data", [
+    {"weights_model_revision": None},  # only the pin missing
+    {"mode": 0o644},  # only the API key file readable by others
+], ids=["unpinned", "key-readable-by-others"])
+def test_a_thor_setting_refused_is_not_also_blamed_on_the_gateway(tmp_path, thors_data):
+    """What an operator saw: with only weights_model_revision missing (or a world-readable API key
+    file) the gateway's line said "give every Thor the same one". Breaks with: box_key_problems
+    taking no key at all for keys that differ."""
+    inv = inventory(tmp_path)
+    if "mode" in thors_data:
+        (tmp_path / "api_key").chmod(thors_data["mode"])
+    else:
+        for h in thors(inv):
+            h.data.weights_model_revision = None
+    with pytest.raises(SettingsError) as error:
+        settings_for_inventory(inv)
+    problems = error.value.problems
+    assert [p.split(":")[0] for p in problems] == ["thor-1", "thor-2"], problems
+
+
 @pytest.mark.parametrize("keys, mode, fix", [
     ({"alice": "alice-key-0123456789abcdef"}, 0o644, "chmod 600"),
     ({"alice": "short"}, 0o600, "holds no key"),

@@ -521,9 +521,13 @@ def _shared_address_problems(hosts, virtual, sources, backends) -> list[str]:
 
 
 def box_key_problems(box_keys) -> list[str]:
-    """What stops the door holding the boxes' one key (`box_keys`: each Thor's, None for none):
-    it sends that key on, and without gateway_clients opens to it alone, so every Thor has the
-    same, a bearer token (a header word and a map value as it is)."""
+    """What stops the door holding the boxes' one key (`box_keys`: the keys of the Thors whose own
+    settings passed, None for none): it sends that key on, and without gateway_clients opens to it
+    alone, so every Thor has the same, a bearer token (a header word and a map value as it is).
+    No key at all means no Thor passed: each one's own line says why (a missing pin, an API key
+    file others can read), and "give every Thor the same one" would name the wrong fix."""
+    if not box_keys:
+        return []
     if len(box_keys) == 1 and CLIENT_KEY.fullmatch(next(iter(box_keys)) or ""):
         return []
     return [(f"service_api_key_file: the door opens to the fleet's key (or to each client's, "
