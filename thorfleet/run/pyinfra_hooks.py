@@ -61,6 +61,12 @@ Hooks, where pyinfra 3.10 has no public path:
    outside --limit, when a box drains; a box read for the snapshot), and reconnecting one after a
    reboot that pyinfra did not start (nvpmodel's own, for a power mode), with `Host.connect` and
    `Host.disconnect`: pyinfra's server.reboot does this inside its own operation only.
+10. `ssh_destination`: where pyinfra's SSH connector will dial a host and which known_hosts files
+   it checks the host's key against, so `check` can find a missing host key offline (a strict
+   check refuses the first connection otherwise). The ssh_* data decide, then the ssh_config file
+   (HostName, Port, UserKnownHostsFile); pyinfra has no API for it, and reading ssh_config our own
+   way could disagree with it, so its SSH client's own `parse_config` is asked, as its `connect`
+   asks it.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 import time
 import types
@@ -118,6 +125,8 @@ EXPECTED = {
     "pyinfra.api.command:StringCommand.get_raw_value": "(self) -> 'str'",
     "pyinfra.api.facts:FactBase.requires_command": "(self, *args, **kwargs) -> 'str | None'",
     "pyinfra.connectors.ssh:SSHConnector.client": "attribute",
+    "pyinfra.connectors.sshuserclient.client:SSHClient.parse_config":
+        "(self, hostname, initial_cfg=None, ssh_config_file=None, strict_host_key_checking=None)",
     "pyinfra_cli.inventory:make_inventory": "(inventory: str, override_data=None, "
                                             "cwd: str | None = None, group_data_directories=None)",
     "pyinfra_cli.util:PYTHON_CODES": "attribute",
@@ -454,3 +463,30 @@ def wait_for_reboot(host, rebooted, timeout, every=5) -> bool:
         if host.connected:
             host.disconnect()
     return False
+
+
+# --- where SSH dials a host, before connecting (hook 10) ------------------------------------------
+
+
+class SSHDestination(NamedTuple):
+    address: str  # the name or address SSH dials: known_hosts holds the key under it
+    port: int
+    known_hosts: tuple[str, ...]  # the files the host's key is looked up in, expanded
+
+
+def ssh_destination(name, data) -> SSHDestination:
+    """Where pyinfra's SSH connector dials the host `name` with `data` (its host data), and the
+    files it looks the host's key up in: ssh_hostname (else the name), ssh_port and
+    ssh_known_hosts_file, else what the ssh_config file says for it, else 22 and
+    ~/.ssh/known_hosts. Raises ValueError for an ssh_port that is not a number."""
+    from pyinfra.connectors.sshuserclient.client import SSHClient
+
+    # "pkey" given: parse_config would otherwise load ssh_config's IdentityFile, and could ask
+    # for its passphrase; the strict policy given: an odd StrictHostKeyChecking there would raise
+    address, found, _, _, files, _, _ = SSHClient().parse_config(
+        data.get("ssh_hostname") or name, {"pkey": None},
+        ssh_config_file=data.get("ssh_config_file"), strict_host_key_checking="yes")
+    port = int(data.get("ssh_port") or found.get("port") or 22)  # ssh_port wins, as in connect
+    if data.get("ssh_known_hosts_file"):
+        files = (os.path.expanduser(data.get("ssh_known_hosts_file")),)
+    return SSHDestination(address, port, tuple(files))
