@@ -14,34 +14,15 @@ entries missed); keyscan leaving out -p; host_key_problems reading ssh_hostname 
 itself rather than pyinfra's ssh_destination (an ssh_config alias refused).
 """
 
-import subprocess
-
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from paramiko import HostKeys
 from pyinfra.api import Inventory
 
 from tests.fast.test_gateway_render import PINS
+from tests.helpers import known_hosts
 from thorfleet.__main__ import main
 from thorfleet.settings import hosts
 from thorfleet.settings.hosts import SettingsError, host_key_problems, settings_for_inventory
-
-
-def public_key() -> str:
-    key = Ed25519PrivateKey.generate().public_key()
-    return key.public_bytes(serialization.Encoding.OpenSSH,
-                            serialization.PublicFormat.OpenSSH).decode()
-
-
-def known_hosts(path, *names, hashed=False):
-    """A known_hosts file at `path` with a key for each of `names`, as ssh-keyscan writes them
-    (and HashKnownHosts, Ubuntu's default, with `hashed`)."""
-    path.write_text("".join(f"{name} {public_key()}\n" for name in names))
-    if hashed:
-        subprocess.run(["ssh-keygen", "-H", "-f", str(path)], check=True, capture_output=True)
-        assert not any(name in path.read_text() for name in names)
-    return path
 
 
 @pytest.mark.parametrize("entries, hashed, address, port, fix", [

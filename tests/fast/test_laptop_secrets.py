@@ -16,7 +16,7 @@ import pytest
 from pyinfra.api import Inventory
 
 from tests.fast.test_gateway_render import PINS, client_files, inventory
-from tests.fast.test_host_keys import known_hosts
+from tests.helpers import known_hosts
 from thorfleet.__main__ import main
 from thorfleet.settings.hosts import (
     SettingsError,
