@@ -28,6 +28,7 @@ from thorfleet.run.peers import (
     image_copy,
     peer_address_problems,
 )
+from thorfleet.run.unreachable import keyscan, known_hosts_name, no_host_key
 from thorfleet.settings.layout import GATEWAY_DOOR_USAGE_LISTEN
 from thorfleet.settings.render import Settings, image_files_hash
 from thorfleet.settings.roles import (
@@ -199,12 +200,6 @@ def ssh_file_problems(inventory) -> list[str]:
     return found + _ssh_user_left_behind(inventory)
 
 
-def keyscan(address, port, file) -> str:
-    """The command that adds the host key of `address`:`port` to `file`, as known_hosts names it."""
-    port = port or 22
-    return f"ssh-keyscan {'' if str(port) == '22' else f'-p {port} '}{address} >> {file}"
-
-
 def host_key_problems(inventory) -> list[str]:
     """Each host whose host key SSH checks strictly (ssh_strict_host_key_checking 'yes',
     group_data's default) while its known_hosts holds no key for the address SSH dials: the
@@ -251,17 +246,16 @@ def missing_host_key(address, port, file, host_keys, named=True) -> str | None:
     a key for it in one of `host_keys` (paramiko's HostKeys of each file, or an OSError for one
     that cannot be read), looked up as SSH looks it up, hashed entries included. `file`: the
     file to name in the fix; `named`: whether ssh_known_hosts_file names it (else SSH's own)."""
-    name = address if str(port) == "22" else f"[{address}]:{port}"
     said = f"ssh_known_hosts_file={str(file)!r}" if named else \
         f"{file} (SSH's own: ssh_known_hosts_file is not set)"
     unread = [keys for keys in host_keys if isinstance(keys, OSError)]
-    if any(keys.lookup(name) for keys in host_keys if not isinstance(keys, OSError)):
+    if any(keys.lookup(known_hosts_name(address, port)) for keys in host_keys
+           if not isinstance(keys, OSError)):
         return None
     if unread:
         return (f"{said} cannot be read ({unread[0].strerror or unread[0]}): make it readable, "
                 "or point ssh_known_hosts_file at the file that holds the boxes' host keys")
-    return (f"{said} holds no host key for {name}, and ssh_strict_host_key_checking='yes' "
-            f"refuses a box it does not know: {keyscan(address, port, file)}, once")
+    return no_host_key(said, address, port, file)
 
 
 def _ssh_user_left_behind(inventory) -> list[str]:
