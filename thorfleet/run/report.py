@@ -284,6 +284,13 @@ def _not_reached(state) -> dict:
             and h in pyinfra_hooks.failed_hosts(state) and not h.connected}
 
 
+def _reached_none(state) -> bool:
+    """Whether the run stopped while connecting because it could reach none of its Thors
+    (pyinfra's "No hosts remaining!"), rather than cut there (Ctrl-C, pyinfra's fail percent)."""
+    inside = [h for h in thors(state.inventory) if pyinfra_hooks.in_limit(state, h)]
+    return bool(inside) and len(_not_reached(state)) == len(inside)
+
+
 def is_plan(state) -> bool:
     """Whether the run's end writes a plan, not the report: --dry, or a run not confirmed, which
     stopped before executing. A run that stopped while connecting (no host left) is the one
@@ -295,6 +302,8 @@ def is_plan(state) -> bool:
 
 def write(state, path):
     """Write the report (or a dry run's plan) and print the table: pyinfra's exit, once per run."""
+    if pyinfra_hooks.stopped_connecting(state) and not _reached_none(state):
+        return  # cut while connecting: it knows nothing new, the last report and plan stand
     if is_plan(state):
         # --dry (or a run not confirmed): nothing ran, the last report still tells the truth.
         dry = f"{path}.dry.json"
