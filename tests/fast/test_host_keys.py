@@ -51,7 +51,8 @@ def test_a_host_key_is_looked_up_by_the_name_ssh_dials(tmp_path, entries, hashed
 
 
 def test_a_known_hosts_file_that_cannot_be_read_says_so():
-    found = hosts.missing_host_key("10.0.0.1", 22, "/kh", [PermissionError(13, "Permission denied")])
+    unread = PermissionError(13, "Permission denied")
+    found = hosts.missing_host_key("10.0.0.1", 22, "/kh", [unread])
     assert found.startswith("ssh_known_hosts_file='/kh' cannot be read (Permission denied)")
 
 

@@ -102,7 +102,8 @@ def known_hosts_lines(h) -> list[str]:
     laptop = known_hosts_name(h.data.get("ssh_hostname") or h.name, h.data.get("ssh_port"))
     stamp = path.stat().st_mtime_ns if path.exists() else None
     address, _, port = peer_address(h).partition(":")
-    return [f"{known_hosts_name(address, port)} {key}" for key in _keys_of(str(path), stamp, laptop)]
+    return [f"{known_hosts_name(address, port)} {key}"
+            for key in _keys_of(str(path), stamp, laptop)]
 
 
 @cache

@@ -8,9 +8,10 @@ Hosts that finished the run record what they look like in the run's last operati
 Hosts that dropped out on the way but are still connected are read the same way once that last
 operation has run; a host the run could not connect to gets only its error, the one line with its
 fix said as it connected (`unreachable`; a probe of its SSH port under the Python API). A run
-that reached no host at all still writes its report (its plan under --dry): config.py's
-`before_connecting` hands `unreachable` every host that cannot be reached, which installs it. The rows are built in report_rows.py (the --limit merge is there too), the
-table in report_table.py; this module gathers what they need from pyinfra (pyinfra_hooks.py).
+that reached none of its Thors still writes its report (its plan under --dry): config.py's
+`before_connecting` hands `unreachable` every host that cannot be reached, which installs it.
+The rows are built in report_rows.py (the --limit merge is there too), the table in
+report_table.py; this module gathers what they need from pyinfra (pyinfra_hooks.py).
 
 It reads the run's shared state (runstate.py): the operations record into it, and never import this.
 

@@ -30,7 +30,7 @@ def known_hosts_name(address, port) -> str:
 
 def no_host_key(said, address, port, file) -> str:
     """The line for a known_hosts (`said`: how to name it) without the key of `address`:`port`,
-    while the host key check is strict: `check` says it before connecting, a run when it could not."""
+    while the host key check is strict: `check` says it before connecting, a run once it failed."""
     return (f"{said} holds no host key for {known_hosts_name(address, port)}, and "
             "ssh_strict_host_key_checking='yes' refuses a box it does not know: "
             f"{keyscan(address, port, file)}, once")
