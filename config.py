@@ -8,7 +8,7 @@ why); deploy.py checks again, for the Python API.
 
 import sys
 
-from thorfleet.run import pyinfra_hooks
+from thorfleet.run import pyinfra_hooks, report
 from thorfleet.settings.hosts import SettingsError, no_hosts, settings_for_run
 
 
@@ -30,4 +30,6 @@ pyinfra_hooks.after_inventory_loaded(
     _refuse_bad_group_data,
     pyinfra_hooks.keep_ssh_sessions_alive,  # idle sessions survive a long health wait behind NAT
     pyinfra_hooks.watch,  # what each operation did: the one-round-trip reads and the report
+    # a host it cannot connect to: one line with the fix (not paramiko's tracebacks), in the report
+    report.before_connecting,
 )

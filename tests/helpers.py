@@ -1,6 +1,7 @@
 """Helpers the operator's stories share: run thorfleet as an operator does (re-exported from the
 sim's public `sim.operator`), read a box, and read pyinfra's --json results."""
 
+import subprocess
 import threading
 import time
 
@@ -121,3 +122,20 @@ class Clients:
         self.stopping.set()
         for thread in self.threads:
             thread.join(timeout=120)
+
+
+def known_hosts(path, *names, hashed=False):
+    """A known_hosts file at `path` with a new host key for each of `names`, as ssh-keyscan writes
+    them (and HashKnownHosts, Ubuntu's default, with `hashed`): what `check` asks of the laptop."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    def public_key():
+        return Ed25519PrivateKey.generate().public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+
+    path.write_text("".join(f"{name} {public_key()}\n" for name in names))
+    if hashed:
+        subprocess.run(["ssh-keygen", "-H", "-f", str(path)], check=True, capture_output=True)
+        assert not any(name in path.read_text() for name in names)
+    return path

@@ -11,7 +11,8 @@
 
 `pin` resolves the weights' hub ref to a commit and the base image's tag to a digest, shows the diff
 of the inventory file and writes it (asks first, unless --yes). `check` runs the settings check that
-every deploy runs first, without connecting to any host. `status` asks every Thor at once how it
+every deploy runs first, and finds each box whose host key the laptop lacks (a strict check would
+refuse the connection), without connecting to any host. `status` asks every Thor at once how it
 serves now (read-only, one SSH command each) and exits non-zero naming the hosts that do not.
 `doctor` checks, read only, each assumption thorfleet makes of a box (release, memory, power,
 containers, the model's kernels, heat, the gateway's build) and exits non-zero when one blocks
@@ -104,10 +105,16 @@ def cmd_pin(args) -> int:
     return EXIT_PROBLEMS if left else 0
 
 
-def _checked(source):
-    """(inventory, {name: Settings}) of an inventory file, or None once it said why not."""
+def _checked(source, host_keys=False):
+    """(inventory, {name: Settings}) of an inventory file, or None once it said why not.
+    `host_keys`: also refuse a box whose host key the laptop lacks (check's, not status')."""
     from thorfleet.cli.pin import PinError, load_inventory
-    from thorfleet.settings.hosts import SettingsError, no_hosts, settings_for_inventory
+    from thorfleet.settings.hosts import (
+        SettingsError,
+        host_key_problems,
+        no_hosts,
+        settings_for_inventory,
+    )
 
     try:
         inventory = load_inventory(source)
@@ -117,17 +124,24 @@ def _checked(source):
     if not list(inventory):
         _err(no_hosts(source))
         return None
+    problems, settings = [], None
     try:
-        return inventory, settings_for_inventory(inventory)
+        settings = settings_for_inventory(inventory)
     except SettingsError as error:
-        for problem in error.problems:
-            print(problem)
-        _err(f"{len(error.problems)} problem(s) in {source}; no host was contacted")
-        return None
+        problems = list(error.problems)
+    problems += host_key_problems(inventory) if host_keys else []
+    if not problems:
+        return inventory, settings
+    for problem in problems:
+        print(problem)
+    _err(f"{len(problems)} problem(s) in {source}; no host was contacted")
+    return None
 
 
 def cmd_check(args) -> int:
-    checked = _checked(args.inventory)
+    # the host keys too: with a strict check, the first deploy would fail on a box the laptop
+    # does not know, after a check that passed
+    checked = _checked(args.inventory, host_keys=True)
     if checked is None:
         return EXIT_PROBLEMS
     hosts = len(list(checked[0]))

@@ -21,6 +21,7 @@ import pytest
 
 from sim.hub import DRAFT_REPO, MODEL_REPO, build_repos, repo_revisions
 from sim.registry import REGISTRY_LOCAL_PORT
+from tests.helpers import known_hosts
 from thorfleet.cli.pin import Change, Source, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,6 +114,7 @@ def new_inventory(tmp_path, hub, image_base=None, token_file=None) -> Path:
     for name in ("id_ed25519", "known_hosts"):  # the new user's own SSH files (check reads them)
         (tmp_path / name).touch()
         text = text.replace(f'"~/.ssh/{name}"', f'"{tmp_path / name}"')
+    known_hosts(tmp_path / "known_hosts", "10.0.0.21", "10.0.0.22")  # the README's ssh-keyscan
     text = _sub(text, r'# ("weights_hf_endpoint": )"[^"]*"', rf'\1"{hub.endpoint}"')
     if image_base:
         text = _sub(text, r'# ("image_base": )"[^"]*"', rf'\1"{image_base}"')

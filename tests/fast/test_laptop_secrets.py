@@ -16,6 +16,7 @@ import pytest
 from pyinfra.api import Inventory
 
 from tests.fast.test_gateway_render import PINS, client_files, inventory
+from tests.helpers import known_hosts
 from thorfleet.__main__ import main
 from thorfleet.settings.hosts import (
     SettingsError,
@@ -136,11 +137,13 @@ def test_check_says_it_before_any_host_is_contacted(tmp_path, capsys):
     ca.mkdir(mode=0o700)
     ca.chmod(0o777)
     path = tmp_path / "inv.py"
+    kh = known_hosts(tmp_path / "known_hosts", "10.0.0.1", "10.0.0.9")  # check asks for them too
     path.write_text(
         f"thors = ([('thor-1', {{'ssh_hostname': '10.0.0.1'}})], "
-        f"{{**{PINS!r}, 'service_api_key_file': {str(key)!r}}})\n"
+        f"{{**{PINS!r}, 'service_api_key_file': {str(key)!r}, "
+        f"'ssh_known_hosts_file': {str(kh)!r}}})\n"
         f"gateway = ([('gw-1', {{'ssh_hostname': '10.0.0.9'}})], "
-        f"{{'gateway_ca_dir': {str(ca)!r}}})\n")
+        f"{{'gateway_ca_dir': {str(ca)!r}, 'ssh_known_hosts_file': {str(kh)!r}}})\n")
     assert main(["check", str(path)]) == 2
     out = capsys.readouterr().out
     assert f"gw-1: gateway_ca_dir={str(ca)!r} is in {ca}" in out and f"chmod go-w {ca}" in out

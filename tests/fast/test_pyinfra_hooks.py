@@ -123,14 +123,15 @@ def test_config_checks_the_inventory_before_connecting_and_adds_the_run_handlers
     assert stopped.value.code == 2
     assert "refusing to run (no host was contacted)" in err.getvalue()
     assert "  - thor-1: " in err.getvalue()
-    # good group data: the run goes on, with keepalives and the event recorder in place
+    # good group data: the run goes on, with keepalives, the event recorder and the line for a
+    # host it cannot connect to in place
     monkeypatch.setattr("thorfleet.settings.hosts.settings_for_run", lambda state: {})
     state = State()
     with ctx_state.use(state):
         exec(compile(config_py, "config.py", "exec"), {"__name__": "config"})  # noqa: S102
         state.init(Inventory((["thor-1"], {})), Config())
     kinds = {type(handler).__name__ for handler in state.callback_handlers}
-    assert kinds == {"_Keepalive", "_Events"}
+    assert kinds == {"_Keepalive", "_Events", "_Unreachable"}
     assert state.thorfleet_events in state.callback_handlers
 
 

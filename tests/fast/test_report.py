@@ -131,6 +131,33 @@ def test_a_dry_run_leaves_the_last_report_alone_and_writes_its_plan_beside_it(tm
     assert plan["dry_run"] is True and plan["would_change"] == {"thor-1": []}
 
 
+@pytest.mark.parametrize("dry", [False, True])
+def test_a_run_that_reached_no_host_writes_its_report_or_under_dry_its_plan(tmp_path, dry):
+    """Breaks with: is_plan taking a run that stopped while connecting for a dry run; write
+    leaving a run cut while connecting (nothing known) to overwrite the last report."""
+    path = tmp_path / "report.json"
+    path.write_text('{"finished": "earlier", "hosts": {}}')
+    state = fake_state(["thor-1", "thor-2"], failed=["thor-1"])  # cut: thor-2 not said yet
+    state.current_stage = StateStage.Connect
+    for h in state.inventory:
+        h.connected = False
+    run_state(state).dry_run = dry
+    run_state(state).note_error("thor-1", "could not connect over SSH to 10.0.0.1:22 (...): fix")
+    report.write(state, str(path))
+    assert path.read_text() == '{"finished": "earlier", "hosts": {}}'
+    assert not (tmp_path / "report.json.dry.json").exists()
+    state.failed_hosts = set(state.inventory)  # pyinfra's "No hosts remaining!"
+    run_state(state).note_error("thor-2", "could not connect over SSH to 10.0.0.2:22 (...): fix")
+    report.write(state, str(path))
+    if dry:
+        assert path.read_text() == '{"finished": "earlier", "hosts": {}}'
+        plan = json.loads((tmp_path / "report.json.dry.json").read_text())
+        assert plan["would_change"] == {} and sorted(plan["unreachable"]) == ["thor-1", "thor-2"]
+    else:
+        rows = json.loads(path.read_text())["hosts"]
+        assert rows["thor-2"]["error"] == "could not connect over SSH to 10.0.0.2:22 (...): fix"
+
+
 def test_a_limited_run_keeps_the_other_hosts_last_state_marked_stale(tmp_path, capsys):
     path = tmp_path / "report.json"
     earlier = {"health": True, "chat": True, "serving_fingerprint": "ab" * 32, "tok_s": 33.6,

@@ -21,6 +21,7 @@ from functools import cache
 from pathlib import Path
 
 from thorfleet.run import pyinfra_hooks
+from thorfleet.run.unreachable import known_hosts_name
 from thorfleet.settings.roles import thors
 from thorfleet.settings.schema import is_peer_address
 
@@ -93,20 +94,16 @@ def sources(name, inventory, state) -> list[str]:
     return [peer_address(h) for h in others]
 
 
-def _dialled(address: str, port: int | str | None) -> str:
-    """How known_hosts names a host reached at address:port ("[a]:p" unless the port is 22)."""
-    return address if str(port or 22) == "22" else f"[{address}]:{port}"
-
-
 def known_hosts_lines(h) -> list[str]:
     """The laptop's known_hosts lines for `h` (its ssh_known_hosts_file, else ~/.ssh/known_hosts),
     as the other boxes dial it: the key pyinfra checked when it connected, under the peer address.
     `ssh-keygen -F` finds hashed entries too."""
     path = Path(h.data.get("ssh_known_hosts_file") or "~/.ssh/known_hosts").expanduser()
-    laptop = _dialled(h.data.get("ssh_hostname") or h.name, h.data.get("ssh_port"))
+    laptop = known_hosts_name(h.data.get("ssh_hostname") or h.name, h.data.get("ssh_port"))
     stamp = path.stat().st_mtime_ns if path.exists() else None
     address, _, port = peer_address(h).partition(":")
-    return [f"{_dialled(address, port)} {key}" for key in _keys_of(str(path), stamp, laptop)]
+    return [f"{known_hosts_name(address, port)} {key}"
+            for key in _keys_of(str(path), stamp, laptop)]
 
 
 @cache

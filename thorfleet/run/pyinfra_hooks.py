@@ -18,7 +18,9 @@ Public API used where it exists:
   (reconnections after a reboot included);
 - the hosts still in the run are `Inventory.get_active_hosts()`, the failed ones
   `State.failed_hosts`, a run's --limit `State.is_host_in_limit()`, plan or execution
-  `State.current_stage`.
+  `State.current_stage`;
+- a host the run could not connect to is the `host_connect_error` event, with pyinfra's
+  ConnectError (raised while handling paramiko's or the socket's exception, which says why).
 
 Hooks, where pyinfra 3.10 has no public path:
 1. `after_inventory_loaded`: the CLI State's `init` is wrapped. thorfleet checks every host's group
@@ -37,9 +39,10 @@ Hooks, where pyinfra 3.10 has no public path:
 3. `operation_parameters`: `@reads` binds an operation's own arguments. It reads the generator's
    signature through `@operation()`'s `functools.wraps` (`__wrapped__`; pyinfra documents the
    generator itself as `_inner`, for calling one operation's commands from another).
-4. `cli_inventory_argument`: the INVENTORY the operator gave the CLI, read from click's current
-   context (the CLI is a click command; its State does not keep the path), so a refusal of the
-   inventory names the file as `thorfleet check` does.
+4. `cli_inventory_argument`, `cli_dry_run`: the INVENTORY the operator gave the CLI, and whether
+   it was given --dry, read from click's current context (the CLI is a click command; its State
+   keeps neither), so a refusal of the inventory names the file as `thorfleet check` does, and a
+   run that stopped while connecting leaves the last report alone under --dry only.
 5. thorfleet's per-run records are attributes of the run's State (`thorfleet_events` here,
    `thorfleet_run` in runstate.py, `thorfleet_settings` in settings.py): one set per run, so two
    runs in one process never share them, and pyinfra has no place for a deploy's own data per run.
@@ -61,6 +64,22 @@ Hooks, where pyinfra 3.10 has no public path:
    outside --limit, when a box drains; a box read for the snapshot), and reconnecting one after a
    reboot that pyinfra did not start (nvpmodel's own, for a power mode), with `Host.connect` and
    `Host.disconnect`: pyinfra's server.reboot does this inside its own operation only.
+10. `when_unreachable`: a host the run cannot connect to is said in one line with its fix
+   (thorfleet's), in place of pyinfra's own line and paramiko's tracebacks. paramiko logs each
+   failed SSH handshake with its traceback at ERROR (its transport's thread), and with no handler
+   of its own Python prints it on stderr: its logger gets a NullHandler (propagation stays, so
+   `--debug-all` still shows them). pyinfra logs its own line from `Host.connect` before the
+   `host_connect_error` event, with no option the CLI passes (and its strict host key policy one
+   more, naming no host): while the run connects (its Connect stage), a filter on pyinfra's
+   logger drops those records, known by where they are logged (`Host.connect` in
+   pyinfra/api/host.py, `StrictPolicy.missing_host_key` in its sshuserclient, at ERROR); the
+   event's handler says the host's line. A changed host key's warnings stay: they are an alarm.
+11. `ssh_destination`: where pyinfra's SSH connector will dial a host and which known_hosts files
+   it checks the host's key against, so `check` can find a missing host key offline (a strict
+   check refuses the first connection otherwise). The ssh_* data decide, then the ssh_config file
+   (HostName, Port, UserKnownHostsFile); pyinfra has no API for it, and reading ssh_config our own
+   way could disagree with it, so its SSH client's own `parse_config` is asked, as its `connect`
+   asks it.
 """
 
 from __future__ import annotations
@@ -68,6 +87,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import logging
+import os
 import sys
 import time
 import types
@@ -92,6 +113,9 @@ EXPECTED = {
     "pyinfra.api.state:StateStage.Execute": "attribute",
     "pyinfra.api.state:StateOperationMeta.names": "attribute",
     "pyinfra.api.state:BaseStateCallback.host_connect": "(state: 'State', host: 'Host')",
+    "pyinfra.api.state:BaseStateCallback.host_connect_error":
+        "(state: 'State', host: 'Host', error)",
+    "pyinfra.api.state:StateStage.Connect": "attribute",
     "pyinfra.api.state:BaseStateCallback.operation_host_success":
         "(state: 'State', host: 'Host', op_hash, retry_count: 'int' = 0)",
     "pyinfra.api.state:BaseStateCallback.operation_host_error":
@@ -118,6 +142,8 @@ EXPECTED = {
     "pyinfra.api.command:StringCommand.get_raw_value": "(self) -> 'str'",
     "pyinfra.api.facts:FactBase.requires_command": "(self, *args, **kwargs) -> 'str | None'",
     "pyinfra.connectors.ssh:SSHConnector.client": "attribute",
+    "pyinfra.connectors.sshuserclient.client:SSHClient.parse_config":
+        "(self, hostname, initial_cfg=None, ssh_config_file=None, strict_host_key_checking=None)",
     "pyinfra_cli.inventory:make_inventory": "(inventory: str, override_data=None, "
                                             "cwd: str | None = None, group_data_directories=None)",
     "pyinfra_cli.util:PYTHON_CODES": "attribute",
@@ -133,6 +159,14 @@ def cli_inventory_argument() -> str | None:
 
     context = click.get_current_context(silent=True)
     return context.params.get("inventory") if context is not None else None
+
+
+def cli_dry_run() -> bool:
+    """True when the running `pyinfra` CLI was given --dry (False for the Python API)."""
+    import click
+
+    context = click.get_current_context(silent=True)
+    return bool(context is not None and context.params.get("dry"))
 
 
 def after_inventory_loaded(*steps):
@@ -170,6 +204,58 @@ class _Keepalive(BaseStateCallback):
 def keep_ssh_sessions_alive(state):
     """Set keepalives on every connection `state` opens, reconnections after a reboot included."""
     state.add_callback_handler(_Keepalive())
+
+
+# --- a host the run cannot connect to (hook 10) ---------------------------------------------------
+
+
+class _Unreachable(BaseStateCallback):
+    """Hands each host the run could not connect to, as it connects, to `say(state, host,
+    error)`. Later connections (a drain's, a reboot's wait) are their callers' to say."""
+
+    def __init__(self, say):
+        self.say = say
+
+    def host_connect_error(self, state, host, error):
+        if state.current_stage == StateStage.Connect:
+            self.say(state, host, error)
+
+
+class _NotPyinfrasConnectLine(logging.Filter):
+    """Drops pyinfra's own lines for a host it could not connect to while `state` connects: the
+    host's line with its fix takes their place. They are known by where pyinfra logs them, at
+    ERROR: Host.connect's, and its strict host key policy's (which names no host)."""
+
+    SAID_BY = ((os.path.join("pyinfra", "api", "host.py"), "connect"),
+               (os.path.join("pyinfra", "connectors", "sshuserclient", "client.py"),
+                "missing_host_key"))
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+
+    def filter(self, record):
+        return not (self.state.current_stage == StateStage.Connect
+                    and record.levelno == logging.ERROR
+                    and any(record.pathname.endswith(path) and record.funcName == function
+                            for path, function in self.SAID_BY))
+
+
+def when_unreachable(say):
+    """A step for after_inventory_loaded: `say(state, host, error)` for each host the run cannot
+    connect to (pyinfra's ConnectError), in place of pyinfra's line and paramiko's tracebacks."""
+
+    def step(state):
+        logging.getLogger("paramiko").addHandler(logging.NullHandler())
+        logging.getLogger("pyinfra").addFilter(_NotPyinfrasConnectLine(state))
+        state.add_callback_handler(_Unreachable(say))
+
+    return step
+
+
+def stopped_connecting(state) -> bool:
+    """True when the run ended while connecting (pyinfra stops there with no host left)."""
+    return state.current_stage == StateStage.Connect
 
 
 # --- what the run did, from the state callbacks ---------------------------------------------------
@@ -454,3 +540,30 @@ def wait_for_reboot(host, rebooted, timeout, every=5) -> bool:
         if host.connected:
             host.disconnect()
     return False
+
+
+# --- where SSH dials a host, before connecting (hook 11) ------------------------------------------
+
+
+class SSHDestination(NamedTuple):
+    address: str  # the name or address SSH dials: known_hosts holds the key under it
+    port: int
+    known_hosts: tuple[str, ...]  # the files the host's key is looked up in, expanded
+
+
+def ssh_destination(name, data) -> SSHDestination:
+    """Where pyinfra's SSH connector dials the host `name` with `data` (its host data), and the
+    files it looks the host's key up in: ssh_hostname (else the name), ssh_port and
+    ssh_known_hosts_file, else what the ssh_config file says for it, else 22 and
+    ~/.ssh/known_hosts. Raises ValueError for an ssh_port that is not a number."""
+    from pyinfra.connectors.sshuserclient.client import SSHClient
+
+    # "pkey" given: parse_config would otherwise load ssh_config's IdentityFile, and could ask
+    # for its passphrase; the strict policy given: an odd StrictHostKeyChecking there would raise
+    address, found, _, _, files, _, _ = SSHClient().parse_config(
+        data.get("ssh_hostname") or name, {"pkey": None},
+        ssh_config_file=data.get("ssh_config_file"), strict_host_key_checking="yes")
+    port = int(data.get("ssh_port") or found.get("port") or 22)  # ssh_port wins, as in connect
+    if data.get("ssh_known_hosts_file"):
+        files = (os.path.expanduser(data.get("ssh_known_hosts_file")),)
+    return SSHDestination(address, port, tuple(files))

@@ -6,9 +6,12 @@ in a file, written when pyinfra exits.
 
 Hosts that finished the run record what they look like in the run's last operation (`observed`).
 Hosts that dropped out on the way but are still connected are read the same way once that last
-operation has run; a host that could not be reached at all gets only its error, and a probe of its
-SSH port says why. The rows are built in report_rows.py (the --limit merge is there too), the
-table in report_table.py; this module gathers what they need from pyinfra (pyinfra_hooks.py).
+operation has run; a host the run could not connect to gets only its error, the one line with its
+fix said as it connected (`unreachable`; a probe of its SSH port under the Python API). A run
+that reached none of its Thors still writes its report (its plan under --dry): config.py's
+`before_connecting` hands `unreachable` every host that cannot be reached, which installs it.
+The rows are built in report_rows.py (the --limit merge is there too), the table in
+report_table.py; this module gathers what they need from pyinfra (pyinfra_hooks.py).
 
 It reads the run's shared state (runstate.py): the operations record into it, and never import this.
 
@@ -46,6 +49,7 @@ from thorfleet.run.report_rows import (
 from thorfleet.run.report_table import print_table
 from thorfleet.run.runstate import run_state
 from thorfleet.run.snapshot import read, reads
+from thorfleet.run.unreachable import why_unreachable
 from thorfleet.settings.hosts import settings_for_run
 from thorfleet.settings.roles import thors
 
@@ -116,6 +120,33 @@ def _read_dropped_hosts(state):
         # a box that broke mid-run: report what we have
         except (PyinfraError, OSError, KeyError, TypeError, ValueError) as error:
             logger.warning(f"thorfleet: could not read {h.name} for the report: {error}")
+
+
+def before_connecting(state):
+    """config.py's step as the inventory loads: each host the run cannot connect to is said in one
+    line with its fix and gets its row (`unreachable`). Whether the CLI was given --dry is read
+    now: click's context is gone when the report is written, at exit."""
+    run_state(state).dry_run = pyinfra_hooks.cli_dry_run()
+    pyinfra_hooks.when_unreachable(unreachable)(state)
+
+
+def unreachable(state, h, error):
+    """Say in one line why the run cannot connect to `h` and the fix, and keep it for its row.
+    A run with a Thor in it writes its report even when no host is left to run deploy.py (which
+    installs it otherwise); a run of the gateways alone writes none, as ever."""
+    data = h.data.dict()
+    try:
+        where = pyinfra_hooks.ssh_destination(h.name, data)
+    except (TypeError, ValueError):  # an ssh_port that is no number: pyinfra's words say it
+        where = pyinfra_hooks.SSHDestination(data.get("ssh_hostname") or h.name,
+                                             data.get("ssh_port"), ("~/.ssh/known_hosts",))
+    known_hosts = data.get("ssh_known_hosts_file") or where.known_hosts[0]
+    run_state(state).fail(h, why_unreachable(error, address=where.address, port=where.port,
+                                             user=data.get("ssh_user"), key=data.get("ssh_key"),
+                                             known_hosts=known_hosts))
+    first = next((t for t in thors(state.inventory) if pyinfra_hooks.in_limit(state, t)), None)
+    if first is not None:
+        install(state, settings_for_run(state)[first.name].rollout_report_path)
 
 
 def install(state, path):
@@ -246,13 +277,41 @@ def _umask():
     return mask
 
 
+def _not_reached(state) -> dict:
+    """{host: why} of the run's Thors it could not connect to."""
+    errors = run_state(state).errors
+    return {h.name: "; ".join(errors.get(h.name, [])) or _unreachable(h)
+            for h in thors(state.inventory) if pyinfra_hooks.in_limit(state, h)
+            and h in pyinfra_hooks.failed_hosts(state) and not h.connected}
+
+
+def _reached_none(state) -> bool:
+    """Whether the run stopped while connecting because it could reach none of its Thors
+    (pyinfra's "No hosts remaining!"), rather than cut there (Ctrl-C, pyinfra's fail percent)."""
+    inside = [h for h in thors(state.inventory) if pyinfra_hooks.in_limit(state, h)]
+    return bool(inside) and len(_not_reached(state)) == len(inside)
+
+
+def is_plan(state) -> bool:
+    """Whether the run's end writes a plan, not the report: --dry, or a run not confirmed, which
+    stopped before executing. A run that stopped while connecting (no host left) is the one
+    exception: it writes its report unless it was given --dry."""
+    if pyinfra_hooks.stopped_connecting(state):
+        return run_state(state).dry_run
+    return not pyinfra_hooks.executing(state)
+
+
 def write(state, path):
     """Write the report (or a dry run's plan) and print the table: pyinfra's exit, once per run."""
-    if not pyinfra_hooks.executing(state):
+    if pyinfra_hooks.stopped_connecting(state) and not _reached_none(state):
+        return  # cut while connecting: it knows nothing new, the last report and plan stand
+    if is_plan(state):
         # --dry (or a run not confirmed): nothing ran, the last report still tells the truth.
         dry = f"{path}.dry.json"
+        away = _not_reached(state)
         plan = dry_run_plan({h.name: pyinfra_hooks.planned_changes(state, h)
-                             for h in thors(state.inventory) if pyinfra_hooks.in_limit(state, h)})
+                             for h in thors(state.inventory) if pyinfra_hooks.in_limit(state, h)
+                             and h.name not in away}, unreachable=away)
         try:
             replace_file(dry, json.dumps(plan, indent=2, sort_keys=True))
             print(f"thorfleet: dry run: the last report ({path}) is left alone; the plan is in "

@@ -100,6 +100,8 @@ def whole_report(rows, recorded, finished=None):
             "fleet_median_tok_s": medians.pop() if len(medians) == 1 else None, "hosts": rows}
 
 
-def dry_run_plan(would_change, planned=None):
-    """The plan file of a dry run: {host: [operations it would change]}."""
-    return {"dry_run": True, "planned": planned or now(), "would_change": would_change}
+def dry_run_plan(would_change, planned=None, unreachable=None):
+    """The plan file of a dry run: {host: [operations it would change]}, and {host: why} of the
+    hosts it could not connect to (no plan for them)."""
+    return {"dry_run": True, "planned": planned or now(), "would_change": would_change,
+            "unreachable": unreachable or {}}

@@ -45,6 +45,9 @@ class RunState:
     report_path: str | None = None
     # A run of the gateways alone says at its end which of a pair it left behind (report.py).
     gateways_told: bool = False
+    # The CLI was given --dry (read as the inventory loads: a run that stopped while connecting
+    # writes its report, or under --dry its plan).
+    dry_run: bool = False
     # This run as the run lock names it to a run that finds a box held, and its own id there.
     holder: str = field(default_factory=lambda: (
         f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"))

@@ -15,17 +15,20 @@ import sys
 from pathlib import Path
 
 import yaml
+from paramiko import HostKeys
 
 from thorfleet.gateway import tls
 from thorfleet.gateway.config import CLIENT_KEY, SERVER_NAME, Backend, GatewaySettings, client_key
 from thorfleet.gateway.monitor import MonitorSettings, Target, label_value, target
 from thorfleet.gateway.policy import key_file
+from thorfleet.run import pyinfra_hooks
 from thorfleet.run.peers import (
     dial_host,
     fleet_copy,
     image_copy,
     peer_address_problems,
 )
+from thorfleet.run.unreachable import keyscan, known_hosts_name, no_host_key
 from thorfleet.settings.layout import GATEWAY_DOOR_USAGE_LISTEN
 from thorfleet.settings.render import Settings, image_files_hash
 from thorfleet.settings.roles import (
@@ -188,13 +191,71 @@ def ssh_file_problems(inventory) -> list[str]:
         data = h.data.dict()
         address = data.get("ssh_hostname") or h.name
         fixes = {"ssh_key": "make one (ssh-keygen -t ed25519 -f FILE) or point ssh_key at yours",
-                 "ssh_known_hosts_file": f"ssh-keyscan {address} >> FILE, once"}
+                 "ssh_known_hosts_file": f"{keyscan(address, data.get('ssh_port'), 'FILE')}, once"}
         for key, fix in fixes.items():
             value = data.get(key)
             if isinstance(value, str) and not Path(value).expanduser().exists():
                 found.append(f"{h.name}: {key}={value!r} does not exist on this machine: "
                              f"{fix.replace('FILE', value)}")
     return found + _ssh_user_left_behind(inventory)
+
+
+def host_key_problems(inventory) -> list[str]:
+    """Each host whose host key SSH checks strictly (ssh_strict_host_key_checking 'yes',
+    group_data's default) while its known_hosts holds no key for the address SSH dials: the
+    first connection would fail on it. `check` asks it; a deploy does not refuse the whole run
+    for it (the host's connection fails, one line naming this fix, and the others go on), nor do
+    status and doctor, whose row of that box says it. A named file not there is
+    ssh_file_problems' to say."""
+    found, loaded = [], {}
+    for h in inventory:
+        data = h.data.dict()
+        named = data.get("ssh_known_hosts_file")
+        if data.get("ssh_strict_host_key_checking") != "yes" or (
+                isinstance(named, str) and not Path(named).expanduser().exists()):
+            continue
+        try:
+            where = pyinfra_hooks.ssh_destination(h.name, data)
+        except (TypeError, ValueError):
+            continue  # an ssh_port that is no number: pyinfra says so itself
+        for file in where.known_hosts:
+            if file not in loaded:
+                loaded[file] = _host_keys(file)
+        shown = named if isinstance(named, str) else where.known_hosts[0]
+        problem = missing_host_key(where.address, where.port, shown,
+                                   [loaded[f] for f in where.known_hosts],
+                                   named=isinstance(named, str))
+        if problem:
+            found.append(f"{h.name}: {problem}")
+    return found
+
+
+def _host_keys(file):
+    """The host keys in `file` as paramiko (pyinfra's SSH) reads them; none when it is not there,
+    or an OSError saying why it cannot be read."""
+    try:
+        return HostKeys(file)
+    except FileNotFoundError:
+        return HostKeys()
+    except OSError as error:
+        return error
+
+
+def missing_host_key(address, port, file, host_keys, named=True) -> str | None:
+    """What the laptop lacks to connect to `address`:`port` with a strict host key check, or None:
+    a key for it in one of `host_keys` (paramiko's HostKeys of each file, or an OSError for one
+    that cannot be read), looked up as SSH looks it up, hashed entries included. `file`: the
+    file to name in the fix; `named`: whether ssh_known_hosts_file names it (else SSH's own)."""
+    said = f"ssh_known_hosts_file={str(file)!r}" if named else \
+        f"{file} (SSH's own: ssh_known_hosts_file is not set)"
+    unread = [keys for keys in host_keys if isinstance(keys, OSError)]
+    if any(keys.lookup(known_hosts_name(address, port)) for keys in host_keys
+           if not isinstance(keys, OSError)):
+        return None
+    if unread:
+        return (f"{said} cannot be read ({unread[0].strerror or unread[0]}): make it readable, "
+                "or point ssh_known_hosts_file at the file that holds the boxes' host keys")
+    return no_host_key(said, address, port, file)
 
 
 def _ssh_user_left_behind(inventory) -> list[str]:
