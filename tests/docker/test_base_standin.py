@@ -335,6 +335,10 @@ def test_prefix_cache_hits_whole_blocks_as_vllm_reports_them(docker_client, base
         server.wait_healthy()
         answers = [server.request("POST", "/v1/completions", body=body) for _ in range(2)]
         _, metrics = server.request("GET", "/metrics")
+        # longer than the context, on a cached prefix: vLLM's 400 all the same
+        too_long = server.request("POST", "/v1/completions", body={
+            **body, "prompt": body["prompt"] + "    # the same long preamble\n" * 12000})
+    assert too_long[0] == 400 and "context length" in json.dumps(too_long[1]), too_long
     (status1, first), (status2, second) = answers
     assert status1 == status2 == 200, answers
     prompt = first["usage"]["prompt_tokens"]
