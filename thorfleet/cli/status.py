@@ -375,6 +375,14 @@ def address_lines(address: str, answers: dict) -> tuple[list[str], bool]:
                      for name, a in answers.items() if name not in holders)
     if len(holders) == 1:
         return [f"the door's address {address}: held by {holders[0]} ({rest})"], True
+    silent = [name for name, a in answers.items() if not a.status]
+    if not holders and len(silent) == len(answers):
+        return [(f"the door's address {address}: unknown, no gateway answered ({rest}): reach "
+                 "them over SSH first (their ssh_hostname and ssh_port)")], False
+    if not holders and silent:
+        return [(f"the door's address {address}: held by no gateway that answered ({rest}): "
+                 f"{' and '.join(silent)} may hold it; reach {'it' if len(silent) == 1 else 'them'}"
+                 " over SSH, then see each gateway's `journalctl -u keepalived`")], False
     if not holders:
         return [(f"the door's address {address}: held by no gateway ({rest}): clients cannot "
                 "reach the fleet; see each gateway's `journalctl -u keepalived`")], False
