@@ -54,6 +54,18 @@ def test_the_door_is_asked_at_an_address_its_certificate_names(values, url, add_
     assert bench.door_for_boxes(door(**values)) == (url, add_host)
 
 
+def test_the_certificate_names_the_address_the_boxes_reach_the_gateway_at(tmp_path):
+    """The laptop reaches the gateway at one address (ssh_hostname: the sim's published port on
+    127.0.0.1, or a management network) and the boxes at another (gateway_fleet_address): the
+    door's certificate names both, so `bench` asks the door from a box without a gateway_names
+    of the operator's (`python -m sim up --gateway` writes such an inventory)."""
+    inv = inventory(tmp_path, gateway_hosts=[("gw-1", {
+        "ssh_hostname": "127.0.0.1", "gateway_fleet_address": "172.18.0.9"})])
+    g = settings_for_inventory(inv)["gw-1"].gateway_role
+    assert g.names == ["127.0.0.1", "172.18.0.9"]
+    assert bench.door_for_boxes(g) == (f"https://172.18.0.9:{g.gateway_port}", None)
+
+
 def test_a_door_whose_certificate_names_no_address_a_box_uses_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="add 10.0.0.9, or a DNS name for it, to gateway_names"):
         bench.door_for_boxes(door(names=["127.0.0.1"]))

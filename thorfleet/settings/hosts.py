@@ -435,8 +435,11 @@ def _the_gateway(inventory, settings):
     virtual = first.gateway_virtual_ip.split("/")[0] if first.gateway_virtual_ip else None
     try:
         # One certificate for the door, on every gateway: the shared address first (the URL
-        # clients use), then each gateway's own, then gateway_names.
+        # clients use), then each gateway's own as the laptop reaches it, then as the boxes
+        # reach it (gateway_fleet_address: `thorfleet bench` asks the door from a box), then
+        # gateway_names.
         names = tls.check_names([*([virtual] if virtual else []), *addresses,
+                                 *(s for s in sources if is_ip_address(s)),
                                  *first.gateway_names])
     except ValueError as error:
         problems.append(f"{hosts[0].name}: {error}: the certificate names the gateway's "
