@@ -76,7 +76,8 @@ def test_each_profile_serves_under_its_own_name_and_answers_the_old_one():
 def test_a_fleet_of_one_model_has_the_door_it_had(tmp_path):
     g = gateway_settings(tmp_path)
     assert not g.routed and list(g.pools) == [layout.GATEWAY_BACKEND]
-    # no body read to route; one chunked (no length declared) is read, to hold it to the limit
+    # no body read to route (affinity reads one for its conversation, unless a header names it
+    # and its length is declared); one chunked is read, to hold it to the limit
     assert "txn.model" not in g.config_text
     assert "wait-for-body time 30s unless { req.hdr(content-length) -m found }" in g.config_text
 
@@ -98,6 +99,15 @@ def test_a_mixed_fleet_has_a_pool_per_model_and_batches_follow_max_num_seqs(tmp_
     assert "server thor-2 10.0.0.2:8002 port 9105 maxconn 8 id 1" in lines
     # the longest context read whole: 256K tokens at 16 bytes, and the headers
     assert f"tune.bufsize {262144 * 16 + 65536}" in lines
+    # a request queued behind a whole 256K prefill (~250 s on a Thor) waits it out; the other
+    # pools keep gateway_queue_timeout_s, and so does the door's own 503 everywhere else
+    assert g.queue_timeouts == {"thors-mistral-small-4": 120, "thors-mistral-small-4-256k": 300,
+                                "thors-mistral-small-4-batch": 120}
+    pools = {block.split("\n", 1)[0]: block for block in g.config_text.split("\nbackend ")[1:]}
+    assert "timeout queue 300s" in pools["thors-mistral-small-4-256k"]
+    assert "no box was free within 300 s" in pools["thors-mistral-small-4-256k"]
+    assert "timeout queue" not in pools["thors-mistral-small-4"]
+    assert "timeout queue 120s" in lines and "no box was free within 120 s" in g.config_text
     assert "default_backend thors-mistral-small-4" in lines
     assert [m["id"] for m in json.loads(g.models_body)["data"]] == [
         "mistral-small-4", "mistral-small-4-256k", "mistral-small-4-batch"]

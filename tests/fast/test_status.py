@@ -509,11 +509,11 @@ GONE = status.Reply(None, "unreachable: no answer within 10 s")
     ({"gw-1": HELD, "gw-2": HELD}, "held by gw-1 and gw-2 at once: the LAN sees it twice", False),
     # unreachable is not "held by no gateway": keepalived's log is not where the fix is
     ({"gw-1": GONE, "gw-2": GONE},
-     "unknown, no gateway answered (gw-1: unreachable: no answer within 10 s; gw-2: unreachable: "
-     "no answer within 10 s): reach them over SSH first", False),
+     ("unknown, no gateway answered (gw-1: unreachable: no answer within 10 s; gw-2: "
+      "unreachable: no answer within 10 s): reach them over SSH first"), False),
     ({"gw-1": GONE, "gw-2": BACKUP},
-     "held by no gateway that answered (gw-1: unreachable: no answer within 10 s; gw-2: backup): "
-     "gw-1 may hold it; reach it over SSH, then see", False),
+     ("held by no gateway that answered (gw-1: unreachable: no answer within 10 s; gw-2: "
+      "backup): gw-1 may hold it; reach it over SSH, then see"), False),
 ])
 def test_two_gateways_status_says_which_holds_the_doors_address(answers, line, reachable):
     lines, ok = status.address_lines("10.0.0.50", answers)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import math
 import re
 import secrets
 import sys
@@ -39,6 +40,7 @@ from thorfleet.settings.recipe import (
     BODY_BYTES_PER_TOKEN,
     IMAGE_BODY_BYTES,
     LEGACY_MODEL,
+    PREFILL_MARGIN,
     PROFILES,
 )
 from thorfleet.settings.schema import API_KEY_MIN, Checked
@@ -173,6 +175,10 @@ def error_body(status, kind, message) -> str:
     """The door's own answer as an OpenAI client reads an error: one line of JSON."""
     return json.dumps({"error": {"message": message, "type": kind, "param": None,
                                  "code": status}}, separators=(",", ":"))
+
+
+def queue_message(seconds: int) -> str:
+    return f"no box was free within {seconds} s; try again later"
 
 
 def lf_error_body(status, kind, message, **samples) -> str:
@@ -365,6 +371,21 @@ class GatewaySettings(Checked):
         the host name: a renamed host would otherwise find no peer of its own at a reload)."""
         return f"gateway-{[name for name, _ in self.pair].index(self.name) + 1}"
 
+    @cached_property
+    def queue_timeouts(self) -> dict[str, int]:
+        """{pool: seconds a request may wait for one of its slots}: gateway_queue_timeout_s, or
+        its boxes' longest prefill (recipe.PROFILES prefill_s, with PREFILL_MARGIN) when that is
+        longer: a second 256K prompt waits out the first's minutes of prefill, not a 503."""
+        return {pool: max(self.gateway_queue_timeout_s,
+                          max(math.ceil(PROFILES[b.profile]["prefill_s"] * PREFILL_MARGIN)
+                              for b in boxes))
+                for pool, boxes in self.pools.items()}
+
+    @staticmethod
+    def queue_error(seconds: int) -> str:
+        """The door's 503 when no slot freed within `seconds` (a pool's queue timeout)."""
+        return error_body(503, "service_unavailable", queue_message(seconds))
+
     @property
     def error_responses(self) -> list[dict]:
         """The door's own answers, as OpenAI clients read an error: JSON with `error.message`,
@@ -376,8 +397,7 @@ class GatewaySettings(Checked):
             404: ("not_found", "this route is not served here: the OpenAI API is under /v1/",
                   None),
             502: ("bad_gateway", "the box answering this request failed; try again", None),
-            503: ("service_unavailable",
-                  f"no box was free within {self.gateway_queue_timeout_s} s; try again later",
+            503: ("service_unavailable", queue_message(self.gateway_queue_timeout_s),
                   self.gateway_retry_after_s),
             504: ("gateway_timeout", "the box did not answer in time", None),
         }

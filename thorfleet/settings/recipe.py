@@ -15,21 +15,27 @@ Facts of the model on a Thor, not settings: group data picks a profile by name
 # sequence, so its gain shrinks as the batch grows) and 32K a request: 8 of them hold the tokens
 # of one 256K request, which the no-eagle profile's KV cache holds. `prefix_caching`: vLLM's
 # prefix caching when service_prefix_caching leaves it to the profile (docs/workloads.md "Prefix
-# caching" has vLLM 0.19.0's code and bugs behind each choice).
+# caching" has vLLM 0.19.0's code and bugs behind each choice). `prefill_s`: a whole
+# max_model_len prompt's prefill on a Thor, in 8,192-token chunks, as the sim's step model gives
+# it (sim/README.md "The step model": no prefill figure of this model on a Thor is published);
+# a request queued behind one waits that long, so its pool's queue timeout covers it.
+# A fifth over the model: its single-prompt prefill came within 2 % of the one held-out figure
+# (another model's), and no figure of this model exists to check it against.
+PREFILL_MARGIN = 1.2
 PROFILES = {
     "default": {"model": "mistral-small-4", "eagle": True, "max_model_len": 65536,
-                "max_num_seqs": 1, "prefix_caching": True},
+                "max_num_seqs": 1, "prefix_caching": True, "prefill_s": 24},
     "no-eagle": {"model": "mistral-small-4-256k", "eagle": False, "max_model_len": 262144,
-                 "max_num_seqs": 1, "prefix_caching": True},
+                 "max_num_seqs": 1, "prefix_caching": True, "prefill_s": 250},
     "throughput": {"model": "mistral-small-4-batch", "eagle": False, "max_model_len": 32768,
-                   "max_num_seqs": 8, "prefix_caching": True},
+                   "max_num_seqs": 8, "prefix_caching": True, "prefill_s": 9},
     # Images as seed 004 section 4.5 sends them (image_url). Without EAGLE: its draft head was
     # trained on text, and whether vLLM drafts for a Pixtral-wrapped target is unconfirmed; the
     # draft's ~0.4 GB goes to the vision encoder (VISION_ENCODER_BYTES). 64K, as the default.
     # Prefix caching off, the seed's: an open report of cached prefixes mixing images up (vLLM
     # #20261), which the proof's text-only check could not catch.
     "vision": {"model": "mistral-small-4-vision", "eagle": False, "max_model_len": 65536,
-               "max_num_seqs": 1, "vision": True, "prefix_caching": False},
+               "max_num_seqs": 1, "vision": True, "prefix_caching": False, "prefill_s": 24},
 }
 # The name every box answers besides its own (the only one before profiles): old clients keep
 # working, and the door sends it to the fleet's first model (the order above).

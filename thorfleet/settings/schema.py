@@ -794,7 +794,7 @@ class Schema(BaseModel):
         "(None: no budget)",
         f"must be a whole number of tokens, at least {TOKEN_BUDGET_MIN}, or None")
     gateway_queue_timeout_s: Annotated[StrictInt, Field(ge=1, le=86400)] = setting(
-        120, "how long a request waits at the gateway for a free box before a 503",
+        120, "how long a request waits at the gateway for a free box before a 503 (a pool whose longest prefill is longer waits that: the 256K pool 300 s)",
         "must be a whole number of seconds from 1 to 86400")
     gateway_retry_after_s: Annotated[StrictInt, Field(ge=1, le=3600)] = setting(
         5, "seconds a client is told to wait (Retry-After) when no box was free in time",
