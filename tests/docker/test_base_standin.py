@@ -330,14 +330,16 @@ def test_prefix_cache_hits_whole_blocks_as_vllm_reports_them(docker_client, base
         + "enable_prompt_tokens_details: true\n"
     env = {**SEED_ENV, "THORFLEET_SIM_HIT_ANSWERS_DIFFER": "1"}
     body = {"model": "/model", "prompt": "def fib(n):\n" + "    # the same long preamble\n" * 40,
-            "max_tokens": 4, "temperature": 0}
+            "max_tokens": 4, "temperature": 0, "return_token_ids": True}
     with serving(docker_client, base_image, model_dir, config=config, env=env) as server:
         server.wait_healthy()
         answers = [server.request("POST", "/v1/completions", body=body) for _ in range(2)]
         _, metrics = server.request("GET", "/metrics")
-        # longer than the context, on a cached prefix: vLLM's 400 all the same
+        # a prompt longer than the context that starts with the cached one: vLLM's 400 all the
+        # same (its token ids, so the length is exact and nothing is tokenized)
+        ids = answers[0][1]["choices"][0]["prompt_token_ids"]
         too_long = server.request("POST", "/v1/completions", body={
-            **body, "prompt": body["prompt"] + "    # the same long preamble\n" * 12000})
+            **body, "prompt": ids + ids[-1:] * 70000})
     assert too_long[0] == 400 and "context length" in json.dumps(too_long[1]), too_long
     (status1, first), (status2, second) = answers
     assert status1 == status2 == 200, answers
