@@ -65,8 +65,8 @@ def power_modes(lines) -> dict[int, str]:
 
 def power_masks(conf_text: str) -> dict[int, str | None]:
     """{mode id: its GPU power-gating mask (TPC_PG_MASK) or None} of /etc/nvpmodel.conf: a mode
-    whose mask differs from the running one's needs a reboot to apply (FACTS.md "The target
-    box")."""
+    whose mask differs from the running one's needs a reboot to apply (docs/facts.md "The
+    target box")."""
     masks, mode = {}, None
     for line in conf_text.splitlines():
         header = re.match(r"\s*<\s*POWER_MODEL\s+ID=(\d+)", line)

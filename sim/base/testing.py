@@ -37,7 +37,7 @@ USAGE_CODE = REPO / "files" / "bin" / "thorfleet_usage.py"  # layout.BOX_USAGE_C
 # As files/systemd/thorfleet-vllm.service.j2 runs it, after `vllm serve /model`.
 SERVE_ARGS = ("--config", "/config/vllm.yaml", "--attention-backend", "TRITON_MLA",
               "--language-model-only")
-# The seed's container environment (thorflet/settings.py SEED_ENV, FACTS.md "The container").
+# The seed's container environment (thorflet/settings.py SEED_ENV, docs/facts.md "The container").
 SEED_ENV = {
     "VLLM_USE_FLASHINFER_MOE_FP4": "1", "VLLM_FLASHINFER_MOE_BACKEND": "latency",
     "VLLM_NVFP4_GEMM_BACKEND": "flashinfer-cutlass", "VLLM_USE_FUSED_MOE_GROUPED_TOPK": "1",
@@ -47,7 +47,8 @@ SEED_ENV = {
     "PYTORCH_ALLOC_CONF": "expandable_segments:True", "HF_HUB_DISABLE_XET": "1",
     "LD_PRELOAD": "/usr/lib/aarch64-linux-gnu/nvidia/libcuda.so.1",
 }
-# The seed's runtime YAML (FACTS.md), on the port the stand-in listens on inside its container.
+# The seed's runtime YAML (docs/facts.md "The container"), on the port the stand-in listens on
+# inside its container.
 SEED_CONFIG = """\
 host: 0.0.0.0
 port: 8002
@@ -162,7 +163,7 @@ def run_check(client, base: str, argv: list[str], volumes=None) -> dict:
     """The JSON a check script prints (its last line), run by the python of the sim base `base`
     in a throwaway container: the repo at /repo read-only, no network, the base's entrypoint
     cleared (the upstream image's is `vllm serve`), the nvidia runtime (torch needs libcuda.so.1,
-    as on a Thor: FACTS.md "Thor realities")."""
+    as on a Thor: docs/facts.md "Thor realities")."""
     from sim.rootfs import ensure_rootfs
 
     image = ensure_base_image(client, ensure_rootfs(client), base)
@@ -247,7 +248,8 @@ GIB = 1 << 30
 
 
 def meminfo(available_gib: float, total_gib: float = 122) -> str:
-    """A /proc/meminfo with a Thor's numbers (FACTS.md: 122 GiB MemTotal)."""
+    """A /proc/meminfo with the simulated Thor's numbers (122 GiB MemTotal, as
+    sim/box/files/thorsim-memory models docs/facts.md "The target box": 128 GB unified memory)."""
     return (f"MemTotal:       {int(total_gib * GIB / 1024)} kB\n"
             f"MemFree:        {int(available_gib * GIB / 1024)} kB\n"
             f"MemAvailable:   {int(available_gib * GIB / 1024)} kB\n"

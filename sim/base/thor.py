@@ -88,12 +88,12 @@ class Model:
 MISTRAL_SMALL_4 = Model("Mistral Small 4 119B", total=119e9, active=6.5e9, experts=128,
                         per_token=4, bytes_per_weight=NVFP4, attention_layers=36, heads=32,
                         head_flops=64 + 64 + 128, kv_bytes=36 * (256 + 64) * 2)
-# Its EAGLE draft: ~0.4 GB (FACTS.md, "Weights"), read once a drafted token; its 2 MLA layers
-# (FACTS.md, "Weights") hold a KV cache beside the target's.
+# Its EAGLE draft: ~0.4 GB (docs/facts.md, "Weights"), read once a drafted token; its 2 MLA
+# layers (docs/facts.md, "Weights") hold a KV cache beside the target's.
 DRAFT_BYTES = 0.4e9
 DRAFT_LAYERS = 2
-# The seed's measurements (FACTS.md "Benchmark method": /v1/completions, one prompt, 512 tokens,
-# single stream, rate = completion tokens / whole request time): the two points the model is
+# The seed's measurements (docs/facts.md "Benchmark method": /v1/completions, one prompt, 512
+# tokens, single stream, rate = completion tokens / whole request time): the two points the model is
 # fitted to. The prompt's length is not given; 200 tokens is taken (a short coding request).
 SEED_BASE, SEED_EAGLE, SEED_PROMPT, SEED_TOKENS = 17.5, 33.7, 200, 512
 

@@ -12,8 +12,8 @@ answered; `is_available()` stays this build's False, so nothing vLLM's API serve
   the image's build writes: the Jetson image's PyTorch is built for Thor (sm_110; jetson-containers
   builds it with TORCH_CUDA_ARCH_LIST from the board's CUDA_ARCHITECTURES: the exact list is
   unconfirmed), and a variant writes a list without it (variants/no-sm110: as the upstream
-  v0.19.0-cu130 image had no sm_110 kernels, FACTS.md "Checked again in December 2026");
-- get_device_capability(): (11, 0), a Thor's (FACTS.md "The target box": sm_110);
+  v0.19.0-cu130 image had no sm_110 kernels, docs/facts.md "Checked again in December 2026");
+- get_device_capability(): (11, 0), a Thor's (docs/facts.md "The target box": sm_110);
 - get_device_name(): "NVIDIA Thor" (the name CUDA reports on a Thor: unconfirmed).
 """
 

@@ -2,8 +2,8 @@
 
     vllm serve /model --config /config/vllm.yaml --attention-backend TRITON_MLA --language-model-only
 
-REAL (the installed vLLM 0.19.0 code, called as `vllm serve` calls it; FACTS.md "Seen working
-here: vLLM 0.19.0's own API server on CPU with a stand-in engine"):
+REAL (the installed vLLM 0.19.0 code, called as `vllm serve` calls it; docs/facts.md "Seen
+working here: vLLM 0.19.0's own API server on CPU with a stand-in engine"):
 - argument parsing (`make_arg_parser`, `--config` YAML, usage error and exit 2 for unknown options),
   `validate_parsed_serve_args`, `api_server.setup_server` (port bound early, refused until serving);
 - `AsyncEngineArgs.from_cli_args(args).create_engine_config()`: ModelConfig from the Mistral-format
@@ -22,11 +22,11 @@ IMITATED (cannot run without a CUDA GPU and 66 GB of weights), each rule citing 
 - The platform: vLLM is told it is on CpuPlatform so its config classes build; where vLLM asks the
   GPU, the stand-in answers as a Thor would (compute capability 11.0, FlashInfer present).
 - The memory snapshot (vllm/utils/mem_utils.py L104-122): on cc 11.0 free = psutil's MemAvailable,
-  total = cudaMemGetInfo's total (MemTotal here), minus 2.65 GiB of CUDA context (FACTS "Thor
-  realities", llamastash PR #81). After the check the server holds gpu_memory_utilization x total
-  (a locked file under /run/thorsim/holds, for the box's memory model) and reading the model fills
-  the page cache (/run/thorsim/cache/<dev>-<ino>: index total_size + draft file sizes). Without
-  /run/thorsim (plain Docker) both are skipped.
+  total = cudaMemGetInfo's total (MemTotal here), minus 2.65 GiB of CUDA context (docs/facts.md
+  "Thor realities", llamastash PR #81). After the check the server holds gpu_memory_utilization x
+  total (a locked file under /run/thorsim/holds, for the box's memory model) and reading the model
+  fills the page cache (/run/thorsim/cache/<dev>-<ino>: index total_size + draft file sizes).
+  Without /run/thorsim (plain Docker) both are skipped.
 - Kernel choice: attention, NVFP4 GEMM and NVFP4 MoE are chosen by the rules of
   platforms/cuda.py, quantization/utils/nvfp4_utils.py, fused_moe/oracle/nvfp4.py and
   quantization/utils/flashinfer_utils.py for capability (11, 0) with FlashInfer present (cited per
@@ -93,7 +93,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 GIB = 1 << 30
-CUDA_CONTEXT_BYTES = int(2.65 * GIB)  # FACTS "Thor realities": vLLM reads 2.6-2.7 GiB below MemAvailable
+# docs/facts.md "Thor realities": vLLM reads 2.6-2.7 GiB below MemAvailable
+CUDA_CONTEXT_BYTES = int(2.65 * GIB)
 THOR_CAPABILITY = (11, 0)
 THORSIM = Path("/run/thorsim")
 log = logging.getLogger("vllm")
@@ -141,7 +142,7 @@ def check_memory(cache_config) -> int:
 
     vm = psutil.virtual_memory()  # /proc/meminfo: the box's modelled memory under --runtime nvidia
     # mem_utils.py L105-121: on (11, 0) free_memory = psutil.virtual_memory().available; the
-    # process's own CUDA context already took its share (FACTS "Thor realities").
+    # process's own CUDA context already took its share (docs/facts.md "Thor realities").
     snapshot = SimpleNamespace(free_memory=vm.available - CUDA_CONTEXT_BYTES,
                                total_memory=vm.total, device_="cuda:0")
     return request_memory(snapshot, cache_config)
@@ -673,7 +674,7 @@ def check_model_files(model: Path, draft: Path | None) -> None:
 
 # ------------------------------------------------------------------ the engine
 
-# The seed's decode rates on a Thor (FACTS.md "Benchmark method"): what thor.py's step model is
+# The seed's decode rates on a Thor (docs/facts.md "Benchmark method"): what thor.py's step model is
 # fitted to, and what THORFLEET_SIM_DECODE_TOKS (tests only) scales the box's clock against.
 EAGLE_TOKS, BASE_TOKS = 33.7, 17.5
 # The engine's token budget a step is the max_num_batched_tokens the operator set, as a Thor's
@@ -955,7 +956,7 @@ class StandInCore:
         """On SIGTERM vLLM calls this with --shutdown-timeout (entrypoints/launcher.py L95-115;
         0.33.0 entrypoints/launchers/launcher.py L264-280, through AsyncLLM.shutdown L305-313):
         requests in flight are finished for up to that long while new ones are refused, then the
-        rest are aborted (FACTS.md, "Thor realities"). Runs in an executor thread."""
+        rest are aborted (docs/facts.md, "Thor realities"). Runs in an executor thread."""
         self.draining = True
         deadline = time.monotonic() + (timeout or 0)
         while self.in_flight and time.monotonic() < deadline:
@@ -1075,7 +1076,8 @@ def make_engine(vllm_config):
 def _bootstrap():
     """Import vLLM as on a CPU box, told which platform it is on."""
     global VLLM_DIR
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # FACTS: else a speculators lookup retries ~30 s
+    # docs/facts.md "Seen working here": else a speculators lookup retries the hub ~30 s
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import vllm
     import vllm.platforms
     from vllm.platforms.cpu import CpuPlatform

@@ -23,7 +23,8 @@ from pathlib import Path
 MODEL_REPO = "mistralai/Mistral-Small-4-119B-2603-NVFP4"
 DRAFT_REPO = "mistralai/Mistral-Small-4-119B-2603-eagle"
 SHARDS = 13
-MODEL_TOTAL_SIZE = 66_000_000_000  # bytes, the index's metadata.total_size (FACTS.md: ~66 GB)
+# The index's metadata.total_size, in bytes (docs/facts.md "Weights": ~66 GB).
+MODEL_TOTAL_SIZE = 66_000_000_000
 # Files the real hub keeps in Git LFS: served by redirect, with their sha256 as the etag.
 LFS_SUFFIXES = (".safetensors", "tekken.json")
 GITATTRIBUTES = (
@@ -155,9 +156,9 @@ def _model_commits(tekken: bytes) -> list[tuple[str, dict[str, bytes]]]:
         tensors = _shard_tensors(index, revision=1)
         shards[name] = _safetensors(tensors)
         weight_map.update({tensor: name for tensor in tensors})
-    # The shards are tiny, but the index declares the real checkpoint's size (FACTS.md, "Weights":
-    # "~66 GB by the seed"), so the vLLM stand-in fills the box's page cache with what a Thor's would
-    # hold after reading the model (sim/box/files/thorsim-memory).
+    # The shards are tiny, but the index declares the real checkpoint's size (docs/facts.md,
+    # "Weights": ~66 GB by the seed), so the vLLM stand-in fills the box's page cache with what a
+    # Thor's would hold after reading the model (sim/box/files/thorsim-memory).
     index_json = _json(
         {"metadata": {"total_size": MODEL_TOTAL_SIZE},
          "weight_map": dict(sorted(weight_map.items()))}

@@ -4,7 +4,7 @@
 vLLM 0.19.0's `--api-key` / `VLLM_API_KEY` middleware checks only paths that start with `/v1`
 (entrypoints/openai/server_utils.py L38-83): `/invocations` (full chat completions, vllm #58144),
 `/inference/v1/generate` (PR #42064), `/tokenize`, `/detokenize`, `/scale_elastic_ep` and others
-answer without the key (FACTS.md "Thor realities"). thorfleet's derived image carries
+answer without the key (docs/facts.md "Thor realities"). thorfleet's derived image carries
 patches/vllm-api-key-every-route.diff: deny by default, open only ALLOWLIST.
 
 The probe below runs in a container of the image under the nvidia runtime (vLLM imports torch,
@@ -31,12 +31,13 @@ from sim.base.testing import (  # noqa: F401
 # Liveness and load (probes, load balancers), /version, and /metrics: Prometheus scrapes it
 # without a key and it holds counters only (no prompts, no outputs). Same list as the patch.
 ALLOWLIST = {"/health", "/ping", "/load", "/version", "/metrics"}
-# Mounted by vLLM 0.19.0 for a generate model outside /v1, so open before the patch (FACTS.md).
+# Mounted by vLLM 0.19.0 for a generate model outside /v1, so open before the patch
+# (docs/facts.md "Thor realities").
 OPEN_IN_0_19_0 = {"/invocations", "/inference/v1/generate", "/tokenize", "/detokenize"}
 
 PROBE = r'''
 import asyncio, json, os, re, sys, tempfile
-os.environ["HF_HUB_OFFLINE"] = "1"  # FACTS.md "Seen working here": else a hub lookup retries
+os.environ["HF_HUB_OFFLINE"] = "1"  # docs/facts.md "Seen working here": else a hub lookup retries
 os.environ["VLLM_API_KEY"] = KEY = "thorfleet-test-key"
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 import vllm.platforms
@@ -153,7 +154,8 @@ def test_every_route_but_the_allowlist_needs_the_key(docker_client, derived):
     results = probe(docker_client, derived)
     routes = results["routes"]
     mounted = {r["path"] for r in routes}
-    # What vLLM 0.19.0 mounts for this model (FACTS.md): the probe really walked the app.
+    # What vLLM 0.19.0 mounts for this model (docs/facts.md "Thor realities"): the probe really
+    # walked the app.
     assert OPEN_IN_0_19_0 | ALLOWLIST | {"/v1/chat/completions", "/v1/completions",
                                          "/v1/models", "/v1/chat/completions/render"} <= mounted
     wrong = [r for r in routes if (r["without"] == 401) == (r["path"] in ALLOWLIST)

@@ -42,7 +42,7 @@ def derived(docker_client, base_image):
 
 
 def test_jetson_base_torch_needs_the_runtimes_libcuda(docker_client, base_image):
-    # FACTS.md "Thor realities" (dusty-nv/jetson-containers#1397): without --runtime nvidia,
+    # docs/facts.md "Thor realities" (dusty-nv/jetson-containers#1397): without --runtime nvidia,
     # importing torch (so vLLM) fails; with it the real packages are there in /opt/venv.
     out = run_python(docker_client, base_image, (
         "import importlib.metadata as m, shutil, sys; import vllm.entrypoints.openai.api_server; "
@@ -63,7 +63,7 @@ def test_serves_with_the_seed_environment(docker_client, base_image, model_dir):
     env = {**SEED_ENV, "VLLM_API_KEY": KEY, "THORFLEET_SIM_LOAD_SECONDS": "8"}
     with serving(docker_client, base_image, model_dir, env=env) as server:
         server.wait_log("for NVFP4 GEMM")
-        assert server.refuses_inside()  # loading: the port refuses (FACTS.md "The container")
+        assert server.refuses_inside()  # loading: the port refuses (docs/facts.md "The container")
         server.wait_healthy()
         log = server.logs()
         # platforms/cuda.py L274; nvfp4_utils.py L85; flashinfer_utils.py L111 ("latency" is
@@ -77,7 +77,8 @@ def test_serves_with_the_seed_environment(docker_client, base_image, model_dir):
         # images off (--language-model-only): multimodal/registry.py L126
         assert "Resolved architecture: PixtralForConditionalGeneration" in log
         assert "running in text-only mode" in log
-        # vLLM's own auth middleware: /v1/* only (FACTS.md, server_utils.py ~L38-80).
+        # vLLM's own auth middleware: /v1/* only (docs/facts.md "Thor realities", server_utils.py
+        # ~L38-80).
         assert server.request("GET", "/v1/models") == (401, {"error": "Unauthorized"})
         assert server.request("GET", "/version") == (200, {"version": "0.19.0"})
         status, models = server.request("GET", "/v1/models", key=KEY)
@@ -90,7 +91,7 @@ def test_serves_with_the_seed_environment(docker_client, base_image, model_dir):
         # /invocations (SageMaker router) answers without the key (vllm #58144).
         status, body = server.request("POST", "/invocations", body=completion)
         assert status == 200 and body["usage"]["completion_tokens"] == 16
-        # The unpatched chat 400, word for word (FACTS.md "The chat-template bug").
+        # The unpatched chat 400, word for word (docs/facts.md "The chat-template bug").
         status, body = server.request("POST", "/v1/chat/completions", body=CHAT, key=KEY)
         assert (status, body) == (400, {"error": {
             "message": "Kwargs ['reasoning_effort'] are not supported by "
@@ -219,8 +220,8 @@ def test_tool_calls_only_through_vllms_parser(docker_client, derived, model_dir)
 
 def test_shutdown_finishes_answers_in_flight_for_shutdown_timeout(docker_client, base_image,
                                                                    model_dir):
-    # entrypoints/launcher.py L95-115 (FACTS.md "Thor realities"): on SIGTERM, vLLM calls the
-    # engine's shutdown with --shutdown-timeout; requests in flight are finished for up to that
+    # entrypoints/launcher.py L95-115 (docs/facts.md "Thor realities"): on SIGTERM, vLLM calls
+    # the engine's shutdown with --shutdown-timeout; requests in flight are finished for up to that
     # long, then aborted. 0 (the default) aborts them at once.
 
     env = {**SEED_ENV, "VLLM_API_KEY": KEY}

@@ -7,7 +7,7 @@ patches (text + py_compile only), self-checks the image under the nvidia runtime
 tags a derived image in which chat works, reasoning_effort is honoured and labelled, and the API
 key guards every route. A base that moved on is built when its code has the shapes the patches
 expect, whatever its version string, left alone where already fixed, and refused loudly when its
-code moved. A Jetson's `docker build` has no nvidia runtime (FACTS.md "Thor realities"), so
+code moved. A Jetson's `docker build` has no nvidia runtime (docs/facts.md "Thor realities"), so
 nothing in plan or build may import vLLM, transformers or torch.
 """
 
@@ -21,15 +21,15 @@ import pytest
 from sim.base import IMAGE_CONTEXT
 from sim.base.testing import base_image, derive, docker_client, variant  # noqa: F401
 
-# What transformers 4.57.3 raises for the keyword vLLM 0.19.0 always passes (FACTS.md); the
-# real message quotes the method name in backticks.
+# What transformers 4.57.3 raises for the keyword vLLM 0.19.0 always passes (docs/facts.md "The
+# chat-template bug"); the real message quotes the method name in backticks.
 KWARGS_ERROR = ("ValueError: Kwargs ['reasoning_effort'] are not supported by "
                 "`MistralCommonTokenizer.apply_chat_template`.")
 HIGH_SETTINGS = '[MODEL_SETTINGS]{"reasoning_effort": "high"}[/MODEL_SETTINGS]'
 ALL_APPLIED = ("vllm-reasoning-effort=applied,transformers-reasoning-effort=applied,"
                "think-prefill=applied,api-key-every-route=applied,streamed-tool-calls=applied,"
                "streamed-tool-call-end=applied,reasoning-split=applied")
-NVIDIA = "nvidia"  # the runtime that mounts libcuda.so.1 (FACTS.md "Thor realities")
+NVIDIA = "nvidia"  # the runtime that mounts libcuda.so.1 (docs/facts.md "Thor realities")
 
 
 def render(client, image: str) -> dict:
@@ -140,7 +140,7 @@ def test_a_plain_run_of_the_base_cannot_import_torch(docker_client, base_image):
 
 
 @pytest.mark.parametrize("version, version_tuple", [
-    ("0.19.1.dev3+g1234abc", '(0, 19, 1, "dev3", "g1234abc")'),  # FACTS.md "Thor realities":
+    ("0.19.1.dev3+g1234abc", '(0, 19, 1, "dev3", "g1234abc")'),  # docs/facts.md "Thor realities":
     ("0.19.0rc2", '(0, 19, 0, "rc2")'),  # ~=0.19.0 rejects both of these under packaging 24.x
     ("0.20.0", "(0, 20, 0)"),  # a newer version with 0.19.0's code shape builds too
 ])

@@ -1,9 +1,9 @@
 """The box-side weights tool on temporary folders.
 
-verify: huggingface_hub's local-dir metadata in, a verdict out, no network (FACTS.md, "Weights":
-commit + etag per file, sha256 for LFS files). fetch: the real huggingface_hub against the sim's
-stand-in hub (sim/hub/server.py, stdlib only) run as a local process, no Docker: what lands
-in the folder the server mounts, what stays in staging, what is fetched again.
+verify: huggingface_hub's local-dir metadata in, a verdict out, no network (docs/facts.md,
+"Weights": commit + etag per file, sha256 for LFS files). fetch: the real huggingface_hub against
+the sim's stand-in hub (sim/hub/server.py, stdlib only) run as a local process, no Docker: what
+lands in the folder the server mounts, what stays in staging, what is fetched again.
 """
 
 import hashlib

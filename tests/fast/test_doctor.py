@@ -192,7 +192,8 @@ def test_nvpmodel_modes_and_masks_as_l4t_prints_and_writes_them():
     assert readings.power_modes(verbose) == {0: "MAXN", 1: "120W"}
     conf = (REPO / "sim" / "box" / "files" / "nvpmodel.conf").read_text()
     masks = readings.power_masks(conf)
-    assert masks[0] == masks[1] != masks[2]  # FACTS.md: 0 and 1 switch live, 2 needs a reboot
+    # docs/facts.md "The target box": 0 and 1 switch live, 2 needs a reboot
+    assert masks[0] == masks[1] != masks[2]
 
 
 def test_swaps_as_the_kernel_lists_them():

@@ -16,8 +16,8 @@ import pytest
 
 from tests.helpers import deploy
 
-# The seed's figures (FACTS.md "Benchmark method"); the sim's request path adds a little on top
-# of the modelled decode, so the measured rate sits a few percent under them.
+# The seed's figures (docs/facts.md "Benchmark method"); the sim's request path adds a little on
+# top of the modelled decode, so the measured rate sits a few percent under them.
 EAGLE_TOKS, BASE_TOKS = 33.7, 17.5
 # the acceptance rate the stand-in's EAGLE reports (bench/results/standin-model.json)
 MODEL = Path(__file__).resolve().parents[2] / "bench" / "results" / "standin-model.json"

@@ -76,8 +76,8 @@ def test_a_converged_box_passes_and_doctor_changes_nothing(sim_fleet, host, doct
 def test_a_newer_release_other_mode_names_swap_and_a_dead_sensor(sim_fleet, host, doctor):
     box(sim_fleet, host, "cp /etc/nv_tegra_release /etc/nvpmodel.conf /root/")
     try:
-        # JetPack 7.2 (FACTS.md: R39 must be accepted); a release whose mode 1 has another name;
-        # a swap file turned on; a thermal zone whose temp cannot be read
+        # JetPack 7.2 (docs/facts.md "Thor realities": R39 must be accepted); a release whose
+        # mode 1 has another name; a swap file turned on; a thermal zone whose temp cannot be read
         box(sim_fleet, host, "sed -i 's/^# R38 (release), REVISION: [0-9.]*/# R39 (release), "
                              "REVISION: 2.0/' /etc/nv_tegra_release")
         box(sim_fleet, host, "sed -i 's/ID=1 NAME=120W/ID=1 NAME=MAXN_SUPER/' /etc/nvpmodel.conf")
@@ -103,8 +103,9 @@ def test_a_newer_release_other_mode_names_swap_and_a_dead_sensor(sim_fleet, host
 def test_without_the_nvidia_runtime_serving_is_blocked_and_said_why(sim_fleet, host, doctor):
     box(sim_fleet, host, "cp /etc/docker/daemon.json /root/daemon.json.kept")
     try:
-        # what an `apt upgrade` can do to the NVIDIA container runtime (FACTS.md): Docker no
-        # longer offers it; dockerd reloads its runtimes on SIGHUP, the server keeps running
+        # what an `apt upgrade` can do to the NVIDIA container runtime (docs/facts.md "Checked again
+        # in December 2026"): Docker no longer offers it; dockerd reloads its runtimes on SIGHUP,
+        # the server keeps running
         box(sim_fleet, host, "python3 -c \"import json; p='/etc/docker/daemon.json'; "
                              "c=json.load(open(p)); c['runtimes'].pop('nvidia'); "
                              "json.dump(c, open(p, 'w'))\" && systemctl reload docker")

@@ -1,7 +1,7 @@
-"""The simulated Thor behaves like the real one, as FACTS.md describes it.
+"""The simulated Thor behaves like the real one, as docs/facts.md describes it.
 
-Each test quotes the FACTS.md line it models. Tests that change a box put it back as they found it,
-because the fleet is shared with the deploy tests of the same session.
+Each test quotes the docs/facts.md line it models. Tests that change a box put it back as they
+found it, because the fleet is shared with the deploy tests of the same session.
 """
 
 import json
@@ -251,8 +251,8 @@ def test_a_gpu_container_on_host_network_serves_on_box_localhost(sim_fleet, box,
         sim_fleet.ssh(box, "sudo docker rm -f probe")
 
 
-# FACTS.md "Thor realities": `--runtime nvidia` is what mounts the GPU; `--gpus all` alone has been
-# reported failing on Thor. What a Thor's runtime and hook accept, and their words when they
+# docs/facts.md "Thor realities": `--runtime nvidia` is what mounts the GPU; `--gpus all` alone has
+# been reported failing on Thor. What a Thor's runtime and hook accept, and their words when they
 # refuse, are cited in their stand-ins (sim/box/files) and checked on bundles in
 # tests/fast/test_sim_gpus.py; here dockerd runs them as a box's would, for the unit's --gpus.
 GPUS_ACCEPTED = ["--runtime nvidia --gpus all", "--runtime nvidia --gpus 1",

@@ -3,8 +3,8 @@ fail the deploy with a line that says why, and memory behaves as a Thor's unifie
 
 Each edit story deploys an edited copy of this checkout (tests.deploy_run.edited_checkout) to a
 converged host: the new version fails its proof, the last good one is put back and serves again.
-The rules the stand-ins apply, and the FACTS.md line or vLLM source each comes from, are listed
-in sim/README.md.
+The rules the stand-ins apply, and the docs/facts.md line or vLLM source each comes from, are
+listed in sim/README.md.
 """
 
 import time

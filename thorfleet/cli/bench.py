@@ -33,7 +33,8 @@ from thorfleet.gateway.policy import key_file
 
 # The shapes people compare (input tokens, output tokens, concurrencies, prompts at each).
 # seed 004's: 1024 in / 512 out at concurrency 1 (and, `seed-large`, 1000 prompts at 100);
-# Jetson AI Lab's: 2048 in / 128 out at concurrency 1 and 8 (FACTS.md "Reported speeds").
+# Jetson AI Lab's: 2048 in / 128 out at concurrency 1 and 8 (docs/facts.md "Checked again in
+# December 2026": reported speeds).
 PRESETS = {
     "seed": (1024, 512, (1,), 8),
     "jetson-ai-lab": (2048, 128, (1, 8), 16),

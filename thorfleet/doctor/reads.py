@@ -47,8 +47,8 @@ class DropCachesWritable(FactBase[bool]):
 
 
 class PowerModes(FactBase[dict]):
-    """{mode id: name} nvpmodel offers on this release (`nvpmodel -p --verbose`, FACTS.md "The
-    target box")."""
+    """{mode id: name} nvpmodel offers on this release (`nvpmodel -p --verbose`,
+    docs/facts.md "The target box")."""
 
     command = "nvpmodel -p --verbose </dev/null"
     requires_command = "nvpmodel"

@@ -8,12 +8,13 @@ Facts of the model on a Thor, not settings: group data picks a profile by name
 # Serving profiles: what a box serves, under which name. `model`: the name clients write (vLLM's
 # served_model_name; the box also answers "/model", the name before profiles, and the default
 # profile the checkpoint's Hugging Face id). EAGLE-3 limits the context to 64K (vLLM's recipe for
-# the draft: max_model_len 65536, FACTS.md "Checked again"); without it 256K fits. `max_num_seqs`:
-# the requests a box decodes at once (FACTS.md "Front doors": the seed's 1; the gateway's maxconn
-# follows it). The throughput profile batches 8: reported on Thor for a 120B NVFP4 MoE, 15 tok/s
-# at concurrency 1 and 40 at 8 (jetson-ai-lab PR #410), with no EAGLE (its drafts are verified per
-# sequence, so its gain shrinks as the batch grows) and 32K a request: 8 of them hold the tokens
-# of one 256K request, which the no-eagle profile's KV cache holds. `prefix_caching`: vLLM's
+# the draft: max_model_len 65536, docs/facts.md "Checked again"); without it 256K fits.
+# `max_num_seqs`: the requests a box decodes at once (docs/facts.md "Front door": the seed's 1;
+# the gateway's maxconn follows it). The throughput profile batches 8: reported on Thor for a
+# 120B NVFP4 MoE, 15 tok/s at concurrency 1 and 40 at 8 (jetson-ai-lab PR #410), with no EAGLE
+# (its drafts are verified per sequence, so its gain shrinks as the batch grows) and 32K a
+# request: 8 of them hold the tokens of one 256K request, which the no-eagle profile's KV cache
+# holds. `prefix_caching`: vLLM's
 # prefix caching when service_prefix_caching leaves it to the profile (docs/workloads.md "Prefix
 # caching" has vLLM 0.19.0's code and bugs behind each choice). `prefill_s`: a whole
 # max_model_len prompt's prefill on a Thor, in 8,192-token chunks, as the sim's step model gives
@@ -83,15 +84,16 @@ def served_names(profile: str, hf_id: str) -> list[str]:
     return [own, *([hf_id] if profile == "default" else []), LEGACY_MODEL]
 
 
-# A Thor's GPU: compute capability 11.0, sm_110 (FACTS.md "The target box"): the image's PyTorch and
-# vLLM kernels must be built for it (`thorfleet doctor` reads both in the base image).
+# A Thor's GPU: compute capability 11.0, sm_110 (docs/facts.md "The target box"): the image's
+# PyTorch and vLLM kernels must be built for it (`thorfleet doctor` reads both in the base image).
 THOR_CAPABILITY = (11, 0)
 THOR_ARCH = "sm_110"
-# nvpmodel's modes on the T5000 (FACTS.md "The target box": third-party measurements, not an
-# NVIDIA table); 0 and 1 switch live, the others change the GPU power-gating mask.
+# nvpmodel's modes on the T5000 (docs/facts.md "The target box": third-party measurements, not
+# an NVIDIA table); 0 and 1 switch live, the others change the GPU power-gating mask.
 POWER_MODE_NAMES = {0: "MAXN", 1: "120W", 2: "90W", 3: "70W"}
 # FlashInfer up to this release has no SM110 MoE cubins: vLLM turns its CUTLASS MoE off on SM110
-# and falls back (FACTS.md "Checked again in December 2026": vllm PR #40808, flashinfer #3134).
+# and falls back (docs/facts.md "Checked again in December 2026": vllm PR #40808, flashinfer
+# #3134).
 FLASHINFER_NO_SM110_MOE_UP_TO = "0.6.8.post1"
 
 # The container environment the recipe was validated with on a Thor (FlashInfer CUTLASS NVFP4

@@ -1,5 +1,5 @@
 /* Stand-in for NVIDIA's libcuda.so.1, the CUDA driver library that `docker run --runtime nvidia`
- * mounts into a container on a Jetson (FACTS.md, "Thor realities": "`--runtime nvidia` is what
+ * mounts into a container on a Jetson (docs/facts.md, "Thor realities": "`--runtime nvidia` is what
  * mounts the GPU libraries and devices into a container"; the seed's LD_PRELOAD names
  * /usr/lib/aarch64-linux-gnu/nvidia/libcuda.so.1). It only has to exist and load: the sim's torch
  * needs it (DT_NEEDED), so torch and vLLM import only where the nvidia runtime mounted it, as on a

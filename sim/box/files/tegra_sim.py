@@ -17,7 +17,8 @@ CLOCKS = Path("/run/jetson_clocks/state.json")
 CPU_MIN_FREQ = 972000        # kHz, the DVFS floor of every mode (illustrative)
 GPU_MIN_FREQ = 306000000     # Hz, gpu-gpc-0's floor (illustrative)
 NVD_MIN_FREQ = 345600000     # Hz, gpu-nvd-0's floor (illustrative)
-# EMC as a locked Thor printed it: MinFreq stays below MaxFreq even when locked (FACTS.md).
+# EMC as a locked Thor printed it: MinFreq stays below MaxFreq even when locked (docs/facts.md
+# "Thor realities").
 EMC_MIN_FREQ = 665600000
 EMC_MAX_FREQ = 4266000000
 CPU_COUNT = 14               # Thor T5000: 14 Neoverse V3AE cores
