@@ -22,9 +22,8 @@ from tests.readme_table import ROOT
 PAGE = ROOT / "docs" / "facts.md"
 OUTSIDE = re.compile(r"FACTS\.md|\bFACTS\b(?=['\" :,)])")  # the old file, and its short form
 HISTORY = {"CHANGELOG.md"}
-# Strings (not comments) that still name the old file: what they print is the code's, to change
-# with the code. thorfleet doctor's "expects" column for the power-mode row.
-KNOWN_STRINGS = {"thorfleet/doctor/rows.py": 1}
+# Strings (not comments) that may still name the old file: none.
+KNOWN_STRINGS: dict[str, int] = {}
 # `facts.md`, then a Markdown link's target if any, then the quoted section: "...".
 CITATION = re.compile(r'facts\.md(?:\]\(([^)\s]*)\))?[,:]?\s+"([^"]{1,120})"')
 LINK = re.compile(r"\]\(([^)\s]*facts\.md)(?:#([^)\s]*))?\)")

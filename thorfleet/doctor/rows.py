@@ -171,7 +171,7 @@ def _power(host, s, got):
 
 
 def _reboot_row(host, s, got):
-    expects = "modes that change the GPU power-gating mask need a reboot (FACTS.md)"
+    expects = 'modes that change the GPU power-gating mask need a reboot (docs/facts.md "The target box")'
     mode, masks = got["mode"], got["masks"]
     if mode.error or mode.value is None:
         return row(host, "power", "mode change", expects, "current mode unread", COPES,
