@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import shutil
 import socket
 import ssl
 import statistics
@@ -31,11 +30,11 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
+from bench import door_routing
 from thorfleet.gateway.config import Backend, GatewaySettings
-from thorfleet.settings import layout
 from thorfleet.settings.schema import check_gateway
 
 KEY = "bench-the-fleets-key-0123456789"
@@ -44,15 +43,8 @@ THREADS, DELAY_S, HOT = 8, 0.02, 16
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 40}
 
 
-class _Box(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def setup(self):
-        super().setup()
-        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no Nagle delay
-
-    def do_GET(self):
-        self._answer(b"{}")
+class _Box(door_routing.Box):
+    """door_routing's stand-in box, counting the requests it holds at once and in all."""
 
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
@@ -66,15 +58,6 @@ class _Box(BaseHTTPRequestHandler):
             server.now -= 1
         self._answer(json.dumps({"box": server.server_address[1]}).encode())
 
-    def _answer(self, body):
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_):
-        pass
-
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
@@ -82,12 +65,6 @@ class _Server(ThreadingHTTPServer):
     def __init__(self):
         super().__init__(("127.0.0.1", 0), _Box)
         self.lock, self.now, self.peak, self.answered = threading.Lock(), 0, 0, 0
-
-
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Door:
@@ -98,7 +75,7 @@ class Door:
         self.servers = [_Server() for _ in range(2 * BOXES)]
         for server in self.servers:
             threading.Thread(target=server.serve_forever, daemon=True).start()
-        self.port = _port()
+        self.port = door_routing.free_port()
         values, problems = check_gateway({"gateway_ca_dir": str(workdir / "ca"),
                                           "gateway_port": self.port,
                                           "gateway_affinity_balance_factor": factor})
@@ -106,17 +83,7 @@ class Door:
         boxes = [Backend(f"thor-{n}", "127.0.0.1", self.servers[2 * n].server_address[1], SLOTS,
                          self.servers[2 * n + 1].server_address[1]) for n in range(BOXES)]
         g = GatewaySettings(values, "gw-1", "127.0.0.1", boxes, box_key=KEY)
-        config = g.config_text
-        for path, text in {layout.GATEWAY_PEM: g.pem, **g.maps}.items():  # as the deploy does
-            (workdir / path.rsplit("/", 1)[1]).write_text(text)
-            config = config.replace(path, str(workdir / path.rsplit("/", 1)[1]))
-        config = (config.replace(layout.GATEWAY_ADMIN_SOCKET, str(workdir / "admin.sock"))
-                  .replace(layout.GATEWAY_SERVER_STATE, str(workdir / "server-state"))
-                  .replace("    log /dev/log local0\n", "")
-                  .replace("    chroot /var/lib/haproxy\n", ""))
-        (workdir / "haproxy.cfg").write_text(config)
-        self.process = subprocess.Popen([shutil.which("haproxy") or "haproxy", "-db", "-f",
-                                         str(workdir / "haproxy.cfg")], stderr=subprocess.PIPE)
+        self.process = door_routing.haproxy(g, workdir)
         self.context = ssl.create_default_context(cafile=g.ca_file)
         self.boxes = self.servers[0::2]
         for _ in range(100):

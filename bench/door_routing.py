@@ -39,7 +39,7 @@ HF_ID = "mistralai/Mistral-Small-4-119B-2603-NVFP4"
 KEY = "bench-the-fleets-key-0123456789"  # the door's, which opens it and which it sends on
 
 
-class _Box(BaseHTTPRequestHandler):
+class Box(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def setup(self):
@@ -66,27 +66,17 @@ class _Box(BaseHTTPRequestHandler):
         pass
 
 
-def _port():
+def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _door(workdir: Path, profiles):
-    """(HAProxy process, door port, ssl context, boxes) on the rendered config of a fleet of one
-    box per profile in `profiles`."""
-    servers = [ThreadingHTTPServer(("127.0.0.1", 0), _Box) for _ in range(2 * len(profiles))]
-    for server in servers:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = _port()
-    values, problems = check_gateway({"gateway_ca_dir": str(workdir / "ca"), "gateway_port": port})
-    assert not problems, problems
-    boxes = [Backend(f"thor-{n}", "127.0.0.1", servers[2 * n].server_address[1], 1,
-                     servers[2 * n + 1].server_address[1], p, tuple(served_names(p, HF_ID)))
-             for n, p in enumerate(profiles)]
-    g = GatewaySettings(values, "gw-1", "127.0.0.1", boxes, box_key=KEY)
+def haproxy(g, workdir: Path) -> subprocess.Popen:
+    """HAProxy on `g`'s rendered config, its files in `workdir` as the deploy writes them on a
+    gateway, run in the foreground as this user (no syslog, no chroot)."""
     config = g.config_text
-    for path, text in {layout.GATEWAY_PEM: g.pem, **g.maps}.items():  # as the deploy writes them
+    for path, text in {layout.GATEWAY_PEM: g.pem, **g.maps}.items():
         (workdir / path.rsplit("/", 1)[1]).write_text(text)
         config = config.replace(path, str(workdir / path.rsplit("/", 1)[1]))
     config = (config.replace(layout.GATEWAY_ADMIN_SOCKET, str(workdir / "admin.sock"))
@@ -94,8 +84,24 @@ def _door(workdir: Path, profiles):
               .replace("    log /dev/log local0\n", "")
               .replace("    chroot /var/lib/haproxy\n", ""))
     (workdir / "haproxy.cfg").write_text(config)
-    process = subprocess.Popen([shutil.which("haproxy") or "haproxy", "-db", "-f",
-                                str(workdir / "haproxy.cfg")], stderr=subprocess.PIPE)
+    return subprocess.Popen([shutil.which("haproxy") or "haproxy", "-db", "-f",
+                             str(workdir / "haproxy.cfg")], stderr=subprocess.PIPE)
+
+
+def _door(workdir: Path, profiles):
+    """(HAProxy process, door port, ssl context, boxes) on the rendered config of a fleet of one
+    box per profile in `profiles`."""
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), Box) for _ in range(2 * len(profiles))]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = free_port()
+    values, problems = check_gateway({"gateway_ca_dir": str(workdir / "ca"), "gateway_port": port})
+    assert not problems, problems
+    boxes = [Backend(f"thor-{n}", "127.0.0.1", servers[2 * n].server_address[1], 1,
+                     servers[2 * n + 1].server_address[1], p, tuple(served_names(p, HF_ID)))
+             for n, p in enumerate(profiles)]
+    g = GatewaySettings(values, "gw-1", "127.0.0.1", boxes, box_key=KEY)
+    process = haproxy(g, workdir)
     context = ssl.create_default_context(cafile=g.ca_file)
     for _ in range(100):
         try:
