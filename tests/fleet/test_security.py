@@ -127,7 +127,8 @@ def test_an_unknown_host_key_is_refused(sim_fleet, my_boxes, tmp_path):
         "ssh_known_hosts_file": str(stranger), "rollout_report_path": str(tmp_path / "r.json")})
     run = deploy(inventory, timeout=120)
     assert run.returncode != 0
-    assert f"[{host}] SSH" in run.stderr and "Connected" not in run.stderr, run.stderr[-2000:]
+    assert f"[{host}] thorfleet: could not connect over SSH" in run.stderr, run.stderr[-2000:]
+    assert "ssh-keygen -R" in run.stderr and "Connected" not in run.stderr, run.stderr[-2000:]
     # a box known_hosts does not name at all is refused too (pyinfra's own default would add it)
     stranger.write_text("")
     run = deploy(inventory, timeout=120)
