@@ -206,7 +206,7 @@ def test_a_rerun_changes_nothing(front):
 
 
 def test_gateway_config_drift_is_repaired_by_a_reload_no_client_sees(sim_fleet, front):
-    box(sim_fleet, GATEWAY, "sed -i 's/maxconn 1$/maxconn 50/' /etc/haproxy/haproxy.cfg && "
+    box(sim_fleet, GATEWAY, "sed -i 's/maxconn 1 id/maxconn 50 id/' /etc/haproxy/haproxy.cfg && "
                             "systemctl reload haproxy")
     with Load(front, clients=3) as load:
         time.sleep(2)
