@@ -85,10 +85,15 @@ def test_two_gateways_hold_one_address_and_a_rerun_changes_nothing(sim_fleet, do
     assert wait_for(lambda: holder(sim_fleet, door.address), MOVED_S) == PAIR[0]
     ok, said = door.completion(4)
     assert ok, said
-    # one config and one certificate on both
+    # one config (but for each one's own peer line: the peers section hands the conversations'
+    # homes to the other) and one certificate on both
     for path in ("/etc/haproxy/haproxy.cfg", "/etc/haproxy/thorfleet/gateway.pem",
                  "/etc/haproxy/thorfleet/level"):
-        assert len({box(sim_fleet, g, f"sha256sum {path}").split()[0] for g in PAIR}) == 1, path
+        digests = {box(sim_fleet, g, f"grep -v '^    localpeer ' {path} | sha256sum").split()[0]
+                   for g in PAIR}
+        assert len(digests) == 1, path
+    assert {box(sim_fleet, g, "grep '^    localpeer ' /etc/haproxy/haproxy.cfg") for g in PAIR} == {
+        "localpeer gateway-1", "localpeer gateway-2"}
     # each Thor lets both gateways in
     for thor in my_boxes:
         table = box(sim_fleet, thor, "nft list table inet thorfleet")
