@@ -1107,6 +1107,11 @@ async def serve(args, started: float) -> int:
     PREFILL_CHUNK = engine_args.max_num_batched_tokens if engine_args.enable_chunked_prefill \
         is not False else None
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    # Prefix caching as the operator asked for it: vLLM 0.33.0's CPU platform, which the sim runs
+    # on, also turns it off for an MLA model (platforms/cpu.py L533-545; 0.19.0's and 0.26.0's
+    # rule leaves it on), and a Thor's CUDA platform never does.
+    if engine_args.enable_prefix_caching and not vllm_config.cache_config.enable_prefix_caching:
+        vllm_config.cache_config.enable_prefix_caching = True
     try:
         start_engine_core(vllm_config, started)
     except Exception:  # noqa: BLE001 - as v1/engine/core.py run_engine_core: logged, then fatal
