@@ -45,6 +45,9 @@ WATCHDOG = {"watchdog_interval_s": 5, "watchdog_failures": 3, "watchdog_timeout_
             "service_extra_env": ROLLED_ENV}  # as the gateway's stories left the servers
 CAP = 2
 WATCHDOG_UNIT = "thorfleet-watchdog"
+# How a start is refused while thorfleet's firewall is not loaded: the server's drop-in
+# (files/systemd/thorfleet-vllm-firewall.conf), and the watchdog's guard (thorfleet-watchdog).
+REFUSED = ("the server stays down", "so that the vLLM port answers nobody until it loads")
 # A verdict (3 checks, each up to interval + timeout) and a start of the server (the stand-in
 # loads in about a minute on two busy cores).
 RESTART_S = 3 * (5 + 5) + 240
@@ -313,12 +316,20 @@ def test_a_firewall_that_fails_at_boot_keeps_the_server_down_and_says_why(fleet,
         booted = time.time()
         fleet.sim.reboot(host)
         assert box(fleet.sim, host, "systemctl is-active thorfleet-firewall || true") == "failed"
-        # The server's first start comes after Docker's and the clocks' at boot, which on a
-        # loaded machine is well past a fixed wait: look until this boot's start is refused.
-        refused = fleet.wait(lambda: "the server stays down" in fleet.journal(host, SERVICE, booted),
-                             timeout=180)
-        assert refused, fleet.journal(host, SERVICE, booted)
+        # This boot's start is refused by whichever guard comes first: the drop-in's check, or
+        # the watchdog's, which finds the table gone and stops a start already under way (both
+        # run within a second of Docker's start). The server's first start comes after Docker's
+        # and the clocks', which on a loaded machine is well past a fixed wait: look until then.
+        def said():
+            return (fleet.journal(host, SERVICE, booted)
+                    + fleet.journal(host, WATCHDOG_UNIT, booted))
+        refused = fleet.wait(lambda: any(why in said() for why in REFUSED), timeout=180)
+        assert refused, said()
         assert box(fleet.sim, host, f"systemctl is-active {SERVICE} || true") != "active"
+        # and any later start (a restart, the operator's) is refused by the drop-in itself
+        code, _ = fleet.sim.exec(host, f"systemctl start {SERVICE}")
+        assert code != 0
+        assert REFUSED[0] in fleet.journal(host, SERVICE, booted)
         assert fleet.healthy(host) == "000"  # nothing listens on the vLLM port
         reading = json.loads(box(fleet.sim, host, "/opt/thorfleet/bin/thorfleet-watchdog status"))
         assert reading["firewall_loaded"] is False, reading
