@@ -10,7 +10,8 @@ the box's figures Prometheus scrapes.
 
 Installed before the verification step: the gateway's health check asks the watchdog, so a box
 is in rotation as soon as its proven server answers; the watchdog does nothing while this run
-holds the box. A watchdog setting changed restarts the watchdog, never the server.
+holds the box. A watchdog setting changed restarts the watchdog, never the server; its port is a
+socket unit's, so a restart never closes it (files/systemd/thorfleet-watchdog.socket.j2).
 """
 
 from io import StringIO
@@ -25,6 +26,7 @@ from thorfleet.settings.layout import (
     BOX_WATCHDOG,
     FILES,
     ROOT,
+    WATCHDOG_SOCKET,
     WATCHDOG_UNIT,
 )
 
@@ -47,11 +49,19 @@ def run(settings, box_code=()):
              f"{settings.watchdog_max_restarts_per_hour} an hour",
         src=StringIO(settings.watchdog_unit_text), path=f"{BOX_UNIT_DIR}/{WATCHDOG_UNIT}",
         mode="644")
-    systemd.daemon_reload(name="Reload systemd after the watchdog's unit changed",
-                          _if=unit.did_change)
+    port = files.whole_file(
+        name=f"Write the watchdog's socket: port {settings.watchdog_port}, held across its restarts",
+        src=StringIO(settings.watchdog_socket_text), path=f"{BOX_UNIT_DIR}/{WATCHDOG_SOCKET}",
+        mode="644")
+    systemd.daemon_reload(name="Reload systemd after the watchdog's unit or socket changed",
+                          _if=lambda: unit.did_change() or port.did_change())
+    files.unit_enabled(name="Enable the watchdog's port at boot", unit=WATCHDOG_SOCKET)
     files.unit_enabled(name="Enable the watchdog at boot", unit=WATCHDOG_UNIT)
+    system.listening_anew(name="Listen on the watchdog's new port", socket=WATCHDOG_SOCKET,
+                          service=WATCHDOG_UNIT, _if=port.did_change)
     system.reloaded(name="Restart the watchdog for its new code or unit (the server stays up)",
                      unit=WATCHDOG_UNIT, restart=True,
-                     _if=lambda: readings.did_change() or tool.did_change() or unit.did_change() or any(
-                         op.did_change() for op in box_code))
+                     _if=lambda: readings.did_change() or tool.did_change() or unit.did_change() or (
+                         port.did_change() or any(op.did_change() for op in box_code)))
+    system.running(name="The watchdog's port is held", unit=WATCHDOG_SOCKET)
     system.running(name="The watchdog is running", unit=WATCHDOG_UNIT)

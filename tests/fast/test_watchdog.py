@@ -900,6 +900,11 @@ def test_the_unit_runs_the_tool_with_the_settings_and_needs_no_server():
     assert (parsed.interval, parsed.failures, parsed.timeout, parsed.backoff) == (7, 4, 9, 30)
     assert (parsed.max_restarts_per_hour, parsed.exporter_port) == (2, 9200)
     assert parsed.give_up_after == 6
+    # its port is the socket unit's, held across its restarts
+    assert entries[("Unit", "Requires")] == layout.WATCHDOG_SOCKET
+    port = {(section, key): value for section, key, value in unit_entries(s.watchdog_socket_text)}
+    assert port[("Socket", "ListenStream")] == "0.0.0.0:9200"
+    assert port[("Install", "WantedBy")] == "sockets.target"
     # its own start grace, not service_health_timeout_s (a version's, which a roll-back undoes)
     assert (parsed.start_timeout, parsed.decode_gate) == (1800, 27)
     assert KEY not in s.watchdog_unit_text
@@ -909,6 +914,50 @@ def test_a_watchdog_setting_never_changes_the_servers_fingerprint():
     assert watchdog_unit().fingerprint == watchdog_unit(watchdog_interval_s=5,
                                                         watchdog_port=9300).fingerprint
     assert watchdog_unit().watchdog_unit_text != watchdog_unit(watchdog_port=9300).watchdog_unit_text
+
+
+# What systemd does for a socket-activated service: the socket as descriptor 3, LISTEN_PID the
+# service's own pid, LISTEN_FDS the count (sd_listen_fds(3)), then the service's command.
+SD_PASS = ("import os, sys; os.dup2(int(sys.argv[1]), 3); "
+           "os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS='1'); "
+           "os.execv(sys.argv[2], sys.argv[2:])")
+
+
+def test_a_check_made_while_the_watchdog_restarts_is_answered_on_systemds_port(box):
+    """The port is the socket unit's (files/systemd/thorfleet-watchdog.socket.j2), passed as
+    descriptor 3: a check that comes between one watchdog and the next waits in the backlog and
+    is answered by the next, where a closed port would fail it and take the box out of its pool
+    (seen: the mixed fleet's last EAGLE box, its watchdog restarted by the deploy while the other
+    drained). The edit that breaks it: the watchdog binding its own port (taken here: it exits)."""
+    held = socket.create_server(("127.0.0.1", 0), backlog=16)  # systemd's part
+    box.exporter_port = held.getsockname()[1]
+    fd = held.fileno()
+
+    def start():
+        box.log = (box.folder / "stdout").open("a")
+        box.process = subprocess.Popen(
+            [sys.executable, "-c", SD_PASS, str(fd),
+             *box.command("run", "--interval", "0.5", "--timeout", "0.5", "--exporter-address",
+                          "127.0.0.1", "--exporter-port", str(box.exporter_port),
+                          "--decode-gate", "27")],
+            env=box.env(), stdout=box.log, stderr=subprocess.STDOUT, pass_fds=(fd,))
+
+    try:
+        start()
+        box.wait_for(lambda: box.get("/healthy")[0] == 200, seconds=20)
+        box.process.terminate()  # a restart: the old one gone, the next not yet started
+        box.process.wait(10)
+        box.log.close()
+        answers = []
+        meanwhile = threading.Thread(target=lambda: answers.append(box.get("/healthy")))
+        meanwhile.start()
+        time.sleep(1)
+        assert answers == [] and meanwhile.is_alive()  # waiting in the backlog, not refused
+        start()
+        meanwhile.join(30)
+        assert answers and answers[0][0] == 200, (answers, box.stdout())
+    finally:
+        held.close()
 
 
 def test_a_taken_exporter_port_is_named(box):

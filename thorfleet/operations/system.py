@@ -71,3 +71,18 @@ def reloaded(unit, restart=False):
     verb = "restart" if restart else "reload"
     yield (f"if systemctl is-active --quiet {unit}; then {sh('systemctl', verb, unit)}; "
            f"else {sh('systemctl', 'start', unit)}; fi")
+
+
+@operation(is_idempotent=False)
+def listening_anew(socket, service):
+    """A socket unit listening on its new port: `service` stopped first (the holder of the
+    socket's descriptor, or of the port itself before there was a socket unit), then the socket
+    started; `service`'s own start is the caller's next step. Called only when the socket's file
+    changed (`_if`).
+
+    .. code:: python
+
+        listening_anew(name="Listen on the watchdog's port", socket="thorfleet-watchdog.socket",
+                       service="thorfleet-watchdog.service", _if=socket_file.did_change)
+    """
+    yield f"{sh('systemctl', 'stop', service, socket)} && {sh('systemctl', 'start', socket)}"

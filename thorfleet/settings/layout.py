@@ -26,6 +26,7 @@ BOX_READINGS = f"{BOX_BIN}/thorfleet_readings.py"
 # What the box programs share (layout file, API key, local request), imported from beside them.
 BOX_COMMON = f"{BOX_BIN}/thorfleet_box.py"
 WATCHDOG_UNIT = "thorfleet-watchdog.service"
+WATCHDOG_SOCKET = "thorfleet-watchdog.socket"  # its port, held across its restarts
 BOX_IMAGE_CONTEXT = f"{BOX_HOME}/image"  # one build context per image inputs hash
 BOX_MODELS = f"{BOX_HOME}/models"  # the default weights_dir
 # Inside the derived image, not on the box: where files/image/Dockerfile copies chatfix and the

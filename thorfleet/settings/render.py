@@ -83,6 +83,7 @@ def _environment(finalize):
 
 
 _templates = {".yaml.j2": _environment(yaml_scalar), ".service.j2": _environment(systemd_word),
+              ".socket.j2": _environment(systemd_word),
               ".conf.j2": _environment(systemd_word)}  # a unit's drop-in: systemd's words too
 
 
@@ -216,6 +217,11 @@ class Settings:
         """The watchdog's unit (files/bin/thorfleet-watchdog). Not part of the fingerprint: a
         watchdog setting changed restarts the watchdog, never the server."""
         return self.render("systemd/thorfleet-watchdog.service.j2")
+
+    @cached_property
+    def watchdog_socket_text(self):
+        """The watchdog's port, held by systemd across its restarts (watchdog_port)."""
+        return self.render("systemd/thorfleet-watchdog.socket.j2")
 
     @cached_property
     def config_text(self):
