@@ -1,23 +1,30 @@
-"""docs/settings.md's table of group data keys, generated from group_data/all.py.
+"""docs/settings.md's table of every setting, generated from its one declaration
+(thorfleet/settings/schema.py: the key, its default and its one-line meaning).
 
     python -m tests.readme_table      # rewrite the table in docs/settings.md
 """
 
-import re
+import json
 from pathlib import Path
 
+from thorfleet.settings.schema import FIELDS
+
 ROOT = Path(__file__).resolve().parent.parent
-START = "<!-- group-data-table: generated from group_data/all.py, checked by tests/fast/test_readme.py -->"
-END = "<!-- end group-data-table -->"
+START = "<!-- settings-table: generated from thorfleet/settings/schema.py, checked by tests/fast/test_readme.py -->"
+END = "<!-- end settings-table -->"
+
+
+def shown(value) -> str:
+    """A default as Python spells it in group data (None, True, "yes", {"a": "b"})."""
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    return json.dumps(value)
 
 
 def table():
     rows = ["| key | default | what it sets |", "| --- | --- | --- |"]
-    for line in (ROOT / "group_data" / "all.py").read_text().splitlines():
-        match = re.match(r"^(\w+) = (.+?)  # (.+)$", line)
-        if match:
-            key, default, comment = match.groups()
-            rows.append(f"| `{key}` | `{default}` | {comment.replace('|', '/')} |")
+    for key, field in FIELDS.items():
+        rows.append(f"| `{key}` | `{shown(field.default)}` | {field.description.replace('|', '/')} |")
     return "\n".join(rows)
 
 

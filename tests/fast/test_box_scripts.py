@@ -117,7 +117,8 @@ def fetch(hub, folder, repo=DRAFT_REPO, revision=None):
     env = {**os.environ, "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
     env.pop("HF_TOKEN", None)
     return subprocess.run([sys.executable, str(TOOL), "fetch", "--dir", str(folder), "--repo", repo,
-                           "--revision", revision or pins[repo], "--endpoint", endpoint],
+                           "--revision", revision or pins[repo], "--endpoint", endpoint,
+                           "--progress-every", "10"],
                           capture_output=True, text=True, timeout=120, check=False, env=env)
 
 
@@ -294,7 +295,7 @@ def copy(fleet, *peers):
     argv = [sys.executable, str(TOOL), "copy", "--dir", str(folder), "--revision", REVISION,
             "--expected", str(fleet / "expected.json"), "--root", str(fleet / "box"),
             "--key", str(fleet / "key"), "--known-hosts", str(fleet / "known_hosts"),
-            "--user", "thorfleet-peer"]
+            "--user", "thorfleet-peer", "--progress-every", "10"]
     for name in peers:
         argv += ["--peer", name]
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)

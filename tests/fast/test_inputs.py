@@ -218,7 +218,7 @@ def test_the_copying_box_refuses_a_peer_address_and_quotes_its_ssh_words(tmp_pat
             "--dir", str(root / "repo" / revision), "--revision", revision,
             "--expected", str(expected), "--root", str(root), "--key", str(key),
             "--known-hosts", str(tmp_path / "known_hosts"), "--user", "thorfleet-peer",
-            "--peer", EVIL_PEER, "--peer", "thor-3.lan:2203"]
+            "--peer", EVIL_PEER, "--peer", "thor-3.lan:2203", "--progress-every", "10"]
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
            "CALLS": str(tmp_path / "calls")}
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)

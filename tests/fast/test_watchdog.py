@@ -394,14 +394,19 @@ class Box:
         return {**os.environ, "PATH": f"{self.stubs}:{os.environ['PATH']}",
                 "FAKE_BOX": str(self.folder)}
 
+    def run_command(self, *extra):
+        """`run` with every value the unit gives it (none has a default of its own)."""
+        return self.command("run", "--container", SERVICE, "--interval", "0.5", "--failures", "3",
+                            "--timeout", "0.5", "--backoff", "60", "--max-restarts-per-hour", "3",
+                            "--give-up-after", "6", "--start-timeout", "1800",
+                            "--exporter-address", "127.0.0.1",
+                            "--exporter-port", str(self.exporter_port), "--decode-gate", "27",
+                            *extra)
+
     def start(self, *extra):
         self.log = (self.folder / "stdout").open("w")
-        self.process = subprocess.Popen(
-            self.command("run", "--interval", "0.5", "--failures", "3", "--timeout", "0.5",
-                         "--backoff", "60", "--max-restarts-per-hour", "3",
-                         "--exporter-address", "127.0.0.1",
-                         "--exporter-port", str(self.exporter_port), "--decode-gate", "27", *extra),
-            env=self.env(), stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(self.run_command(*extra), env=self.env(), stdout=self.log,
+                                        stderr=subprocess.STDOUT)
 
     def status(self):
         done = subprocess.run(self.command("status"), env=self.env(), capture_output=True,
@@ -834,6 +839,24 @@ def test_an_nft_monitor_that_cannot_start_is_tried_again_and_told_once(monkeypat
 def test_status_without_a_watchdog_run_says_so(box):
     found = box.status()
     assert found["watchdog"]["running"] is False and found["watchdog"]["state"] == "unknown"
+    # and, told no server, names what it needs rather than guessing one
+    bare = [a for a in box.command("status") if a not in ("--service", SERVICE, "--port",
+                                                           str(box.server.server_port))]
+    done = subprocess.run(bare, env=box.env(), capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode != 0 and "name the server with --service and --port" in done.stderr
+
+
+def test_status_bare_asks_about_the_server_the_running_watchdog_watches(box):
+    """`sudo thorfleet-watchdog status` on a box (docs/watching.md) reports the service and port
+    the unit gave the watchdog, whatever service_name and service_port are: it has no defaults."""
+    box.start()
+    box.wait_for(lambda: box.state().get("state") == "ok")
+    bare = [a for a in box.command("status") if a not in ("--service", SERVICE, "--port",
+                                                           str(box.server.server_port))]
+    done = subprocess.run(bare, env=box.env(), capture_output=True, text=True, timeout=30,
+                          check=True)
+    found = json.loads(done.stdout)
+    assert (found["service"], found["health"]) == (SERVICE, True)
 
 
 # --- where the deploy puts it, and the unit that runs it --------------------------------------------
@@ -936,10 +959,7 @@ def test_a_check_made_while_the_watchdog_restarts_is_answered_on_systemds_port(b
     def start():
         box.log = (box.folder / "stdout").open("a")
         box.process = subprocess.Popen(
-            [sys.executable, "-c", SD_PASS, str(fd),
-             *box.command("run", "--interval", "0.5", "--timeout", "0.5", "--exporter-address",
-                          "127.0.0.1", "--exporter-port", str(box.exporter_port),
-                          "--decode-gate", "27")],
+            [sys.executable, "-c", SD_PASS, str(fd), *box.run_command()],
             env=box.env(), stdout=box.log, stderr=subprocess.STDOUT, pass_fds=(fd,))
 
     try:

@@ -1,7 +1,7 @@
 """Where things live: on the laptop (this checkout) and on the box.
 
 The one Python file that spells the box's paths; everything else imports them from here.
-(group_data/all.py spells the default weights_dir for the operator; a test holds it to BOX_MODELS.)
+(The schema's default weights_dir is BOX_MODELS itself.)
 """
 
 from pathlib import Path

@@ -1,14 +1,16 @@
 """Every thorfleet setting, declared once: its type, its range or allowed values, its meaning and its
 default. The checks are derived from the declaration (pydantic, strict: "0.7" is not a number).
 
-group_data/all.py is the defaults file pyinfra reads; tests/fast/test_settings.py holds it to this schema
-key by key (default and comment), both ways.
+Nothing else declares a default: group_data/all.py hands these to pyinfra as host data (defaults()),
+docs/settings.md is generated from them, and the programs on the boxes take every value from the
+units and commands rendered from them (tests/fast/test_one_declaration.py).
 
 A problem is one line naming the key, the value and the fix; settings.py prefixes the host.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import ipaddress
 import math
@@ -572,7 +574,7 @@ class Schema(BaseModel):
         None, "REQUIRED: 40-hex commit of the draft to serve (pin it)",
         UNPINNED_REVISION)
     weights_hf_endpoint: Annotated[StrictStr, AfterValidator(_url)] | None = setting(
-        None, "hub or site mirror the boxes download from",
+        None, "hub or site mirror the boxes download from (group_data/all.py: the laptop's HF_ENDPOINT, if set)",
         "must be an http(s) URL of the hub or a mirror, or None for huggingface.co")
     weights_hf_allow_plain_http: StrictBool = setting(
         False, "allow an http:// weights_hf_endpoint with a token: the token and the code the model "
@@ -821,6 +823,14 @@ class Schema(BaseModel):
 
 
 FIELDS = Schema.model_fields
+
+
+def defaults() -> dict:
+    """{setting: its default}, each its own copy: the host data group_data/all.py gives pyinfra,
+    whose SSH connector reads the ssh_ ones itself before any thorfleet code runs."""
+    return {key: copy.deepcopy(field.default) for key, field in FIELDS.items()}
+
+
 # Defaults that are REQUIRED: None means "not set", and the check refuses it.
 REQUIRED = tuple(k for k, f in FIELDS.items() if f.description.startswith("REQUIRED"))
 
@@ -844,7 +854,7 @@ def _unknown_keys(data):
     for key in sorted(data):
         if key.startswith(PREFIXES) and key not in FIELDS:
             fix = f"did you mean {near}?" if (near := _nearest(key)) else \
-                "see group_data/all.py for every setting"
+                "see docs/settings.md for every setting"
             problems.append(f"{key}={data[key]!r} is not a thorfleet setting: {fix}")
     return problems
 
