@@ -37,7 +37,7 @@ USAGE_CODE = REPO / "files" / "bin" / "thorfleet_usage.py"  # layout.BOX_USAGE_C
 # As files/systemd/thorfleet-vllm.service.j2 runs it, after `vllm serve /model`.
 SERVE_ARGS = ("--config", "/config/vllm.yaml", "--attention-backend", "TRITON_MLA",
               "--language-model-only")
-# The seed's container environment (thorflet/settings.py SEED_ENV, docs/facts.md "The container").
+# The seed's container environment (thorfleet/settings/recipe.py RECIPE_ENV, docs/facts.md "The container").
 SEED_ENV = {
     "VLLM_USE_FLASHINFER_MOE_FP4": "1", "VLLM_FLASHINFER_MOE_BACKEND": "latency",
     "VLLM_NVFP4_GEMM_BACKEND": "flashinfer-cutlass", "VLLM_USE_FUSED_MOE_GROUPED_TOPK": "1",

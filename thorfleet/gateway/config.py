@@ -1,13 +1,13 @@
 """The gateway, rendered on the laptop: HAProxy's config, its certificate, the Thors' firewall.
 
-    g = GatewaySettings(values, name, address, backends)   # settings.py makes it, checked
+    g = GatewaySettings(values, name, address, backends)   # settings/hosts.py makes it, checked
     g.config_text          # /etc/haproxy/haproxy.cfg
     g.pem                  # certificate chain + key (fleet CA's, or the operator's)
     g.endpoint             # {"url": ..., "ca_file": ...}: what clients use, in the report
     firewall_script(ports, *ips)  # a Thor's nftables table (and its mark): only these get in
 
 Every value lands through the emitter of the file it lands in (haproxy_word, nft_word), which
-refuses what that file's grammar would read as more than one word; the schema and settings.py
+refuses what that file's grammar would read as more than one word; the schema and settings/hosts.py
 have checked each value's own rule before.
 """
 
@@ -294,7 +294,7 @@ class GatewaySettings(Checked):
         # it opens to
         self.box_key = box_key
         self.health_path = HEALTH_PATH
-        self.monitor_role = None  # MonitorSettings when Prometheus runs here (settings.py)
+        self.monitor_role = None  # MonitorSettings when Prometheus runs here (settings/hosts.py)
 
     @property
     def gateway_role(self):

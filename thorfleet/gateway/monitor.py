@@ -1,6 +1,6 @@
 """Prometheus on the monitor host, rendered on the laptop: its scrape config and its arguments.
 
-    m = MonitorSettings(values, name, targets)   # settings.py makes it, checked
+    m = MonitorSettings(values, name, targets)   # settings/hosts.py makes it, checked
     m.config_text     # /etc/prometheus/prometheus.yml: every Thor's vLLM and box exporter (and
                       # the gateway's usage per client, with gateway_clients)
     m.defaults_text   # /etc/default/prometheus: where it listens, how long it keeps samples

@@ -5,7 +5,7 @@
     queue_class(priority, at_share)  # where a request waits in a pool's queue (HAProxy's class)
 
 An entry of gateway_clients is a key file path, or a dict of the client's own policy; the schema
-has checked each key of it (schema.client_entry_problems), settings.py the models it names.
+has checked each key of it (schema.client_entry_problems), settings/hosts.py the models it names.
 """
 
 from __future__ import annotations
