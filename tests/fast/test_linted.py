@@ -3,6 +3,7 @@ name on a box, a gateway or the sim's boxes) are listed in pyproject.toml's exte
 ruff never opens them. The edit that breaks it: a stand-in dropped from that list."""
 
 import subprocess
+
 import tomllib
 
 from tests.helpers import ROOT
