@@ -129,7 +129,7 @@ def _shared_address(g):
                      mode="755")
     files.directory(name="Create the folder of what the other gateway last said",
                     path=GATEWAY_PEER_LEVEL.rsplit("/", 1)[0], mode="700")
-    found = read(facts.InterfaceOf, address=g.own_address)
+    found = read(facts.box.InterfaceOf, address=g.own_address)
     gateway.holds_address(name=f"{g.own_address} is on the LAN {g.gateway_virtual_ip} is for",
                           address=g.own_address, virtual=g.gateway_virtual_ip)
     if gateway.shared_address_problem(g.own_address, g.gateway_virtual_ip, found):

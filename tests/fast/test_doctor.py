@@ -19,11 +19,10 @@ import pytest
 from rich.console import Console
 
 from sim import fleet
-from thorfleet import readings
+from thorfleet import facts, readings
 from thorfleet.cli import doctor
 from thorfleet.cli.pin import load_inventory
 from thorfleet.doctor import ask, rows
-from thorfleet.doctor import reads as doctor_reads
 from thorfleet.doctor.ask import Answer
 from thorfleet.settings.hosts import settings_for_inventory
 from thorfleet.settings.layout import FILES
@@ -45,7 +44,7 @@ CONVERGED = {
     "release": "38.2", "memory": 122.0, "disk": 150.0, "present": 71.0, "swaps": [],
     "drop_caches": True, "modes": MODES, "masks": {0: "0", 1: "0", 2: "3", 3: "7"}, "mode": 1,
     "clocks": {"cpu": [(2601000, 2601000)] * 14, "gpu": [(1386000000, 1386000000)] * 2,
-               "lines": 22},
+               "lines": 22, "locked": True},
     "docker": "28.2.2", "runtimes": ["io.containerd.runc.v2", "nvidia", "runc"], "cdi": None,
     "probe": {"vllm": "0.19.0", "torch": "2.9.0", "flashinfer-python": "0.6.9",
               "torch_cuda": "13.0", "arch_list": ["sm_87", "sm_110"], "capability": [11, 0],
@@ -105,9 +104,9 @@ CASES = [
     ({"modes": UNREAD}, "nvpmodel modes", "blocks", "L4T's nvpmodel"),
     ({"mode": 0}, "mode change", "copes", "switches it"),
     ({"mode": 2}, "mode change", "blocks", "power_allow_reboot = True"),
-    ({"clocks": {"cpu": [(1, 2)], "gpu": [(3, 3)], "lines": 5}}, "clocks locked", "copes",
+    ({"clocks": {"cpu": [(1, 2)], "gpu": [(3, 3)], "lines": 5, "locked": False}}, "clocks locked", "copes",
      "thorfleet-clocks.service"),
-    ({"clocks": {"cpu": [], "gpu": [], "lines": 3}}, "jetson_clocks format", "copes",
+    ({"clocks": {"cpu": [], "gpu": [], "lines": 3, "locked": False}}, "jetson_clocks format", "copes",
      "does not read"),
     ({"runtimes": ["runc"]}, "nvidia runtime", "blocks", "nvidia-ctk runtime configure"),
     ({"runtimes": None}, "nvidia runtime", "blocks", "install JetPack's Docker"),
@@ -207,7 +206,7 @@ def test_swaps_as_the_kernel_lists_them():
 
 
 def test_thermal_readings_name_the_zone_that_cannot_be_read():
-    found = doctor_reads.ThermalReadings().process([
+    found = facts.box.ThermalReadings().process([
         "thermal_zone0 cpu-thermal ok 37300",
         ("thermal_zone1 gpu-thermal error cat: /sys/class/thermal/thermal_zone1/temp: "
         "No data available")])
@@ -216,7 +215,7 @@ def test_thermal_readings_name_the_zone_that_cannot_be_read():
 
 
 def test_the_container_probe_answer_and_a_container_that_did_not_run():
-    probe = doctor_reads.ContainerProbe()
+    probe = facts.box.ContainerProbe()
     assert probe.process(['{"vllm": "0.19.0", "arch_list": ["sm_110"]}']) == {
         "vllm": "0.19.0", "arch_list": ["sm_110"]}
     assert probe.process([("docker: Error response from daemon: unknown or invalid runtime "
@@ -228,22 +227,22 @@ def test_the_container_probe_answer_and_a_container_that_did_not_run():
 
 
 def test_the_probes_are_real_files_that_python_compiles_and_the_reads_send_whole():
-    for name, path in (("container_probe.py", doctor_reads.PROBE),
-                       ("mirror_probe.py", doctor_reads.MIRROR_PROBE)):
+    for name, path in (("container_probe.py", facts.box.PROBE),
+                       ("mirror_probe.py", facts.box.MIRROR_PROBE)):
         source = (Path(FILES) / "doctor" / name).read_text()
         compile(source, name, "exec")
         assert path.read_text() == source
-    assert shlex.quote(doctor_reads.MIRROR_PROBE.read_text()) in doctor_reads.AptMirror.command()
-    assert shlex.quote(doctor_reads.PROBE.read_text()) in doctor_reads.ContainerProbe().command(
+    assert shlex.quote(facts.box.MIRROR_PROBE.read_text()) in facts.box.AptMirror.command()
+    assert shlex.quote(facts.box.PROBE.read_text()) in facts.box.ContainerProbe().command(
         SETTINGS.image_base, "all")
 
 
 def test_haproxy_and_keepalived_as_debian_12_builds_them():
-    build = doctor_reads.HaproxyBuild().process(
+    build = facts.gateway.HaproxyBuild().process(
         subprocess.run(["haproxy", "-vv"], capture_output=True, text=True,
                        check=True).stdout.splitlines())
     assert build["version"].startswith("2.6.")
-    version = doctor_reads.KeepalivedVersion().process(
+    version = facts.gateway.KeepalivedVersion().process(
         subprocess.run("keepalived --version 2>&1", shell=True, capture_output=True, text=True,
                        check=False).stdout.splitlines())
     mirror = Answer({"url": "http://deb.debian.org/debian", "ok": True, "said": "HTTP 200"})

@@ -29,68 +29,68 @@ def parse(fact, lines):
 
 
 def test_clocks_locked_on_a_thor():
-    assert parse(facts.ClocksLocked, THOR_LOCKED) is True
+    assert parse(facts.power.Clocks, THOR_LOCKED)["locked"] is True
 
 
 def test_clocks_with_the_gpu_unlocked_are_not_locked():
     # CPUs pinned but the GPU's devfreq floor below its maximum: a CPU-only reader says "locked"
     lines = [line.replace("gpu-gpc-0 MinFreq=1575000000", "gpu-gpc-0 MinFreq=306000000")
              for line in THOR_LOCKED]
-    assert parse(facts.ClocksLocked, lines) is False
+    assert parse(facts.power.Clocks, lines)["locked"] is False
 
 
 def test_clocks_with_a_cpu_unlocked_are_not_locked():
     lines = [line.replace("cpu1:  Governor=schedutil MinFreq=2601000",
                           "cpu1:  Governor=schedutil MinFreq=972000") for line in THOR_LOCKED]
-    assert parse(facts.ClocksLocked, lines) is False
+    assert parse(facts.power.Clocks, lines)["locked"] is False
 
 
 def test_clocks_without_any_gpu_line_are_not_called_locked():
-    assert parse(facts.ClocksLocked, [ln for ln in THOR_LOCKED if "gpu-" not in ln]) is False
+    assert parse(facts.power.Clocks, [ln for ln in THOR_LOCKED if "gpu-" not in ln])["locked"] is False
 
 
 def test_clocks_on_an_orin_read_its_gpu_line():
     orin = ["cpu0: Online=1 Governor=schedutil MinFreq=2201600 MaxFreq=2201600 CurrentFreq=2201600",
             "GPU MinFreq=1300500000 MaxFreq=1300500000 CurrentFreq=1300500000",
             "EMC MinFreq=204000000 MaxFreq=3199000000 CurrentFreq=3199000000 FreqOverride=1"]
-    assert parse(facts.ClocksLocked, orin) is True
+    assert parse(facts.power.Clocks, orin)["locked"] is True
 
 
 def test_power_mode_is_the_last_line_after_warnings():
     # `nvpmodel -q`: optional `NVPM WARN ...` lines, then `NV Power Mode: <NAME>`, then the id alone
     out = ["NVPM WARN: fan mode is not set!", "NV Power Mode: 120W", "1"]
-    assert parse(facts.PowerMode, out) == 1
+    assert parse(facts.power.PowerMode, out) == 1
 
 
 def test_l4t_release_of_jetpack_7():
     # the first line of /etc/nv_tegra_release on JetPack 7: `# R38 (release), REVISION: 2.0, ...`
     line = [("# R38 (release), REVISION: 2.0, GCID: 41844464, BOARD: generic, EABI: aarch64, "
             "DATE: Fri Aug 22 00:55:42 UTC 2025")]
-    assert parse(facts.L4TRelease, line) == "38.2.0"
-    assert facts.L4TRelease().default() is None  # not a Jetson: no file, nothing printed
+    assert parse(facts.box.L4TRelease, line) == "38.2.0"
+    assert facts.box.L4TRelease().default() is None  # not a Jetson: no file, nothing printed
 
 
 def test_memtotal_of_a_thor():
-    assert round(parse(facts.MemTotalGiB, ["127929488"]), 1) == 122.0
+    assert round(parse(facts.box.MemTotalGiB, ["127929488"]), 1) == 122.0
 
 
 def test_docker_runtimes():
     out = [('{"io.containerd.runc.v2":{"path":"runc"},"nvidia":{"path":"nvidia-container-runtime"},'
            '"runc":{"path":"runc"}}')]
-    assert parse(facts.DockerRuntimes, out) == ["io.containerd.runc.v2", "nvidia", "runc"]
+    assert parse(facts.box.DockerRuntimes, out) == ["io.containerd.runc.v2", "nvidia", "runc"]
 
 
 def test_file_state():
     # GNU stat's %F, then sha256sum for a regular file only (what a Thor's coreutils print)
     out = ["600 root root regular file",
            "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"]
-    assert parse(facts.FileState, out) == {
+    assert parse(facts.system.FileState, out) == {
         "type": "regular file",
         "sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
         "mode": "600", "user": "root", "group": "root"}
-    assert parse(facts.FileState, ["777 root root symbolic link"]) == {
+    assert parse(facts.system.FileState, ["777 root root symbolic link"]) == {
         "type": "symbolic link", "sha256": None, "mode": "777", "user": "root", "group": "root"}
-    assert parse(facts.FileState, []) is None
+    assert parse(facts.system.FileState, []) is None
 
 
 def test_file_state_reads_a_link_as_a_link_on_this_machine(tmp_path):
@@ -99,29 +99,29 @@ def test_file_state_reads_a_link_as_a_link_on_this_machine(tmp_path):
     (tmp_path / "copy").write_text("hello\n")
     (tmp_path / "x").symlink_to(tmp_path / "copy")
     for name, kind in (("copy", "regular file"), ("x", "symbolic link")):
-        out = subprocess.run(["sh", "-c", facts.FileState().command(str(tmp_path / name))],
+        out = subprocess.run(["sh", "-c", facts.system.FileState().command(str(tmp_path / name))],
                              capture_output=True, text=True, check=True).stdout.splitlines()
-        assert parse(facts.FileState, out)["type"] == kind
-    assert parse(facts.FileState, subprocess.run(
-        ["sh", "-c", facts.FileState().command(str(tmp_path / "x"))], capture_output=True,
+        assert parse(facts.system.FileState, out)["type"] == kind
+    assert parse(facts.system.FileState, subprocess.run(
+        ["sh", "-c", facts.system.FileState().command(str(tmp_path / "x"))], capture_output=True,
         text=True, check=True).stdout.splitlines())["sha256"] is None
 
 
 def test_image_labels():
-    assert facts.DockerImageLabels().default() is None  # no such image: nothing on stdout
-    assert parse(facts.DockerImageLabels, ["null"]) == {}  # an image without labels
-    assert parse(facts.DockerImageLabels, [""]) is None  # inspect's empty line for a missing image
-    assert parse(facts.DockerImageLabels, ['{"thorfleet.patches":"a=applied"}']) == {
+    assert facts.serving.DockerImageLabels().default() is None  # no such image: nothing on stdout
+    assert parse(facts.serving.DockerImageLabels, ["null"]) == {}  # an image without labels
+    assert parse(facts.serving.DockerImageLabels, [""]) is None  # inspect's empty line for a missing image
+    assert parse(facts.serving.DockerImageLabels, ['{"thorfleet.patches":"a=applied"}']) == {
         "thorfleet.patches": "a=applied"}
 
 
 def test_image_id():
     # `docker image inspect --format '{{.Id}}'` here (Docker 20.10); nothing when it is absent
     real = "sha256:3746115537fb36e11ee0194531abd53cfeeb4a16cb29a53eda87ad3c04b1c637"
-    assert parse(facts.DockerImageId, [real]) == real
-    assert facts.DockerImageId().default() is None  # absent: nothing printed
-    assert parse(facts.DockerImageId, [""]) is None  # or inspect's empty line
-    assert facts.DockerImageId().command("r/x:$(id)") == (
+    assert parse(facts.serving.DockerImageId, [real]) == real
+    assert facts.serving.DockerImageId().default() is None  # absent: nothing printed
+    assert parse(facts.serving.DockerImageId, [""]) is None  # or inspect's empty line
+    assert facts.serving.DockerImageId().command("r/x:$(id)") == (
         "docker image inspect --format '{{.Id}}' 'r/x:$(id)' 2>/dev/null || true")
 
 
@@ -129,37 +129,37 @@ def test_image_id():
 
 def test_fact_commands_quote_what_they_are_given():
     hostile = "/srv/a b;rm -rf ~"
-    assert facts.FileState().command(hostile).count("'/srv/a b;rm -rf ~'") == 6
-    assert facts.FreeDiskGiB().command(hostile).startswith("p='/srv/a b;rm -rf ~'; ")
+    assert facts.system.FileState().command(hostile).count("'/srv/a b;rm -rf ~'") == 6
+    assert facts.box.FreeDiskGiB().command(hostile).startswith("p='/srv/a b;rm -rf ~'; ")
     assert "inspect --format '{{json .Config.Labels}}' 'r/x:$(id)' " in \
-        facts.DockerImageLabels().command("r/x:$(id)")
-    weights = facts.WeightsState().command(hostile, "a" * 40)
+        facts.serving.DockerImageLabels().command("r/x:$(id)")
+    weights = facts.serving.WeightsState().command(hostile, "a" * 40)
     assert f"verify --dir '/srv/a b;rm -rf ~' --revision {'a' * 40}" in weights
-    served = facts.ServerState().command("x;y", 8002, chat=True)
+    served = facts.serving.ServerState().command("x;y", 8002, chat=True)
     assert "state --service 'x;y' --port 8002 --chat" in served
 
 
 def test_fact_commands_take_the_box_paths_from_the_layout():
-    weights = facts.WeightsState().command("/m", "a" * 40)
+    weights = facts.serving.WeightsState().command("/m", "a" * 40)
     # the check is stdlib only: the box's own python3, nothing installed for it
     assert weights.startswith(f"if [ -f {layout.BOX_WEIGHTS} ]; then python3 {layout.BOX_WEIGHTS} "
                               "verify ")
-    served = facts.ServerState().command("thorfleet-vllm", 8002)
+    served = facts.serving.ServerState().command("thorfleet-vllm", 8002)
     # the tool reads its paths from the layout file: without it there is nothing to ask yet
     assert served.startswith(f"if [ -f {layout.BOX_SERVE} ] && [ -f {layout.BOX_LAYOUT_ENV} ]; ")
-    assert facts.RebootMarker.command == f"! test -e {layout.BOX_REBOOT_MARKER} || echo yes"
+    assert facts.box.RebootMarker.command == f"! test -e {layout.BOX_REBOOT_MARKER} || echo yes"
 
 
 def test_weights_and_server_state_read_the_tools_last_line():
-    assert parse(facts.WeightsState, ["thorfleet-weights: noise",
+    assert parse(facts.serving.WeightsState, ["thorfleet-weights: noise",
                                       '{"complete": true, "problems": []}']) == {
         "complete": True, "problems": []}
-    assert parse(facts.ServerState, ["{}"]) == {}
+    assert parse(facts.serving.ServerState, ["{}"]) == {}
     # the tools not installed yet: nothing printed, so each fact's default
-    assert facts.WeightsState().default() == {"complete": False,
+    assert facts.serving.WeightsState().default() == {"complete": False,
                                               "problems": ["thorfleet tools not installed"]}
-    assert facts.ServerState().default() == {}
-    assert facts.Leftovers().default() == {"dirs": [], "images": [], "contexts": []}
+    assert facts.serving.ServerState().default() == {}
+    assert facts.serving.Leftovers().default() == {"dirs": [], "images": [], "contexts": []}
 
 
 def test_pinned_weights_counts_the_folders_and_their_staging_on_a_real_disk(tmp_path):
@@ -171,9 +171,9 @@ def test_pinned_weights_counts_the_folders_and_their_staging_on_a_real_disk(tmp_
     (staging / "consolidated-00002.safetensors").write_bytes(b"\1" * (1 << 20))
     (tmp_path / "M" / ("c" * 40)).mkdir()  # another revision: not the pinned one, not counted
     (tmp_path / "M" / ("c" * 40) / "x").write_bytes(b"\1" * (5 << 20))
-    command = facts.PinnedWeightsGiB().command([str(model), str(draft)])  # no draft yet
+    command = facts.serving.PinnedWeightsGiB().command([str(model), str(draft)])  # no draft yet
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
-    gib = facts.PinnedWeightsGiB().process(out.splitlines())
+    gib = facts.serving.PinnedWeightsGiB().process(out.splitlines())
     assert 4 <= gib * 1024 < 4.2, gib * 1024
 
 
@@ -202,9 +202,9 @@ def test_tree_state_reads_owners_and_what_is_not_a_file_on_this_machine(tmp_path
     (tmp_path / "b").write_text("b\n")
     (tmp_path / "b").chmod(0o755)
     (tmp_path / "link").symlink_to(tmp_path / "b")
-    out = subprocess.run(["sh", "-c", facts.TreeState().command(str(tmp_path))],
+    out = subprocess.run(["sh", "-c", facts.system.TreeState().command(str(tmp_path))],
                          capture_output=True, text=True, check=True).stdout.splitlines()
-    tree = parse(facts.TreeState, out)
+    tree = parse(facts.system.TreeState, out)
     owner = subprocess.run(["stat", "-c", "%U:%G", str(tmp_path / "b")], capture_output=True,
                            text=True, check=True).stdout.strip()
     assert tree == {

@@ -175,7 +175,7 @@ def test_the_server_waits_for_the_firewall_and_a_failed_load_keeps_it_down():
 def test_a_rule_added_by_hand_is_seen_as_drift_not_only_a_changed_mark(tmp_path):
     """The fact compares the whole table as nft lists it with what the unit recorded at load (its
     comment mark alone missed a rule added to thorfleet's table). In a network namespace."""
-    from thorfleet.facts import FirewallMark
+    from thorfleet.facts.gateway import FirewallMark
 
     script, mark = firewall_script((8002, 9105), "172.18.0.5")
     (tmp_path / "firewall.nft").write_text(script)

@@ -58,7 +58,7 @@ def test_the_package_is_its_rooms():
     """What a newcomer opens first: the rooms, the facts and operations tasks/ calls, the parsers
     shared with the box, and the command line's entry (docs/layout.md)."""
     top = {p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"}
-    assert top == {"__init__.py", "__main__.py", "facts.py", "readings.py", "operations", *ROOMS}
+    assert top == {"__init__.py", "__main__.py", "facts", "readings.py", "operations", *ROOMS}
 
 
 def test_every_import_points_down_with_no_cycle():

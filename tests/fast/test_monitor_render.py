@@ -356,7 +356,7 @@ def test_the_task_installs_checks_and_reloads_only_what_changed(tmp_path, monkey
     alerts_sha = hashlib.sha256((layout.FILES / "monitor" / "alerts.yml").read_bytes()).hexdigest()
 
     def bare(fact, config_sha, **_):  # as the package leaves it: installed, disabled
-        table = {facts.RunLock: {"held": True, "why": None}, facts.UnitEnabled: "disabled"}
+        table = {facts.lock.RunLock: {"held": True, "why": None}, facts.system.UnitEnabled: "disabled"}
         return table[fact] if fact in table else fact().default()
 
     commands = planned_commands(tmp_path, bare, monkeypatch)
@@ -376,12 +376,12 @@ def test_the_task_installs_checks_and_reloads_only_what_changed(tmp_path, monkey
         m = MonitorSettings(check_monitor({})[0], "mon-1", [])
         sha = {PROMETHEUS_RULES: alerts_sha, PROMETHEUS_CONFIG: config_sha,
                PROMETHEUS_DEFAULTS: hashlib.sha256(m.defaults_text.encode()).hexdigest()}
-        table = {facts.RunLock: {"held": True, "why": None},
-                 facts.DebInstalled: ["prometheus"], facts.UnitEnabled: "enabled",
-                 facts.UnitActive: "active",
-                 facts.PathState: {"type": "directory", "mode": "755", "user": "root",
+        table = {facts.lock.RunLock: {"held": True, "why": None},
+                 facts.system.DebInstalled: ["prometheus"], facts.system.UnitEnabled: "enabled",
+                 facts.system.UnitActive: "active",
+                 facts.system.PathState: {"type": "directory", "mode": "755", "user": "root",
                                    "group": "root"},
-                 facts.FileState: {"type": "regular file", "sha256": sha.get(path), "mode": "644",
+                 facts.system.FileState: {"type": "regular file", "sha256": sha.get(path), "mode": "644",
                                    "user": "root", "group": "root"}}
         return table[fact] if fact in table else fact().default()
 

@@ -77,10 +77,10 @@ def execute(command, fake):
 
 def test_every_operation_runs_twice_to_the_same_noop():
     # pyinfra's own check: against facts that say "already right", the second run yields nothing
-    known = {facts.PowerMode: 1, facts.ClocksLocked: True,
-             facts.WeightsState: {"complete": True},
-             facts.DockerImageLabels: {"thorfleet.patches": "p"},
-             facts.ServerState: {"active": "active", "proven_fingerprint": "f" * 64,
+    known = {facts.power.PowerMode: 1, facts.power.Clocks: {"locked": True},
+             facts.serving.WeightsState: {"complete": True},
+             facts.serving.DockerImageLabels: {"thorfleet.patches": "p"},
+             facts.serving.ServerState: {"active": "active", "proven_fingerprint": "f" * 64,
                                  "secrets_proven": True, "healthy": True}}
     for op, kwargs in ((power.power_mode, {"mode": 1}), (power.clocks_locked, {}),
                        (weights.checkpoint, {"folder": "/m", "repo": "o/r", "revision": "a" * 40,
@@ -106,19 +106,19 @@ def text(command):
 
 
 def test_power_mode_already_set_is_a_noop():
-    commands, noops = run(power.power_mode, {facts.PowerMode: 1}, mode=1)
+    commands, noops = run(power.power_mode, {facts.power.PowerMode: 1}, mode=1)
     assert commands == [] and noops == ["power mode is already 1"]
 
 
 def test_power_mode_never_leaves_the_reboot_prompt_waiting_on_stdin():
-    commands, _ = run(power.power_mode, {facts.PowerMode: 0}, mode=1)
+    commands, _ = run(power.power_mode, {facts.power.PowerMode: 0}, mode=1)
     assert commands[0] == "nvpmodel -m 1 </dev/null || true"
     assert commands[1] == "call needs_reboot"
 
 
 def test_a_mode_that_needs_a_reboot_fails_the_host_with_the_fix_in_the_report():
     modes = iter([0, 0])  # before, and still after nvpmodel read EOF at its prompt
-    commands, fake = plan(power.power_mode, {facts.PowerMode: lambda: next(modes)}, mode=2)
+    commands, fake = plan(power.power_mode, {facts.power.PowerMode: lambda: next(modes)}, mode=2)
     assert execute(commands[1], fake) is False
     [error] = run_state(fake.state).errors["thor-1"]
     assert "power mode 2 needs a reboot and power_allow_reboot is False" in error
@@ -126,7 +126,7 @@ def test_a_mode_that_needs_a_reboot_fails_the_host_with_the_fix_in_the_report():
 
 
 def test_a_box_without_nvpmodel_fails_the_host_recorded_not_raised():
-    commands, fake = plan(power.power_mode, {facts.PowerMode: None}, mode=1)
+    commands, fake = plan(power.power_mode, {facts.power.PowerMode: None}, mode=1)
     assert [text(c) for c in commands] == ["call fail"]
     assert execute(commands[0], fake) is False
     assert run_state(fake.state).errors == {
@@ -134,14 +134,14 @@ def test_a_box_without_nvpmodel_fails_the_host_recorded_not_raised():
 
 
 def test_clocks():
-    assert run(power.clocks_locked, {facts.ClocksLocked: True}) == ([], ["clocks are already locked"])
-    assert run(power.clocks_locked, {facts.ClocksLocked: False})[0] == ["jetson_clocks"]
-    assert run(power.clocks_locked, {facts.ClocksLocked: None})[0] == ["call fail"]
+    assert run(power.clocks_locked, {facts.power.Clocks: {"locked": True}}) == ([], ["clocks are already locked"])
+    assert run(power.clocks_locked, {facts.power.Clocks: {"locked": False}})[0] == ["jetson_clocks"]
+    assert run(power.clocks_locked, {facts.power.Clocks: None})[0] == ["call fail"]
 
 
 def test_preflight_problems_fail_the_host_once_with_every_problem():
-    known = {facts.L4TRelease: "36.4.0", facts.MemTotalGiB: 61.4, facts.FreeDiskGiB: 500.0,
-             facts.PinnedWeightsGiB: 0.0, facts.SudoWorks: True, facts.DockerRuntimes: ["runc"]}
+    known = {facts.box.L4TRelease: "36.4.0", facts.box.MemTotalGiB: 61.4, facts.box.FreeDiskGiB: 500.0,
+             facts.serving.PinnedWeightsGiB: 0.0, facts.box.SudoWorks: True, facts.box.DockerRuntimes: ["runc"]}
     commands, fake = plan(preflight.thor_ready, known, **ready_args())
     assert execute(commands[0], fake) is False
     [error] = run_state(fake.state).errors["thor-1"]
@@ -155,20 +155,20 @@ def ready_args():
 
 
 def test_the_pinned_weights_on_disk_count_toward_the_free_disk_preflight_asks():
-    ready = {facts.L4TRelease: "38.2.0", facts.MemTotalGiB: 122.0, facts.SudoWorks: True,
-             facts.DockerRuntimes: ["nvidia", "runc"]}
+    ready = {facts.box.L4TRelease: "38.2.0", facts.box.MemTotalGiB: 122.0, facts.box.SudoWorks: True,
+             facts.box.DockerRuntimes: ["nvidia", "runc"]}
     # a converged box: 66 GiB of weights in place, 40 GiB left on the disk
     commands, fake = plan(preflight.thor_ready,
-                          {**ready, facts.FreeDiskGiB: 40.0, facts.PinnedWeightsGiB: 66.0}, **ready_args())
+                          {**ready, facts.box.FreeDiskGiB: 40.0, facts.serving.PinnedWeightsGiB: 66.0}, **ready_args())
     assert commands == [] and fake.noops == ["Thor ready: L4T R38.2.0, 122 GiB, 40 GiB free"]
     # the same disk without them: the download would not fit
     commands, fake = plan(preflight.thor_ready,
-                          {**ready, facts.FreeDiskGiB: 40.0, facts.PinnedWeightsGiB: 0.0}, **ready_args())
+                          {**ready, facts.box.FreeDiskGiB: 40.0, facts.serving.PinnedWeightsGiB: 0.0}, **ready_args())
     assert execute(commands[0], fake) is False
     [error] = run_state(fake.state).errors["thor-1"]
     assert f"40.0 GiB free under {layout.BOX_MODELS}, need 100" in error
     commands, fake = plan(preflight.thor_ready,
-                          {**ready, facts.FreeDiskGiB: 20.0, facts.PinnedWeightsGiB: 66.0}, **ready_args())
+                          {**ready, facts.box.FreeDiskGiB: 20.0, facts.serving.PinnedWeightsGiB: 66.0}, **ready_args())
     assert execute(commands[0], fake) is False
     assert "20.0 GiB free under /opt/thorfleet/models + 66.0 GiB of the pinned weights already " \
            "there, need 100" in run_state(fake.state).errors["thor-1"][0]
@@ -180,7 +180,7 @@ SHA_OF_HELLO = "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03
 def test_whole_file_in_place_is_a_noop():
     on_box = {"type": "regular file", "sha256": SHA_OF_HELLO, "mode": "644", "user": "root",
               "group": "root"}
-    commands, noops = run(files.whole_file, {facts.FileState: on_box}, path="/etc/x",
+    commands, noops = run(files.whole_file, {facts.system.FileState: on_box}, path="/etc/x",
                           src=StringIO("hello\n"))
     assert commands == [] and noops == ["/etc/x is already in place"]
 
@@ -188,7 +188,7 @@ def test_whole_file_in_place_is_a_noop():
 def test_whole_file_with_only_its_mode_drifted_is_chmodded_not_rewritten():
     on_box = {"type": "regular file", "sha256": SHA_OF_HELLO, "mode": "666", "user": "root",
               "group": "root"}
-    commands, _ = run(files.whole_file, {facts.FileState: on_box}, path="/etc/x",
+    commands, _ = run(files.whole_file, {facts.system.FileState: on_box}, path="/etc/x",
                       src=StringIO("hello\n"), mode="600")
     assert commands == ["chown root:root /etc/x && chmod 600 /etc/x"]
 
@@ -196,10 +196,10 @@ def test_whole_file_with_only_its_mode_drifted_is_chmodded_not_rewritten():
 def test_whole_file_quotes_its_path():
     on_box = {"type": "regular file", "sha256": SHA_OF_HELLO, "mode": "666", "user": "root",
               "group": "root"}
-    commands, _ = run(files.whole_file, {facts.FileState: on_box}, path="/etc/a b;x",
+    commands, _ = run(files.whole_file, {facts.system.FileState: on_box}, path="/etc/a b;x",
                       src=StringIO("hello\n"))
     assert commands == ["chown root:root '/etc/a b;x' && chmod 644 '/etc/a b;x'"]
-    commands, _ = run(files.whole_file, {facts.FileState: None}, path="/etc/a b",
+    commands, _ = run(files.whole_file, {facts.system.FileState: None}, path="/etc/a b",
                       src=StringIO("hello\n"))
     assert "'/etc/a b.thorfleet-tmp' '/etc/a b';" in commands[2]
 
@@ -209,11 +209,11 @@ def test_whole_file_replaces_a_link_to_a_copy_and_refuses_a_folder():
     # whole, the link itself (mv -T), never followed
     link = {"type": "symbolic link", "sha256": None, "mode": "777", "user": "root",
             "group": "root"}
-    commands, _ = run(files.whole_file, {facts.FileState: link}, path="/etc/x",
+    commands, _ = run(files.whole_file, {facts.system.FileState: link}, path="/etc/x",
                       src=StringIO("hello\n"))
     assert len(commands) == 3 and "sudo mv -fT /etc/x.thorfleet-tmp /etc/x" in commands[2]
     folder = {"type": "directory", "sha256": None, "mode": "755", "user": "root", "group": "root"}
-    commands, fake = plan(files.whole_file, {facts.FileState: folder}, path="/etc/x",
+    commands, fake = plan(files.whole_file, {facts.system.FileState: folder}, path="/etc/x",
                           src=StringIO("hello\n"))
     assert execute(commands[0], fake) is False
     assert fake.logged[-1][0] == ("thorfleet: /etc/x is a directory, not the file thorfleet "
@@ -232,7 +232,7 @@ def test_whole_file_replaces_a_link_to_a_copy_and_refuses_a_folder():
     ("masked-runtime", ["systemctl unmask --runtime u.service && systemctl enable u.service"]),
 ])
 def test_a_unit_in_any_state_systemd_has_is_enabled_with_the_least_work(state, expected):
-    commands, _ = run(files.unit_enabled, {facts.UnitEnabled: state}, unit="u.service")
+    commands, _ = run(files.unit_enabled, {facts.system.UnitEnabled: state}, unit="u.service")
     assert commands == expected
 
 
@@ -244,13 +244,13 @@ def test_a_unit_in_any_state_systemd_has_is_enabled_with_the_least_work(state, e
     (None, "u.service is unknown to systemd: `systemctl daemon-reload`, then run the deploy"),
 ])
 def test_a_unit_state_a_run_cannot_put_right_fails_saying_how_to(state, said):
-    commands, fake = plan(files.unit_enabled, {facts.UnitEnabled: state}, unit="u.service")
+    commands, fake = plan(files.unit_enabled, {facts.system.UnitEnabled: state}, unit="u.service")
     assert execute(commands[0], fake) is False
     assert fake.logged[-1][0].startswith(f"thorfleet: {said}")
 
 
 def test_whole_file_is_staged_then_renamed_into_place():
-    commands, _ = run(files.whole_file, {facts.FileState: None}, path="/etc/x",
+    commands, _ = run(files.whole_file, {facts.system.FileState: None}, path="/etc/x",
                       src=StringIO("hello\n"))
     staged = commands[1].removeprefix("upload ")
     assert staged.startswith(".thorfleet-upload/") and commands[1] == f"upload {staged}"
@@ -268,7 +268,7 @@ def test_a_secrets_staged_name_tells_nothing_of_it_and_a_converged_box_is_still_
     digest = hashlib.sha256(secret.encode()).hexdigest()
     names = set()
     for _ in range(2):
-        commands, _ = run(files.whole_file, {facts.FileState: None}, path="/etc/s",
+        commands, _ = run(files.whole_file, {facts.system.FileState: None}, path="/etc/s",
                           src=StringIO(secret), mode="600")
         staged = commands[1].removeprefix("upload .thorfleet-upload/")
         assert staged not in digest and digest[:8] not in "".join(commands), commands
@@ -278,15 +278,15 @@ def test_a_secrets_staged_name_tells_nothing_of_it_and_a_converged_box_is_still_
     converged = {"type": "regular file", "sha256": digest, "mode": "600", "user": "root",
                  "group": "root"}
     for _ in range(2):
-        assert run(files.whole_file, {facts.FileState: converged}, path="/etc/s",
+        assert run(files.whole_file, {facts.system.FileState: converged}, path="/etc/s",
                    src=StringIO(secret), mode="600") == ([], ["/etc/s is already in place"])
 
 
 def test_checkpoint_complete_is_a_noop_and_missing_is_fetched():
     kwargs = {"folder": "/m/r", "repo": "mistralai/x", "revision": "a" * 40, "image": "img:1"}
-    commands, noops = run(weights.checkpoint, {facts.WeightsState: {"complete": True}}, **kwargs)
+    commands, noops = run(weights.checkpoint, {facts.serving.WeightsState: {"complete": True}}, **kwargs)
     assert commands == [] and "complete" in noops[0]
-    commands, _ = run(weights.checkpoint, {facts.WeightsState: {"complete": False, "problems": []}},
+    commands, _ = run(weights.checkpoint, {facts.serving.WeightsState: {"complete": False, "problems": []}},
                       endpoint="http://hub:8000", token_file="/etc/t", **kwargs)
     # huggingface_hub from the image: nothing from apt or PyPI on the box; the token a file
     w = layout.BOX_WEIGHTS
@@ -298,13 +298,13 @@ def test_checkpoint_complete_is_a_noop_and_missing_is_fetched():
                          f"--revision {'a' * 40} --endpoint http://hub:8000 --token-file /etc/t "
                          "--progress-every 10")]
     # shown as it comes, under the host's name, without -v: the transfer's progress lines
-    (command,), _ = plan(weights.checkpoint, {facts.WeightsState: {"complete": False}}, **kwargs)
+    (command,), _ = plan(weights.checkpoint, {facts.serving.WeightsState: {"complete": False}}, **kwargs)
     assert isinstance(command, ShownCommand)
 
 
 def test_checkpoint_with_peers_copies_first_and_asks_the_hub_only_for_what_is_left():
     kwargs = {"folder": "/m/r", "repo": "mistralai/x", "revision": "a" * 40, "image": "img:1"}
-    commands, _ = run(weights.checkpoint, {facts.WeightsState: {"complete": False, "problems": []}},
+    commands, _ = run(weights.checkpoint, {facts.serving.WeightsState: {"complete": False, "problems": []}},
                       peers=["thor-1.lan", "thor-3.lan:2222"], root="/m", **kwargs)
     w, listed = layout.BOX_WEIGHTS, f"{layout.BOX_MANIFESTS}/{'a' * 40}.json"
     manifest = (f"docker run --rm --name thorfleet-fetch-aaaaaaaaaaaa --network host "
@@ -341,10 +341,10 @@ def settings(**extra):
 
 
 def test_derived_image_present_is_a_noop_absent_is_built():
-    commands, noops = run(image.derived_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"}},
+    commands, noops = run(image.derived_image, {facts.serving.DockerImageLabels: {"thorfleet.patches": "p"}},
                           **built_from())
     assert commands == [] and "already built" in noops[0]
-    commands, _ = run(image.derived_image, {facts.DockerImageLabels: lambda ref: None},
+    commands, _ = run(image.derived_image, {facts.serving.DockerImageLabels: lambda ref: None},
                       **built_from())
     assert commands[0].startswith("docker pull r/vllm@sha256:")
     assert commands[1] == (f"sh /ctx/build-image.sh --base r/vllm@sha256:{'c' * 64} "
@@ -366,13 +366,13 @@ def test_leftovers_are_removed_one_command_each_kind_and_none_is_a_noop():
             "image_name": "thorfleet/mistral-small4", "keep_image": "thorfleet/mistral-small4:abc",
             "keep_context": "abcabcabcabc", "service": "thorfleet-vllm"}
     nothing = {"dirs": [], "images": [], "contexts": []}
-    commands, noops = run(cleanup.leftovers_removed, {facts.Leftovers: nothing}, **keep)
+    commands, noops = run(cleanup.leftovers_removed, {facts.serving.Leftovers: nothing}, **keep)
     assert commands == [] and noops[0].startswith("nothing old to remove")
     found = {"dirs": ["/m/M/" + "1" * 40], "images": ["thorfleet/mistral-small4:old"],
              "contexts": [f"{layout.BOX_IMAGE_CONTEXT}/cccccccccccc"]}
     asked = {}
     commands, _ = run(cleanup.leftovers_removed,
-                      {facts.Leftovers: lambda **kw: asked.update(kw) or found}, **keep)
+                      {facts.serving.Leftovers: lambda **kw: asked.update(kw) or found}, **keep)
     assert commands == [f"rm -rf -- /m/M/{'1' * 40} {layout.BOX_IMAGE_CONTEXT}/cccccccccccc",
                         "docker rmi thorfleet/mistral-small4:old"]
     # what it keeps: the pinned weights, this image, and what the live and last good units use
@@ -383,8 +383,8 @@ def test_leftovers_are_removed_one_command_each_kind_and_none_is_a_noop():
 
 def test_with_a_registry_the_first_host_pulls_what_an_earlier_run_pushed_else_builds_and_pushes():
     built_id = "sha256:" + "9" * 64
-    commands, fake = plan(image.derived_image, {facts.DockerImageLabels: lambda ref: None,
-                                                facts.DockerImageId: None}, **built_from(**SHARED),
+    commands, fake = plan(image.derived_image, {facts.serving.DockerImageLabels: lambda ref: None,
+                                                facts.serving.DockerImageId: None}, **built_from(**SHARED),
                           shell=lambda c: (True, SimpleNamespace(stdout_lines=[built_id])))
     command, remember = (text(c) for c in commands)
     pulled, built = command.split("; else ")
@@ -399,8 +399,8 @@ def test_with_a_registry_the_first_host_pulls_what_an_earlier_run_pushed_else_bu
     assert remember == "call remember" and execute(commands[1], fake) is True
     assert run_state(fake.state).image_ids == {"thorfleet/mistral-small4:abc": built_id}
     # a first host that has it already: nothing to do, but its ID is the one to pull
-    commands, fake = plan(image.derived_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"},
-                                               facts.DockerImageId: built_id},
+    commands, fake = plan(image.derived_image, {facts.serving.DockerImageLabels: {"thorfleet.patches": "p"},
+                                               facts.serving.DockerImageId: built_id},
                           **built_from(**SHARED), state=fleet_state({"thor-2": True}))
     assert commands == [] and run_state(fake.state).image_ids == {
         "thorfleet/mistral-small4:abc": built_id}
@@ -425,7 +425,7 @@ def fleet_state(has_image):
     pyinfra_hooks.watch(state)  # nothing has run yet
     others = [OtherHost(name, state) for name in has_image]
     state.inventory = Inventory(others)
-    query = (facts.DockerImageLabels, {"ref": "thorfleet/mistral-small4:abc"})
+    query = (facts.serving.DockerImageLabels, {"ref": "thorfleet/mistral-small4:abc"})
     key = snapshot.key_of(*query)
     for other in others:
         snapshot.plan(other, [query])
@@ -436,7 +436,7 @@ def fleet_state(has_image):
 
 def test_a_first_host_that_has_the_image_pushes_it_for_the_boxes_of_the_run_that_lack_it():
     # a fleet converged before image_registry was set, then a box added: that box pulls, no build
-    have = {facts.DockerImageLabels: {"thorfleet.patches": "p"}, facts.DockerImageId: "sha256:9"}
+    have = {facts.serving.DockerImageLabels: {"thorfleet.patches": "p"}, facts.serving.DockerImageId: "sha256:9"}
     [command], _ = run(image.derived_image, have, **built_from(**SHARED),
                        state=fleet_state({"thor-2": True, "thor-3": False}))
     assert command == ("docker tag thorfleet/mistral-small4:abc reg:5000/team/mistral-small4:abc && "
@@ -449,10 +449,10 @@ def test_a_first_host_that_has_the_image_pushes_it_for_the_boxes_of_the_run_that
 
 
 def test_the_other_hosts_pull_check_the_inputs_label_and_build_only_without_it():
-    commands, noops = run(image.shared_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"}},
+    commands, noops = run(image.shared_image, {facts.serving.DockerImageLabels: {"thorfleet.patches": "p"}},
                           **built_from(**SHARED))
     assert commands == [] and "already here" in noops[0]  # a box that has it gets nothing
-    [command], _ = run(image.shared_image, {facts.DockerImageLabels: lambda ref: None},
+    [command], _ = run(image.shared_image, {facts.serving.DockerImageLabels: lambda ref: None},
                        **built_from(**SHARED))
     pulled, built = command.split("; else ")
     assert pulled.startswith("if docker pull -q reg:5000/team/mistral-small4:abc")
@@ -465,7 +465,7 @@ def test_the_other_hosts_pull_check_the_inputs_label_and_build_only_without_it()
     # when the run's first host built (or holds) it, what arrives must be that image, by ID
     state = SimpleNamespace()
     run_state(state).image_ids["thorfleet/mistral-small4:abc"] = "sha256:" + "9" * 64
-    [command], _ = run(image.shared_image, {facts.DockerImageLabels: lambda ref: None},
+    [command], _ = run(image.shared_image, {facts.serving.DockerImageLabels: lambda ref: None},
                        **built_from(**SHARED), state=state)
     pulled = command.split("; else ")[0]
     assert ("[ \"$(docker inspect --format '{{.Id}}' reg:5000/team/mistral-small4:abc)\" = "
@@ -474,8 +474,8 @@ def test_the_other_hosts_pull_check_the_inputs_label_and_build_only_without_it()
 
 def test_without_a_registry_the_first_host_builds_and_records_the_id_the_others_load():
     built_id = "sha256:" + "9" * 64
-    commands, fake = plan(image.derived_image, {facts.DockerImageLabels: lambda ref: None,
-                                                facts.DockerImageId: None},
+    commands, fake = plan(image.derived_image, {facts.serving.DockerImageLabels: lambda ref: None,
+                                                facts.serving.DockerImageId: None},
                           **built_from(shared=True),
                           shell=lambda c: (True, SimpleNamespace(stdout_lines=[built_id])))
     *build, remember = (text(c) for c in commands)
@@ -483,24 +483,24 @@ def test_without_a_registry_the_first_host_builds_and_records_the_id_the_others_
     assert execute(commands[-1], fake) is True
     assert run_state(fake.state).image_ids == {"thorfleet/mistral-small4:abc": built_id}
     # a first host that has it: nothing to do, but its ID is the one the others must load
-    commands, fake = plan(image.derived_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"},
-                                               facts.DockerImageId: built_id},
+    commands, fake = plan(image.derived_image, {facts.serving.DockerImageLabels: {"thorfleet.patches": "p"},
+                                               facts.serving.DockerImageId: built_id},
                           **built_from(shared=True))
     assert commands == [] and run_state(fake.state).image_ids == {
         "thorfleet/mistral-small4:abc": built_id}
     # not shared (one box, or image_source='build'): its ID is not even read
     assert image.derived_image.declared(**built_from()) == [
-        (facts.DockerImageLabels, {"ref": "thorfleet/mistral-small4:abc"}),
-        (facts.DockerImageLabels, {"ref": "r/vllm@sha256:" + "c" * 64})]
+        (facts.serving.DockerImageLabels, {"ref": "thorfleet/mistral-small4:abc"}),
+        (facts.serving.DockerImageLabels, {"ref": "r/vllm@sha256:" + "c" * 64})]
 
 
 def test_the_other_hosts_load_from_the_first_check_the_id_and_build_only_without_it():
-    commands, noops = run(image.loaded_image, {facts.DockerImageLabels: {"thorfleet.patches": "p"}},
+    commands, noops = run(image.loaded_image, {facts.serving.DockerImageLabels: {"thorfleet.patches": "p"}},
                           **built_from(source="thor-1:2201"))
     assert commands == [] and "already here" in noops[0]  # a box that has it gets nothing
     state = SimpleNamespace()
     run_state(state).image_ids["thorfleet/mistral-small4:abc"] = "sha256:" + "9" * 64
-    [command], _ = run(image.loaded_image, {facts.DockerImageLabels: lambda ref: None},
+    [command], _ = run(image.loaded_image, {facts.serving.DockerImageLabels: lambda ref: None},
                        **built_from(source="thor-1:2201"), state=state)
     loaded, built = command.split("; else ")
     assert loaded == (
@@ -511,41 +511,41 @@ def test_the_other_hosts_load_from_the_first_check_the_id_and_build_only_without
     assert built.startswith("echo 'thorfleet: building thorfleet/mistral-small4:abc here instead'")
     assert "docker pull r/vllm@sha256:" in built and "sh /ctx/build-image.sh" in built
     # the first host's build failed, so it recorded no ID: the load is asked without one
-    [command], _ = run(image.loaded_image, {facts.DockerImageLabels: lambda ref: None},
+    [command], _ = run(image.loaded_image, {facts.serving.DockerImageLabels: lambda ref: None},
                        **built_from(source="thor-1"))
     assert "--id" not in command.split("; else ")[0]
 
 
 def test_directory_is_made_put_right_or_left_alone():
     right = {"type": "directory", "mode": "755", "user": "root", "group": "root"}
-    assert run(files.directory, {facts.PathState: right}, path="/etc/t")[0] == []
-    assert run(files.directory, {facts.PathState: None}, path="/etc/t b", mode="700")[0] == [
+    assert run(files.directory, {facts.system.PathState: right}, path="/etc/t")[0] == []
+    assert run(files.directory, {facts.system.PathState: None}, path="/etc/t b", mode="700")[0] == [
         "mkdir -p '/etc/t b'", "chown root:root '/etc/t b' && chmod 700 '/etc/t b'"]
     loose = {**right, "mode": "777", "user": "thor"}
-    assert run(files.directory, {facts.PathState: loose}, path="/etc/t")[0] == [
+    assert run(files.directory, {facts.system.PathState: loose}, path="/etc/t")[0] == [
         "chown root:root /etc/t && chmod 755 /etc/t"]
     # a file in the way is not replaced: the host fails, naming it
-    (command,), _ = plan(files.directory, {facts.PathState: {**right, "type": "regular file"}},
+    (command,), _ = plan(files.directory, {facts.system.PathState: {**right, "type": "regular file"}},
                          path="/etc/t")
     assert isinstance(command, FunctionCommand)
 
 
 def test_absent_removes_only_what_is_there():
-    assert run(files.absent, {facts.PathState: None}, path="/opt/v")[0] == []
-    assert run(files.absent, {facts.PathState: {"type": "directory"}}, path="/opt/v")[0] == [
+    assert run(files.absent, {facts.system.PathState: None}, path="/opt/v")[0] == []
+    assert run(files.absent, {facts.system.PathState: {"type": "directory"}}, path="/opt/v")[0] == [
         "rm -rf -- /opt/v"]
 
 
 def test_a_unit_is_enabled_once():
-    assert run(files.unit_enabled, {facts.UnitEnabled: "enabled"}, unit="u.service")[0] == []
-    assert run(files.unit_enabled, {facts.UnitEnabled: "disabled"}, unit="u.service")[0] == [
+    assert run(files.unit_enabled, {facts.system.UnitEnabled: "enabled"}, unit="u.service")[0] == []
+    assert run(files.unit_enabled, {facts.system.UnitEnabled: "disabled"}, unit="u.service")[0] == [
         "systemctl enable u.service"]
 
 
 def test_the_system_user_is_made_or_put_right():
-    known = {facts.PasswdEntry: {"uid": 998, "home": "/var/lib/p", "shell": "/bin/sh"}}
+    known = {facts.system.PasswdEntry: {"uid": 998, "home": "/var/lib/p", "shell": "/bin/sh"}}
     assert run(files.system_user, known, user="p", home="/var/lib/p")[0] == []
-    assert run(files.system_user, {facts.PasswdEntry: None}, user="p", home="/var/lib/p")[0] == [
+    assert run(files.system_user, {facts.system.PasswdEntry: None}, user="p", home="/var/lib/p")[0] == [
         "useradd --system --home-dir /var/lib/p --no-create-home --shell /bin/sh p"]
     assert run(files.system_user, known, user="p", home="/home/p")[0] == [
         "usermod --home /home/p --shell /bin/sh p"]
@@ -568,11 +568,11 @@ def test_a_tree_uploads_only_the_files_that_differ_and_removes_the_extra(tmp_pat
 
     same = {"Dockerfile": on_box("Dockerfile"), "patches/a.diff": on_box("patches/a.diff"),
             "build.sh": on_box("build.sh", "755")}
-    commands, noops = run(files.tree, {facts.TreeState: same}, src=str(tmp_path), dest="/c")
+    commands, noops = run(files.tree, {facts.system.TreeState: same}, src=str(tmp_path), dest="/c")
     assert commands == [] and noops == [f"/c already holds {tmp_path}"]
     drifted = {**same, "build.sh": on_box("build.sh", "644"), "old.diff": on_box("Dockerfile"),
                "patches/a.diff": {"sha256": "0" * 64, "mode": "644", "owner": "root:root"}}
-    commands, _ = run(files.tree, {facts.TreeState: drifted}, src=str(tmp_path), dest="/c")
+    commands, _ = run(files.tree, {facts.system.TreeState: drifted}, src=str(tmp_path), dest="/c")
     assert commands[0] == "mkdir -p /c /c/patches"
     # build.sh's content is right: only its mode is put back; a.diff is uploaded again
     assert commands[1] == "chown root:root /c/build.sh && chmod 755 /c/build.sh"
@@ -581,11 +581,11 @@ def test_a_tree_uploads_only_the_files_that_differ_and_removes_the_extra(tmp_pat
     # a file given away, or replaced by a link to a copy: put right with the least work
     owned = {**same, "Dockerfile": on_box("Dockerfile", owner="thor:thor"),
              "build.sh": {"type": "other"}}
-    commands, _ = run(files.tree, {facts.TreeState: owned}, src=str(tmp_path), dest="/c")
+    commands, _ = run(files.tree, {facts.system.TreeState: owned}, src=str(tmp_path), dest="/c")
     assert commands[1] == "chown root:root /c/Dockerfile && chmod 644 /c/Dockerfile"
     assert "sudo mv -fT /c/build.sh.thorfleet-tmp /c/build.sh" in commands[4]
     # a fresh box: the folder is absent, which the fact reads as no file (its default)
-    commands, _ = run(files.tree, {facts.TreeState: facts.TreeState().default()},
+    commands, _ = run(files.tree, {facts.system.TreeState: facts.system.TreeState().default()},
                       src=str(tmp_path), dest="/c")
     assert len(commands) == 1 + 3 * 3
 
@@ -594,53 +594,53 @@ def test_a_tree_uploads_only_the_files_that_differ_and_removes_the_extra(tmp_pat
 # commands that put it there) and once already right (a noop).
 ABSENT_AND_RIGHT = {
     preflight.thor_ready: ({**ready_args(), "fleet_copy": True}, [
-        {facts.L4TRelease: None, facts.MemTotalGiB: 8.0, facts.FreeDiskGiB: 1.0,
-         facts.PinnedWeightsGiB: 0.0, facts.SudoWorks: False, facts.DockerRuntimes: None,
+        {facts.box.L4TRelease: None, facts.box.MemTotalGiB: 8.0, facts.box.FreeDiskGiB: 1.0,
+         facts.serving.PinnedWeightsGiB: 0.0, facts.box.SudoWorks: False, facts.box.DockerRuntimes: None,
          Which: None},
-        {facts.L4TRelease: "38.2.0", facts.MemTotalGiB: 122.0, facts.FreeDiskGiB: 500.0,
-         facts.PinnedWeightsGiB: 0.0, facts.SudoWorks: True,
-         facts.DockerRuntimes: ["nvidia"], Which: "/usr/bin/rsync"}]),
+        {facts.box.L4TRelease: "38.2.0", facts.box.MemTotalGiB: 122.0, facts.box.FreeDiskGiB: 500.0,
+         facts.serving.PinnedWeightsGiB: 0.0, facts.box.SudoWorks: True,
+         facts.box.DockerRuntimes: ["nvidia"], Which: "/usr/bin/rsync"}]),
     preflight.box_held: ({"holder": "me", "token": "t"}, [
-        {facts.RunLock: {"held": False, "why": "held by another run"}},
-        {facts.RunLock: {"held": True, "why": None}}]),
-    power.power_mode: ({"mode": 1}, [{facts.PowerMode: 0}, {facts.PowerMode: 1}]),
-    power.clocks_locked: ({}, [{facts.ClocksLocked: False}, {facts.ClocksLocked: True}]),
+        {facts.lock.RunLock: {"held": False, "why": "held by another run"}},
+        {facts.lock.RunLock: {"held": True, "why": None}}]),
+    power.power_mode: ({"mode": 1}, [{facts.power.PowerMode: 0}, {facts.power.PowerMode: 1}]),
+    power.clocks_locked: ({}, [{facts.power.Clocks: {"locked": False}}, {facts.power.Clocks: {"locked": True}}]),
     files.whole_file: ({"path": "/etc/x", "src": StringIO("hello\n")}, [
-        {facts.FileState: None},
-        {facts.FileState: {"type": "regular file", "sha256": SHA_OF_HELLO, "mode": "644",
+        {facts.system.FileState: None},
+        {facts.system.FileState: {"type": "regular file", "sha256": SHA_OF_HELLO, "mode": "644",
                            "user": "root",
                            "group": "root"}}]),
     files.directory: ({"path": "/etc/t"}, [
-        {facts.PathState: None},
-        {facts.PathState: {"type": "directory", "mode": "755", "user": "root", "group": "root"}}]),
-    files.absent: ({"path": "/etc/t"}, [{facts.PathState: {"type": "directory"}},
-                                        {facts.PathState: None}]),
-    files.unit_enabled: ({"unit": "u.service"}, [{facts.UnitEnabled: "disabled"},
-                                                 {facts.UnitEnabled: "enabled"}]),
+        {facts.system.PathState: None},
+        {facts.system.PathState: {"type": "directory", "mode": "755", "user": "root", "group": "root"}}]),
+    files.absent: ({"path": "/etc/t"}, [{facts.system.PathState: {"type": "directory"}},
+                                        {facts.system.PathState: None}]),
+    files.unit_enabled: ({"unit": "u.service"}, [{facts.system.UnitEnabled: "disabled"},
+                                                 {facts.system.UnitEnabled: "enabled"}]),
     files.system_user: ({"user": "p", "home": "/var/lib/p"}, [
-        {facts.PasswdEntry: None},
-        {facts.PasswdEntry: {"uid": 998, "home": "/var/lib/p", "shell": "/bin/sh"}}]),
+        {facts.system.PasswdEntry: None},
+        {facts.system.PasswdEntry: {"uid": 998, "home": "/var/lib/p", "shell": "/bin/sh"}}]),
     files.tree: ({"src": str(layout.FILES / "image"), "dest": "/c"}, [
-        {facts.TreeState: {}},
-        {facts.TreeState: {name: on_box for name, (_, on_box) in files._tree(
+        {facts.system.TreeState: {}},
+        {facts.system.TreeState: {name: on_box for name, (_, on_box) in files._tree(
             layout.FILES / "image").items()}}]),
     weights.checkpoint: ({"folder": "/m/r", "repo": "o/r", "revision": "a" * 40, "image": "i",
                           "peers": ["thor-2.lan"], "root": "/m"}, [
-        {facts.WeightsState: {"complete": False, "problems": []}},
-        {facts.WeightsState: {"complete": True, "problems": []}}]),
+        {facts.serving.WeightsState: {"complete": False, "problems": []}},
+        {facts.serving.WeightsState: {"complete": True, "problems": []}}]),
     image.derived_image: (built_from(**SHARED), [
-        {facts.DockerImageLabels: None, facts.DockerImageId: None},
-        {facts.DockerImageLabels: {"thorfleet.patches": "p"}, facts.DockerImageId: "sha256:9"}]),
+        {facts.serving.DockerImageLabels: None, facts.serving.DockerImageId: None},
+        {facts.serving.DockerImageLabels: {"thorfleet.patches": "p"}, facts.serving.DockerImageId: "sha256:9"}]),
     image.shared_image: (built_from(**SHARED), [
-        {facts.DockerImageLabels: None},
-        {facts.DockerImageLabels: {"thorfleet.patches": "p"}}]),
+        {facts.serving.DockerImageLabels: None},
+        {facts.serving.DockerImageLabels: {"thorfleet.patches": "p"}}]),
     image.loaded_image: (built_from(source="thor-1"), [
-        {facts.DockerImageLabels: None},
-        {facts.DockerImageLabels: {"thorfleet.patches": "p"}}]),
+        {facts.serving.DockerImageLabels: None},
+        {facts.serving.DockerImageLabels: {"thorfleet.patches": "p"}}]),
     verification.serving: ({"service": "thorfleet-vllm", "port": 8002, "fingerprint": "f" * 64,
                             "health_timeout": 1200}, [
-        {facts.ServerState: {}},
-        {facts.ServerState: {"active": "active", "proven_fingerprint": "f" * 64,
+        {facts.serving.ServerState: {}},
+        {facts.serving.ServerState: {"active": "active", "proven_fingerprint": "f" * 64,
                              "secrets_proven": True, "healthy": True}}]),
     verification.benchmark: ({"port": 8002}, [{}]),
     verification.benchmark_gate: ({"min_fraction": 0.8, "floor": 27}, [{}]),
@@ -648,8 +648,8 @@ ABSENT_AND_RIGHT = {
                                  "image_name": "thorfleet/mistral-small4",
                                  "keep_image": "thorfleet/mistral-small4:abc",
                                  "keep_context": "abcabcabcabc", "service": "thorfleet-vllm"}, [
-        {facts.Leftovers: {"dirs": ["/m/M/" + "1" * 40], "images": [], "contexts": []}},
-        {facts.Leftovers: {"dirs": [], "images": [], "contexts": []}}]),
+        {facts.serving.Leftovers: {"dirs": ["/m/M/" + "1" * 40], "images": [], "contexts": []}},
+        {facts.serving.Leftovers: {"dirs": [], "images": [], "contexts": []}}]),
 }
 
 
@@ -676,6 +676,6 @@ def test_an_operation_reads_only_what_it_declared():
 
 def test_a_complete_checkpoint_with_loose_modes_gets_its_owner_and_modes_back_and_nothing_else():
     found = {"complete": True, "problems": [], "modes": ["consolidated-00001.safetensors"]}
-    commands, _ = run(weights.checkpoint, {facts.WeightsState: found}, folder="/m/r",
+    commands, _ = run(weights.checkpoint, {facts.serving.WeightsState: found}, folder="/m/r",
                       repo="o/r", revision="a" * 40, image="i")
     assert commands == ["chown -R root:root /m/r && chmod -R u+rwX,go+rX,go-w /m/r"]

@@ -4,7 +4,7 @@ tests/rollout_cases/ is one host's turn, facts in and commands out, and this one
 A case holds:
 - story: the operator's question it answers;
 - step: "batch" (the host's batch) or "first install" (the step before the batches);
-- served: what the box serves (facts.ServerState); rendered: the fingerprint of group data;
+- served: what the box serves (facts.serving.ServerState); rendered: the fingerprint of group data;
 - earlier: {host: what its turn did in this run} for the hosts of earlier batches ("passed",
   "failed", "dropped": pyinfra failed it before its turn, "outside": not in the run), and
   first_installs: the same for the hosts started as first installs ("passed" or "failed");
@@ -58,7 +58,7 @@ class TurnHost:
         self.noops, self.logged, self.ran = [], [], []
 
     def get_fact(self, fact, **kwargs):
-        assert fact is facts.ServerState
+        assert fact is facts.serving.ServerState
         assert (kwargs["service"], kwargs["port"]) == (SERVICE["service"], SERVICE["port"])
         return self.case["served"]
 

@@ -114,13 +114,13 @@ def test_the_lock_fact_sends_the_tool_with_its_command_and_reads_what_it_said(tm
                                                                                monkeypatch):
     from thorfleet import facts
 
-    monkeypatch.setattr(facts, "BOX_RUN_LOCK_DIR", str(tmp_path / "run"))
-    command = facts.RunLock().command(holder="me@laptop pid 7", token="t", wait_s=0)
+    monkeypatch.setattr(facts.lock, "BOX_RUN_LOCK_DIR", str(tmp_path / "run"))
+    command = facts.lock.RunLock().command(holder="me@laptop pid 7", token="t", wait_s=0)
     done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30,
                           check=False)
     assert (tmp_path / "run" / "thorfleet-run-lock").read_text() == TOOL.read_text()
     # no sshd above a local shell: the tool ran, and its line is what the fact returns
-    got = facts.RunLock().process(done.stdout.splitlines())
+    got = facts.lock.RunLock().process(done.stdout.splitlines())
     assert got == {"held": False, "why": "no sshd above this command: pass --session-pid"}
 
 
@@ -139,7 +139,7 @@ def test_the_lock_fact_sends_the_tool_with_its_command_and_reads_what_it_said(tm
 def test_the_lock_fact_parses_the_tools_answers(output, expected):
     from thorfleet import facts
 
-    assert facts.RunLock().process(output) == expected
+    assert facts.lock.RunLock().process(output) == expected
 
 
 def test_a_held_box_is_a_noop_and_a_box_held_elsewhere_fails_or_waits_naming_the_holder():
@@ -150,14 +150,14 @@ def test_a_held_box_is_a_noop_and_a_box_held_elsewhere_fails_or_waits_naming_the
     why = ("this box is held by another thorfleet run: bob@desk pid 9, since "
            "2026-12-01T09:00:00Z (waited 3 s; preflight_lock_wait_s sets how long a run waits)")
     held, elsewhere = {"held": True, "why": None}, {"held": False, "why": why}
-    commands, fake = plan(preflight.box_held, {facts.RunLock: held}, holder="me", token="t")
+    commands, fake = plan(preflight.box_held, {facts.lock.RunLock: held}, holder="me", token="t")
     assert commands == [] and fake.noops == ["held for this run (me)"]
     # stops at once: the host fails with the holder's line
-    commands, fake = plan(preflight.box_held, {facts.RunLock: elsewhere}, holder="me", token="t")
+    commands, fake = plan(preflight.box_held, {facts.lock.RunLock: elsewhere}, holder="me", token="t")
     assert execute(commands[0], fake) is False
     assert fake.logged[-1][0] == f"thorfleet: {why}"
     # waits: says so at once, then waits on the box for the holder, and holds it
-    commands, fake = plan(preflight.box_held, {facts.RunLock: elsewhere}, holder="me", token="t",
+    commands, fake = plan(preflight.box_held, {facts.lock.RunLock: elsewhere}, holder="me", token="t",
                           wait_s=600, shell=lambda command: (True, None))
     assert fake.logged[0][0] == ("thorfleet: this box is held by another thorfleet run: bob@desk "
                                  "pid 9, since 2026-12-01T09:00:00Z: waiting up to 600 s "

@@ -11,7 +11,7 @@ _the_gateway not calling _shared_address_problems; the network test reversed; th
 prefix not widened to hold every box.
 
 What is knowable only on the gateway, its LAN's prefix, is checked there before keepalived's
-config is written (operations/gateway.py shared_address_problem, from facts.InterfaceOf): a prefix
+config is written (operations/gateway.py shared_address_problem, from facts.box.InterfaceOf): a prefix
 other than the LAN's fails that gateway, naming the prefix to write. The edits that break it: the
 prefix not compared; the fact not reading the prefix (each tried once).
 
@@ -69,22 +69,22 @@ def test_boxes_dialed_by_name_or_all_inside_are_not_refused(tmp_path):
 
 
 @pytest.mark.parametrize("output, found", [
-    (["eth0 24"], facts.Interface("eth0", 24)),
-    (["eth0@if12 16"], facts.Interface("eth0", 16)),
+    (["eth0 24"], facts.box.Interface("eth0", 24)),
+    (["eth0@if12 16"], facts.box.Interface("eth0", 16)),
     ([], None),
     (["eth0"], None),  # no prefix printed: not taken for a /0
 ])
 def test_the_gateway_reads_its_interface_and_the_lans_prefix(output, found):
-    assert facts.InterfaceOf().process(output) == found
+    assert facts.box.InterfaceOf().process(output) == found
 
 
 @pytest.mark.parametrize("virtual, interface, says", [
-    ("10.0.0.50/24", facts.Interface("eth0", 24), None),
-    ("10.0.0.50/25", facts.Interface("eth0", 24),
+    ("10.0.0.50/24", facts.box.Interface("eth0", 24), None),
+    ("10.0.0.50/25", facts.box.Interface("eth0", 24),
      ("gateway_virtual_ip 10.0.0.50/25 has prefix /25, but this gateway's LAN (10.0.0.9 on eth0) "
      "is /24: keepalived would route that network from the shared address; set "
      "gateway_virtual_ip to 10.0.0.50/24")),
-    ("10.0.0.50/16", facts.Interface("eth0", 24), "set gateway_virtual_ip to 10.0.0.50/24"),
+    ("10.0.0.50/16", facts.box.Interface("eth0", 24), "set gateway_virtual_ip to 10.0.0.50/24"),
     ("10.0.0.50/24", None, "no interface of this gateway has 10.0.0.9"),
 ])
 def test_a_shared_address_with_another_prefix_than_the_gateways_lan_fails_it(virtual, interface,

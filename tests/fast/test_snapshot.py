@@ -27,10 +27,10 @@ def test_one_command_answers_every_fact_as_its_own_command_would(tmp_path):
     (tmp_path / "ctx" / "Dockerfile").write_text("FROM base\n")
     (tmp_path / "ctx" / "patches" / "a.diff").write_text("no newline at the end")
     (tmp_path / "ctx" / "patches" / "a.diff").chmod(0o755)
-    queries = [(facts.FileState, {"path": str(tmp_path / "ctx" / "Dockerfile")}),
-               (facts.PathState, {"path": str(tmp_path / "ctx")}),
-               (facts.PathState, {"path": str(tmp_path / "nothing")}),
-               (facts.TreeState, {"path": str(tmp_path / "ctx")}),
+    queries = [(facts.system.FileState, {"path": str(tmp_path / "ctx" / "Dockerfile")}),
+               (facts.system.PathState, {"path": str(tmp_path / "ctx")}),
+               (facts.system.PathState, {"path": str(tmp_path / "nothing")}),
+               (facts.system.TreeState, {"path": str(tmp_path / "ctx")}),
                (Which, {"command": "sh"})]
     values = snapshot.parse(queries, on_this_machine(queries))
     for fact, kwargs in queries:
@@ -38,18 +38,18 @@ def test_one_command_answers_every_fact_as_its_own_command_would(tmp_path):
                                text=True, check=True).stdout.splitlines()
         expected = fact().process(alone) if alone else fact().default()
         assert values[snapshot.key_of(fact, kwargs)] == expected, fact
-    tree = values[snapshot.key_of(facts.TreeState, {"path": str(tmp_path / "ctx")})]
+    tree = values[snapshot.key_of(facts.system.TreeState, {"path": str(tmp_path / "ctx")})]
     assert tree["patches/a.diff"]["mode"] == "755" and set(tree) == {"Dockerfile",
                                                                        "patches/a.diff"}
 
 
 # What is absent on this machine as on a bare box: each prints nothing, so each is its default.
-ABSENT = [(facts.L4TRelease, {}), (facts.RebootMarker, {}),
-          (facts.UnitEnabled, {"unit": "thorfleet-no-such.service"}),
-          (facts.PasswdEntry, {"user": "thorfleet-no-such-user"}),
-          (facts.WeightsState, {"folder": "/nowhere", "revision": "a" * 40}),
-          (facts.ServerState, {"service": "thorfleet-vllm", "port": 8002}),
-          (facts.Leftovers, {"models": "/nowhere", "contexts": "/nowhere", "image_name": "x",
+ABSENT = [(facts.box.L4TRelease, {}), (facts.box.RebootMarker, {}),
+          (facts.system.UnitEnabled, {"unit": "thorfleet-no-such.service"}),
+          (facts.system.PasswdEntry, {"user": "thorfleet-no-such-user"}),
+          (facts.serving.WeightsState, {"folder": "/nowhere", "revision": "a" * 40}),
+          (facts.serving.ServerState, {"service": "thorfleet-vllm", "port": 8002}),
+          (facts.serving.Leftovers, {"models": "/nowhere", "contexts": "/nowhere", "image_name": "x",
                              "keep_context": "c", "keep_dirs": [], "keep_images": [],
                              "units": []})]
 
@@ -63,18 +63,18 @@ def test_what_is_absent_prints_nothing_and_reads_as_the_facts_default():
     assert values == {snapshot.key_of(fact, kwargs): fact().default() for fact, kwargs in ABSENT}
 
 
-class Exits(facts.FileState):
+class Exits(facts.system.FileState):
     """A fact whose command fails on the box."""
 
     def command(self, path):
         return f"echo half an answer; exit 3 # {path}"
 
 
-class NotInstalled(facts.PowerMode):
+class NotInstalled(facts.power.PowerMode):
     requires_command = "thorfleet-no-such-command"
 
 
-class InstalledWithAComment(facts.PowerMode):
+class InstalledWithAComment(facts.power.PowerMode):
     command = "echo 2 # the mode"
     requires_command = "sh"
 
@@ -82,9 +82,9 @@ class InstalledWithAComment(facts.PowerMode):
 def test_a_read_that_fails_on_the_box_is_left_to_be_read_alone(tmp_path):
     (tmp_path / "f").write_text("x")
     queries = [(Exits, {"path": "/x"}), (NotInstalled, {}),
-               (facts.FileState, {"path": str(tmp_path / "f")}), (InstalledWithAComment, {})]
+               (facts.system.FileState, {"path": str(tmp_path / "f")}), (InstalledWithAComment, {})]
     values = snapshot.parse(queries, on_this_machine(queries))
-    assert list(values) == [snapshot.key_of(facts.FileState, {"path": str(tmp_path / "f")}),
+    assert list(values) == [snapshot.key_of(facts.system.FileState, {"path": str(tmp_path / "f")}),
                             snapshot.key_of(InstalledWithAComment, {})]
     assert values[snapshot.key_of(InstalledWithAComment, {})] == 2
 
@@ -130,17 +130,17 @@ def planned_box(tmp_path):
     paths = [str(tmp_path / name) for name in ("a", "b", "c")]
     for path in paths:
         (tmp_path / path).write_text(path)
-    snapshot.plan(target, [(facts.FileState, {"path": p}) for p in paths])
+    snapshot.plan(target, [(facts.system.FileState, {"path": p}) for p in paths])
     return target, paths
 
 
 def test_the_reads_of_a_converged_host_take_one_round_trip(tmp_path):
     target, paths = planned_box(tmp_path)
     for path in paths:
-        assert snapshot.read(facts.FileState, target, path=path)["mode"] == "644"
+        assert snapshot.read(facts.system.FileState, target, path=path)["mode"] == "644"
     assert (target.round_trips, target.alone) == (1, [])
     # a read no operation declared is read alone
-    assert snapshot.read(facts.PowerMode, target) == "read alone"
+    assert snapshot.read(facts.power.PowerMode, target) == "read alone"
     assert target.round_trips == 1
 
 
@@ -149,44 +149,44 @@ def test_with_batched_reads_off_every_read_is_its_own_fact_command(tmp_path, mon
     monkeypatch.setenv("THORFLEET_BATCH_READS", "0")
     target, paths = planned_box(tmp_path)
     for path in paths:
-        assert snapshot.read(facts.FileState, target, path=path) == "read alone"
+        assert snapshot.read(facts.system.FileState, target, path=path) == "read alone"
     assert target.round_trips == 0
-    assert target.alone == [(facts.FileState, {"_sudo": True, "path": p}) for p in paths]
+    assert target.alone == [(facts.system.FileState, {"_sudo": True, "path": p}) for p in paths]
 
 
 def test_a_read_with_pyinfras_own_arguments_is_never_in_the_one_command(tmp_path):
     # the one command runs as root: a read as the SSH user (`_sudo`: False) is a command of its own
     target, paths = planned_box(tmp_path)
-    snapshot.plan(target, [(facts.SudoWorks, {"_sudo": False})])
-    assert snapshot.read(facts.SudoWorks, target, _sudo=False) == "read alone"
-    assert target.alone == [(facts.SudoWorks, {"_sudo": False})]
-    assert snapshot.read(facts.FileState, target, path=paths[0])["mode"] == "644"
+    snapshot.plan(target, [(facts.box.SudoWorks, {"_sudo": False})])
+    assert snapshot.read(facts.box.SudoWorks, target, _sudo=False) == "read alone"
+    assert target.alone == [(facts.box.SudoWorks, {"_sudo": False})]
+    assert snapshot.read(facts.system.FileState, target, path=paths[0])["mode"] == "644"
     assert target.round_trips == 1 and len(target.alone) == 1
 
 
 def test_once_the_host_was_sent_a_command_every_read_is_fresh(tmp_path):
     target, paths = planned_box(tmp_path)
-    snapshot.read(facts.FileState, target, path=paths[0])
+    snapshot.read(facts.system.FileState, target, path=paths[0])
     target.state.ops[target]["an earlier operation"] = SimpleNamespace(operation_meta=Meta(True))
     finished(target, "an earlier operation")
-    assert snapshot.read(facts.FileState, target, path=paths[1]) == "read alone"
+    assert snapshot.read(facts.system.FileState, target, path=paths[1]) == "read alone"
 
 
 def test_an_operation_that_sent_nothing_keeps_the_answers(tmp_path):
     target, paths = planned_box(tmp_path)
     target.state.ops[target]["a no-op"] = SimpleNamespace(operation_meta=Meta(False))
     finished(target, "a no-op")
-    snapshot.read(facts.FileState, target, path=paths[0])
-    snapshot.read(facts.FileState, target, path=paths[1])
+    snapshot.read(facts.system.FileState, target, path=paths[0])
+    snapshot.read(facts.system.FileState, target, path=paths[1])
     assert (target.round_trips, target.alone) == (1, [])
 
 
 def test_the_execution_reads_the_box_again_after_the_plan(tmp_path):
     target, paths = planned_box(tmp_path)
     target.state.current_stage = StateStage.Prepare
-    snapshot.read(facts.FileState, target, path=paths[0])
+    snapshot.read(facts.system.FileState, target, path=paths[0])
     target.state.current_stage = StateStage.Execute
-    snapshot.read(facts.FileState, target, path=paths[0])
+    snapshot.read(facts.system.FileState, target, path=paths[0])
     assert target.round_trips == 2
 
 
@@ -203,10 +203,10 @@ def test_declared_reads_are_planned_for_the_host_with_the_operations_own_argumen
         except Exception:  # noqa: BLE001, S110 - no pyinfra run here: only the declaration counts
             pass
     assert list(run_state(state).planned_reads["thor-1"].values()) == [
-        (facts.FileState, {"path": "/etc/x"})]
+        (facts.system.FileState, {"path": "/etc/x"})]
 
 
-@snapshot.reads(current=lambda path, **_: (facts.FileState, {"path": path}),
+@snapshot.reads(current=lambda path, **_: (facts.system.FileState, {"path": path}),
                 tool_found=lambda tool=None, **_: (Which, {"command": tool}) if tool else None)
 @operation()
 def probe(path, tool=None, *, current, tool_found):
@@ -221,13 +221,13 @@ def test_the_body_gets_each_named_read_answered_and_callers_pass_only_its_own_ar
                           get_fact=lambda fact, **kw: asked.append((fact, kw)) or "answer")
     with ctx_host.use(box):
         assert list(probe._inner(path="/x")) == ["/x: answer, None"]
-        assert asked == [(facts.FileState, {"_sudo": True, "path": "/x"})]
+        assert asked == [(facts.system.FileState, {"_sudo": True, "path": "/x"})]
         with pytest.raises(TypeError):  # an answer is the operation's to read, never a caller's
             list(probe._inner(path="/x", current="mine"))
     assert snapshot.declared(probe, "/x", tool="rsync") == [
-        (facts.FileState, {"path": "/x"}), (Which, {"command": "rsync"})]
+        (facts.system.FileState, {"path": "/x"}), (Which, {"command": "rsync"})]
 
 
 def test_a_named_read_the_body_does_not_take_is_refused_where_it_is_declared():
     with pytest.raises(TypeError, match="nowhere"):
-        snapshot.reads(nowhere=lambda **_: (facts.PowerMode, {}))(probe)
+        snapshot.reads(nowhere=lambda **_: (facts.power.PowerMode, {}))(probe)

@@ -15,15 +15,15 @@ from thorfleet import facts
 from thorfleet.settings.hosts import settings_for
 
 TASKS = (preflight, power, memory, image, weights, service, verification, cleanup)
-READY = {facts.RunLock: {"held": True, "why": None}, facts.L4TRelease: "38.2", facts.MemTotalGiB: 122.0, facts.FreeDiskGiB: 500.0,
-         facts.PinnedWeightsGiB: 0.0, facts.SudoWorks: True, facts.DockerRuntimes: ["nvidia"],
+READY = {facts.lock.RunLock: {"held": True, "why": None}, facts.box.L4TRelease: "38.2", facts.box.MemTotalGiB: 122.0, facts.box.FreeDiskGiB: 500.0,
+         facts.serving.PinnedWeightsGiB: 0.0, facts.box.SudoWorks: True, facts.box.DockerRuntimes: ["nvidia"],
          Which: "/usr/bin/rsync"}
-BARE = {**READY, facts.PowerMode: 0, facts.ClocksLocked: False,
-        facts.Leftovers: {"dirs": ["/old"], "images": ["old:1"], "contexts": []}}
-RIGHT = {**READY, facts.PowerMode: 1, facts.ClocksLocked: True,
-         facts.DockerImageLabels: {"thorfleet.patches": "p"}, facts.DockerImageId: "sha256:1",
-         facts.UnitEnabled: "enabled", facts.WeightsState: {"complete": True, "problems": []},
-         facts.PathState: {"type": "directory", "mode": "755", "user": "root", "group": "root"}}
+BARE = {**READY, facts.power.PowerMode: 0, facts.power.Clocks: {"locked": False},
+        facts.serving.Leftovers: {"dirs": ["/old"], "images": ["old:1"], "contexts": []}}
+RIGHT = {**READY, facts.power.PowerMode: 1, facts.power.Clocks: {"locked": True},
+         facts.serving.DockerImageLabels: {"thorfleet.patches": "p"}, facts.serving.DockerImageId: "sha256:1",
+         facts.system.UnitEnabled: "enabled", facts.serving.WeightsState: {"complete": True, "problems": []},
+         facts.system.PathState: {"type": "directory", "mode": "755", "user": "root", "group": "root"}}
 
 
 @pytest.mark.parametrize("box", [BARE, RIGHT], ids=["bare", "right"])

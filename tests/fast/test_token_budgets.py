@@ -428,10 +428,10 @@ def test_the_deploy_makes_the_budget_map_only_when_missing_and_ships_the_config(
     make = "Make the budget map empty when missing (the usage service keeps it)"
     held = {"user": "root", "group": "root", "mode": 600, "size": 52}  # alice, over her budget
     folder = {"type": "directory", "mode": "700", "user": "root", "group": "root"}
-    g, kept = planned(tmp_path, {File: held, facts.PathState: folder}, monkeypatch)
+    g, kept = planned(tmp_path, {File: held, facts.system.PathState: folder}, monkeypatch)
     assert g.runtime_maps == (layout.GATEWAY_BUDGET_MAP,)
     assert kept[make] == [], kept[make]  # there: nothing written, alice held through the run
-    _, made = planned(tmp_path, {File: None, facts.PathState: None}, monkeypatch)
+    _, made = planned(tmp_path, {File: None, facts.system.PathState: None}, monkeypatch)
     text = "\n".join(made[make])
     assert f"touch {layout.GATEWAY_BUDGET_MAP}" in text and "chmod 600" in text, made[make]
     assert not any("upload" in c or ">" in c for c in made[make])

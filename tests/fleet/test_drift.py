@@ -27,7 +27,7 @@ from tests.helpers import (
     model_dir,
     serves,
 )
-from thorfleet.facts import ClocksLocked
+from thorfleet.facts.power import Clocks
 
 # ------------------------------------------------------------------ the scenarios
 
@@ -206,7 +206,7 @@ def test_a_reboot_is_repaired_by_the_box_itself_and_a_rerun_changes_nothing(sim_
     # clocks are locked again by thorfleet-clocks.service; the server starts at boot
     # (read as thorfleet reads it: every cpuN and GPU devfreq line pinned; EMC never is on a Thor)
     show = box(sim_fleet, host, "jetson_clocks --show")
-    assert ClocksLocked().process(show.splitlines()), show
+    assert Clocks().process(show.splitlines())["locked"], show
     run = deploy(inventory)
     assert run.returncode == 0, run.stderr[-4000:]
     # a server still loading is waited for and proven: that is the only thing a re-run may do

@@ -4,7 +4,7 @@
     line = command(queries)        # sudo -n the reads at once (snapshot.script), else as the user
     answers = answers(queries, code, stdout)   # {key: Answer}: the fact's value, or why not
 
-The reads are the deploy's own facts (thorfleet/facts.py) and doctor's (doctor/reads.py), run in
+The reads are facts of thorfleet/facts, the deploy's own and those only doctor asks for, run in
 parallel on the box by the script that batches a converged run's reads (run/snapshot.py). Whether
 `sudo -n` works is asked first, as the SSH user: without it the reads run as that user, and those
 that need root say so.
@@ -16,7 +16,6 @@ from shlex import quote as q
 from typing import Any, NamedTuple
 
 from thorfleet import facts
-from thorfleet.doctor import reads as doctor_reads
 from thorfleet.run import pyinfra_hooks, snapshot
 
 SUDO_MARK = "@@thorfleet-doctor sudo"
@@ -32,37 +31,37 @@ class Answer(NamedTuple):
 def thor_queries(s) -> dict:
     """What doctor reads on a Thor, for its settings `s`."""
     return {
-        "release": (facts.L4TRelease, {}),
-        "memory": (facts.MemTotalGiB, {}),
-        "disk": (facts.FreeDiskGiB, {"path": s.weights_dir}),
-        "present": (facts.PinnedWeightsGiB, {"folders": [s.model_dir, s.draft_dir]}),
-        "swaps": (doctor_reads.Swaps, {}),
-        "drop_caches": (doctor_reads.DropCachesWritable, {}),
-        "modes": (doctor_reads.PowerModes, {}),
-        "masks": (doctor_reads.PowerMasks, {}),
-        "mode": (facts.PowerMode, {}),
-        "clocks": (doctor_reads.ClockLines, {}),
-        "docker": (doctor_reads.DockerServerVersion, {}),
-        "runtimes": (facts.DockerRuntimes, {}),
-        "cdi": (doctor_reads.CdiDevices, {}),
-        "probe": (doctor_reads.ContainerProbe, {"image": s.image_base,
+        "release": (facts.box.L4TRelease, {}),
+        "memory": (facts.box.MemTotalGiB, {}),
+        "disk": (facts.box.FreeDiskGiB, {"path": s.weights_dir}),
+        "present": (facts.serving.PinnedWeightsGiB, {"folders": [s.model_dir, s.draft_dir]}),
+        "swaps": (facts.box.Swaps, {}),
+        "drop_caches": (facts.box.DropCachesWritable, {}),
+        "modes": (facts.power.PowerModes, {}),
+        "masks": (facts.power.PowerMasks, {}),
+        "mode": (facts.power.PowerMode, {}),
+        "clocks": (facts.power.Clocks, {}),
+        "docker": (facts.box.DockerServerVersion, {}),
+        "runtimes": (facts.box.DockerRuntimes, {}),
+        "cdi": (facts.box.CdiDevices, {}),
+        "probe": (facts.box.ContainerProbe, {"image": s.image_base,
                                                 "gpus": s.service_docker_gpus}),
-        "weights": (facts.WeightsState, {"folder": s.model_dir,
+        "weights": (facts.serving.WeightsState, {"folder": s.model_dir,
                                          "revision": s.weights_model_revision}),
-        "draft": (facts.WeightsState, {"folder": s.draft_dir,
+        "draft": (facts.serving.WeightsState, {"folder": s.draft_dir,
                                        "revision": s.weights_draft_revision}),
-        "kernels": (doctor_reads.ServerKernels, {"service": s.service_name,
+        "kernels": (facts.serving.ServerKernels, {"service": s.service_name,
                                                  "port": s.service_port}),
-        "metrics": (doctor_reads.ServerMetrics, {"port": s.service_port}),
-        "thermal": (doctor_reads.ThermalReadings, {}),
+        "metrics": (facts.serving.ServerMetrics, {"port": s.service_port}),
+        "thermal": (facts.box.ThermalReadings, {}),
     }
 
 
 def gateway_queries(pair: bool) -> dict:
     """What doctor reads on a gateway host; keepalived's version only for two gateways."""
-    found = {"haproxy": (doctor_reads.HaproxyBuild, {}), "mirror": (doctor_reads.AptMirror, {})}
+    found = {"haproxy": (facts.gateway.HaproxyBuild, {}), "mirror": (facts.box.AptMirror, {})}
     if pair:
-        found["keepalived"] = (doctor_reads.KeepalivedVersion, {})
+        found["keepalived"] = (facts.gateway.KeepalivedVersion, {})
     return found
 
 

@@ -163,7 +163,7 @@ def _power(host, s, got):
               "" if known else "a format thorfleet does not read: status and the watchdog show "
               "the clocks as not locked, and each deploy runs jetson_clocks again")
     if known:
-        locked = readings.locked({"cpu": lines["cpu"], "gpu": lines["gpu"]})
+        locked = lines["locked"]
         yield row(host, "power", "clocks locked", "MinFreq == MaxFreq on every CPU and GPU line",
                   "locked" if locked else "not locked", OK if locked else COPES,
                   "" if locked else "the deploy locks them (jetson_clocks, and at every boot "

@@ -12,7 +12,7 @@ from thorfleet.settings.layout import BOX_IMAGE_CONTEXT, BOX_LAST_GOOD_UNIT, box
 
 
 def _leftovers(weights_dir, keep_dirs, image_name, keep_image, keep_context, service, **_):
-    return facts.Leftovers, {
+    return facts.serving.Leftovers, {
         "models": weights_dir, "contexts": BOX_IMAGE_CONTEXT, "image_name": image_name,
         "keep_context": keep_context, "keep_dirs": list(keep_dirs), "keep_images": [keep_image],
         "units": [box_unit(service), BOX_LAST_GOOD_UNIT]}

@@ -25,7 +25,7 @@ def _text_of(src):
         return f.read()
 
 
-@reads(current=lambda path, **_: (facts.FileState, {"path": path}))
+@reads(current=lambda path, **_: (facts.system.FileState, {"path": path}))
 @operation()
 def whole_file(path, src, mode="644", check=(), *, current):
     """A root-owned file at `path` with the content of `src`, only ever replaced whole: a reader
@@ -70,7 +70,7 @@ def _replace(path, content, mode, check=()):
     The staged copy's name is random, never of the content: it shows in the box's process list
     (`sudo install STAGED ...`), and a digest of a secret there (secrets.env, the door's key map)
     could be checked against guesses. Whether to upload at all is the caller's, from the sha256
-    the box reports of the live file against the content's (facts.FileState, facts.TreeState)."""
+    the box reports of the live file against the content's (facts.system.FileState, facts.system.TreeState)."""
     staged = f"{BOX_UPLOAD_STAGING}/{token_hex(16)}"
     tmp = f"{path}.thorfleet-tmp"
     yield StringCommand(sh("install", "-d", "-m", "700", BOX_UPLOAD_STAGING), _sudo=False)
@@ -89,7 +89,7 @@ def secret_file(path, content, **kwargs):
     return whole_file(path=path, src=StringIO(content), mode="600", **kwargs)
 
 
-@reads(current=lambda path, **_: (facts.PathState, {"path": path}))
+@reads(current=lambda path, **_: (facts.system.PathState, {"path": path}))
 @operation()
 def directory(path, mode="755", user="root", group="root", *, current):
     """A directory at `path` (and its parents) with `mode` and owner; refuses to replace a file.
@@ -113,7 +113,7 @@ def directory(path, mode="755", user="root", group="root", *, current):
     yield f"{sh('chown', f'{user}:{group}', path)} && {sh('chmod', mode, path)}"
 
 
-@reads(current=lambda path, **_: (facts.PathState, {"path": path}))
+@reads(current=lambda path, **_: (facts.system.PathState, {"path": path}))
 @operation()
 def absent(path, *, current):
     """Nothing at `path` (a file, or a directory and all it holds).
@@ -153,7 +153,7 @@ UNCHANGEABLE = {
 }
 
 
-@reads(enabled=lambda unit, **_: (facts.UnitEnabled, {"unit": unit}))
+@reads(enabled=lambda unit, **_: (facts.system.UnitEnabled, {"unit": unit}))
 @operation()
 def unit_enabled(unit, *, enabled):
     """A systemd unit enabled at boot (started or not: that is another operation's business).
@@ -175,7 +175,7 @@ def unit_enabled(unit, *, enabled):
     yield " && ".join(sh("systemctl", *words, unit) for words in fix)
 
 
-@reads(current=lambda user, **_: (facts.PasswdEntry, {"user": user}))
+@reads(current=lambda user, **_: (facts.system.PasswdEntry, {"user": user}))
 @operation()
 def system_user(user, home, shell="/bin/sh", *, current):
     """A system user with `home` (not created here) and `shell`.
@@ -200,7 +200,7 @@ def system_user(user, home, shell="/bin/sh", *, current):
 
 def _tree(src):
     """{relative path: (content, {"sha256", "mode"})} of every file under the local folder `src`:
-    each file's content and what facts.TreeState reads of it on the box."""
+    each file's content and what facts.system.TreeState reads of it on the box."""
     tree = {}
     for path in sorted(Path(src).rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
@@ -211,7 +211,7 @@ def _tree(src):
     return tree
 
 
-@reads(current=lambda dest, **_: (facts.TreeState, {"path": dest}))
+@reads(current=lambda dest, **_: (facts.system.TreeState, {"path": dest}))
 @operation()
 def tree(src, dest, *, current):
     """The folder `dest` holds exactly the files of the local folder `src` (their content and

@@ -40,7 +40,7 @@ def haproxy_reloaded(unit="haproxy.service"):
            f"else {sh('systemctl', 'start', unit)}; fi")
 
 
-@reads(live=lambda **_: (facts.FirewallMark, {}))
+@reads(live=lambda **_: (facts.gateway.FirewallMark, {}))
 @operation()
 def firewall(mark, *, live):
     """thorfleet's nftables table live on the box as `mark` says (gateway.firewall_script's mark
@@ -50,24 +50,24 @@ def firewall(mark, *, live):
     if live == mark:
         host.noop("the vLLM port answers the gateway only (nftables table is live)")
         return
-    if live == facts.NO_NFT:
+    if live == facts.gateway.NO_NFT:
         yield fail_host("nft is not installed: the box's vLLM port cannot be closed to all but "
                         "the gateway; install nftables (apt install nftables), then run again")
         return
     yield sh("systemctl", "restart", FIREWALL_UNIT)
 
 
-@reads(live=lambda **_: (facts.FirewallMark, {}))
+@reads(live=lambda **_: (facts.gateway.FirewallMark, {}))
 @operation()
 def no_firewall(*, live):
     """No thorfleet nftables table (no gateway in the inventory: the port answers as before)."""
-    if live in (facts.NO_NFT, facts.NO_TABLE):
+    if live in (facts.gateway.NO_NFT, facts.gateway.NO_TABLE):
         host.noop("no thorfleet firewall table")
         return
     yield sh("nft", "delete", "table", *FIREWALL_TABLE)
 
 
-@reads(live=lambda **_: (facts.DoorLevel, {}))
+@reads(live=lambda **_: (facts.gateway.DoorLevel, {}))
 @operation()
 def level_recorded(since, digest, *, live):
     """The gateway says what this run set on it: `digest` (GatewaySettings.level_digest) and
@@ -102,7 +102,7 @@ def shared_address_problem(address, virtual, interface) -> str | None:
     return None
 
 
-@reads(interface=lambda address, **_: (facts.InterfaceOf, {"address": address}))
+@reads(interface=lambda address, **_: (facts.box.InterfaceOf, {"address": address}))
 @operation()
 def holds_address(address, virtual, *, interface):
     """This gateway has `address` (gateway_fleet_address) on an interface of the LAN that
@@ -114,7 +114,7 @@ def holds_address(address, virtual, *, interface):
     yield fail_host(problem)
 
 
-@reads(header=lambda **_: (facts.FirstLine, {"path": KEEPALIVED_CONFIG}))
+@reads(header=lambda **_: (facts.system.FirstLine, {"path": KEEPALIVED_CONFIG}))
 @operation()
 def no_shared_address(*, header):
     """No gateway_virtual_ip: keepalived stopped and thorfleet's config of it removed, so the

@@ -22,11 +22,11 @@ from thorfleet.settings.roles import thors
 
 
 def _labels(tag, **_):
-    return facts.DockerImageLabels, {"ref": tag}
+    return facts.serving.DockerImageLabels, {"ref": tag}
 
 
 def _base_labels(base, **_):  # the base is pulled first when the box does not have it
-    return facts.DockerImageLabels, {"ref": base}
+    return facts.serving.DockerImageLabels, {"ref": base}
 
 
 def _build(tag, base, inputs_hash, think_prefill, context, base_present):
@@ -71,7 +71,7 @@ def _remember_id(tag):
     """Record the ID of `tag` on this host as the one the run's other hosts must pull."""
 
     def remember(state, host):
-        fact = facts.DockerImageId()  # its command and parsing, run after the build
+        fact = facts.serving.DockerImageId()  # its command and parsing, run after the build
         ok, output = host.run_shell_command(fact.command(tag), _sudo=True)
         image_id = fact.process(output.stdout_lines) if ok and output.stdout_lines else None
         if image_id:
@@ -92,7 +92,7 @@ def _lacking(tag):
 
 @reads(labels=_labels, base_labels=_base_labels,
        image_id=lambda tag, registry=None, shared=False, **_: (
-           (facts.DockerImageId, {"ref": tag}) if registry or shared else None))
+           (facts.serving.DockerImageId, {"ref": tag}) if registry or shared else None))
 @operation()
 def derived_image(tag, base, inputs_hash, think_prefill, context, registry=None, shared_ref=None,
                   shared=False, *, labels, base_labels, image_id):

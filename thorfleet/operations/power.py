@@ -16,7 +16,7 @@ from thorfleet.run.snapshot import reads
 from thorfleet.settings.layout import BOX_REBOOT_MARKER
 
 
-@reads(current=lambda **_: (facts.PowerMode, {}))
+@reads(current=lambda **_: (facts.power.PowerMode, {}))
 @operation()
 def power_mode(mode, allow_reboot=False, reboot_timeout=900, *, current):
     """Set the nvpmodel power mode, never hanging on its reboot prompt.
@@ -44,7 +44,7 @@ def power_mode(mode, allow_reboot=False, reboot_timeout=900, *, current):
 
     def needs_reboot(state, host):
         # after nvpmodel ran: a fresh read, never one from before the command
-        if host.get_fact(facts.PowerMode) == mode:
+        if host.get_fact(facts.power.PowerMode) == mode:
             return True
         if not allow_reboot:
             return run_state(state).fail(
@@ -63,8 +63,8 @@ def _reboot_for_mode(state, host, mode, timeout):
     host.run_shell_command(sh("sh", "-c", answer), _sudo=True)
     time.sleep(5)
     # /run is emptied by a boot: the marker gone means the box really rebooted
-    if pyinfra_hooks.wait_for_reboot(host, lambda h: not h.get_fact(facts.RebootMarker), timeout):
-        if host.get_fact(facts.PowerMode) == mode:
+    if pyinfra_hooks.wait_for_reboot(host, lambda h: not h.get_fact(facts.box.RebootMarker), timeout):
+        if host.get_fact(facts.power.PowerMode) == mode:
             return True
         return run_state(state).fail(host, f"rebooted but power mode is not {mode}")
     return run_state(state).fail(
@@ -72,19 +72,19 @@ def _reboot_for_mode(state, host, mode, timeout):
         "(power_reboot_timeout_s)")
 
 
-@reads(locked=lambda **_: (facts.ClocksLocked, {}))
+@reads(clocks=lambda **_: (facts.power.Clocks, {}))
 @operation()
-def clocks_locked(*, locked):
+def clocks_locked(*, clocks):
     """Lock the clocks at the power mode's maximum with jetson_clocks, unless they already are.
 
     .. code:: python
 
         clocks_locked(name="Lock clocks")
     """
-    if locked is None:
+    if clocks is None:
         yield fail_host("jetson_clocks not found: this box is not a Jetson with JetPack")
         return
-    if locked:
+    if clocks["locked"]:
         host.noop("clocks are already locked")
         return
     yield "jetson_clocks"

@@ -20,7 +20,7 @@ LOCK_GRACE_S = 3
 
 
 @reads(lock=lambda holder, token, **_: (
-    facts.RunLock, {"holder": holder, "token": token, "wait_s": LOCK_GRACE_S}))
+    facts.lock.RunLock, {"holder": holder, "token": token, "wait_s": LOCK_GRACE_S}))
 @operation()
 def box_held(holder, token, wait_s=0, *, lock):
     """Hold the box for this run: one thorfleet run at a time on a box (two runs at once would
@@ -69,7 +69,7 @@ def _wait_for_lock(holder, token, wait_s):
 # --- each check, pure: the deploy's preflight and `thorfleet doctor` ask the same ---------------
 
 def release_problem(release, min_l4t_release) -> str | None:
-    """Why this L4T release (from facts.L4TRelease) cannot run the image, or None."""
+    """Why this L4T release (from facts.box.L4TRelease) cannot run the image, or None."""
     if release is None:
         return "/etc/nv_tegra_release is missing: not a Jetson running L4T (JetPack)"
     if Version(release) < Version(str(min_l4t_release)):
@@ -115,12 +115,12 @@ def _installed(command):
     return lambda fleet_copy=False, **_: (Which, {"command": command}) if fleet_copy else None
 
 
-@reads(release=lambda **_: (facts.L4TRelease, {}),
-       memory=lambda **_: (facts.MemTotalGiB, {}),
-       disk=lambda weights_dir, **_: (facts.FreeDiskGiB, {"path": weights_dir}),
-       present=lambda checkpoints, **_: (facts.PinnedWeightsGiB, {"folders": list(checkpoints)}),
-       sudo=lambda **_: (facts.SudoWorks, {"_sudo": False}),  # as the SSH user, not as root
-       runtimes=lambda **_: (facts.DockerRuntimes, {}),
+@reads(release=lambda **_: (facts.box.L4TRelease, {}),
+       memory=lambda **_: (facts.box.MemTotalGiB, {}),
+       disk=lambda weights_dir, **_: (facts.box.FreeDiskGiB, {"path": weights_dir}),
+       present=lambda checkpoints, **_: (facts.serving.PinnedWeightsGiB, {"folders": list(checkpoints)}),
+       sudo=lambda **_: (facts.box.SudoWorks, {"_sudo": False}),  # as the SSH user, not as root
+       runtimes=lambda **_: (facts.box.DockerRuntimes, {}),
        rsync=_installed("rsync"), rrsync=_installed(RRSYNC))
 @operation()
 def thor_ready(min_l4t_release, min_memory_gib, min_free_disk_gib, weights_dir, checkpoints,

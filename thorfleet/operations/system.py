@@ -11,7 +11,7 @@ from thorfleet.operations.commands import sh
 from thorfleet.run.snapshot import reads
 
 
-@reads(installed=lambda packages, **_: (facts.DebInstalled, {"packages": list(packages)}))
+@reads(installed=lambda packages, **_: (facts.system.DebInstalled, {"packages": list(packages)}))
 @operation()
 def packages(packages, *, installed, keep_config=False):
     """The distribution's `packages` installed (apt; the lists are refreshed only when one is
@@ -32,7 +32,7 @@ def packages(packages, *, installed, keep_config=False):
            f"apt-get install -y -q --no-install-recommends {keep}{sh(*missing)}")
 
 
-@reads(active=lambda unit, **_: (facts.UnitActive, {"unit": unit}))
+@reads(active=lambda unit, **_: (facts.system.UnitActive, {"unit": unit}))
 @operation()
 def running(unit, *, active):
     """A systemd unit running now (enabled at boot is files.unit_enabled's)."""
@@ -42,7 +42,7 @@ def running(unit, *, active):
     yield sh("systemctl", "start", unit)
 
 
-@reads(active=lambda unit, **_: (facts.UnitActive, {"unit": unit}))
+@reads(active=lambda unit, **_: (facts.system.UnitActive, {"unit": unit}))
 @operation()
 def stopped(unit, *, active):
     """A systemd unit not running now (one whose role the inventory no longer gives the host)."""

@@ -27,7 +27,7 @@ from thorfleet.settings.layout import (
 
 
 @reads(served=lambda service, port, **_: (
-    facts.ServerState, {"service": service, "port": port}))
+    facts.serving.ServerState, {"service": service, "port": port}))
 @operation()
 def serving(service, port, fingerprint, health_timeout, earlier=(), canaries=(),
             first_install=False, gateway=None, pool=GATEWAY_BACKEND, drain_timeout=120,
@@ -248,7 +248,7 @@ def gateway_admin(gateways, server):
     install)."""
     hosts = [host.state.inventory.get_host(name) for name in _names(gateways)]
     gateway = next((h for h in hosts if h.connected), hosts[0])
-    found = read(facts.GatewayServers, gateway)  # as root: the API is
+    found = read(facts.gateway.GatewayServers, gateway)  # as root: the API is
     return (found.get(server) or {}).get("admin")
 
 

@@ -20,7 +20,7 @@ from thorfleet.settings.layout import (
 
 
 @reads(weights=lambda folder, revision, **_: (
-    facts.WeightsState, {"folder": folder, "revision": revision}))
+    facts.serving.WeightsState, {"folder": folder, "revision": revision}))
 @operation()
 def checkpoint(folder, repo, revision, image, endpoint=None, token_file=None, peers=(),
                root=None, progress_every=10, *, weights):

@@ -72,14 +72,14 @@ def observe(target, settings):
     run's first read of the box when the run changed nothing on it (snapshot.py)."""
     weights = {}
     for role, repo, folder, revision in _weights(settings):
-        found = read(facts.WeightsState, target, folder=folder, revision=revision)
+        found = read(facts.serving.WeightsState, target, folder=folder, revision=revision)
         weights[role] = {"repo": repo, "revision": revision, "verified": found["complete"]}
-    labels = read(facts.DockerImageLabels, target, ref=settings.image_tag) or {}
-    server = read(facts.ServerState, target, **_server_query(settings))
+    labels = read(facts.serving.DockerImageLabels, target, ref=settings.image_tag) or {}
+    server = read(facts.serving.ServerState, target, **_server_query(settings))
     run_state(target.state).observed[target.name] = {
-        "l4t_release": read(facts.L4TRelease, target),
-        "power_mode": read(facts.PowerMode, target),
-        "clocks_locked": read(facts.ClocksLocked, target),
+        "l4t_release": read(facts.box.L4TRelease, target),
+        "power_mode": read(facts.power.PowerMode, target),
+        "clocks_locked": (read(facts.power.Clocks, target) or {}).get("locked"),
         "weights": weights,
         "image": settings.image_tag if labels else None,
         "patches": labels.get("thorfleet.patches"),
@@ -93,11 +93,11 @@ def observe(target, settings):
 
 
 @reads(lambda settings, **_: [
-    *((facts.WeightsState, {"folder": folder, "revision": revision})
+    *((facts.serving.WeightsState, {"folder": folder, "revision": revision})
       for _, _, folder, revision in _weights(settings)),
-    (facts.DockerImageLabels, {"ref": settings.image_tag}),
-    (facts.ServerState, _server_query(settings)),
-    (facts.L4TRelease, {}), (facts.PowerMode, {}), (facts.ClocksLocked, {})])
+    (facts.serving.DockerImageLabels, {"ref": settings.image_tag}),
+    (facts.serving.ServerState, _server_query(settings)),
+    (facts.box.L4TRelease, {}), (facts.power.PowerMode, {}), (facts.power.Clocks, {})])
 @operation()
 def observed(settings):
     """Record what the host looks like now for the report (reads facts; never a change)."""

@@ -127,7 +127,7 @@ class Decision:
 def decide(served, rendered, first_install=False, earlier=None, canaries=()):
     """One host's turn (see the module's table).
 
-    + served: what the box serves, facts.ServerState: {"active", "proven_fingerprint",
+    + served: what the box serves, facts.serving.ServerState: {"active", "proven_fingerprint",
       "secrets_proven", "healthy"} ({} on a bare box)
     + rendered: the fingerprint rendered from group data (render.Settings.fingerprint)
     + first_install: the first installs' step (before the batches), not the host's batch

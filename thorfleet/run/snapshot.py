@@ -9,7 +9,7 @@ the host's operations until the host has changed something in this run (an opera
 command); from then on each read is its own fact command, as in pyinfra, so no operation decides on
 what an earlier one has changed.
 
-    @reads(current=lambda path, **_: (facts.FileState, {"path": path}))
+    @reads(current=lambda path, **_: (facts.system.FileState, {"path": path}))
     @operation()
     def whole_file(path, src, mode="644", *, current):
         if current == ...
