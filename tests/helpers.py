@@ -17,6 +17,21 @@ SHARD = "consolidated-{:05d}-of-00013.safetensors"
 ROLLED_ENV = {"VLLM_LOGGING_LEVEL": "INFO"}
 
 
+def accepting(listener, handle) -> None:
+    """Each connection `listener` accepts, given to `handle` from a thread of its own, until the
+    listener is closed: a stand-in server for a test."""
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            handle(conn)
+
+    threading.Thread(target=serve, daemon=True).start()
+
+
 def wait_for(what, timeout, every=0.5):
     """`what()` once it is true, polled every `every` s for `timeout` s; else its last answer."""
     deadline = time.monotonic() + timeout

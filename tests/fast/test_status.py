@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 from sim import fleet
-from tests.helpers import ROOT
+from tests.helpers import ROOT, accepting
 from thorfleet.__main__ import main
 from thorfleet.cli import status
 from thorfleet.cli.pin import load_inventory
@@ -370,17 +370,12 @@ class Boxes:
         self.sockets.append(listener)
         self.ports[name], self.keys[name] = listener.getsockname()[1], key
 
-        def serve():
-            while True:
-                try:
-                    conn, _ = listener.accept()
-                except OSError:
-                    return
-                transport = paramiko.Transport(conn)
-                transport.add_server_key(key)
-                transport.start_server(server=Box(self.user_key, self.answer, self.commands))
+        def handle(conn):
+            transport = paramiko.Transport(conn)
+            transport.add_server_key(key)
+            transport.start_server(server=Box(self.user_key, self.answer, self.commands))
 
-        threading.Thread(target=serve, daemon=True).start()
+        accepting(listener, handle)
 
     def known_hosts(self, path: Path, names):
         path.write_text("".join(f"[127.0.0.1]:{self.ports[n]} ssh-rsa "

@@ -18,7 +18,6 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import paramiko
@@ -31,6 +30,7 @@ from pyinfra.api.state import StateStage
 
 from tests.fast.test_gateway_render import PINS
 from tests.fast.test_status import Boxes
+from tests.helpers import accepting
 from thorfleet.run import pyinfra_hooks
 from thorfleet.run.unreachable import fix_for, why_unreachable
 
@@ -47,16 +47,7 @@ def free_port() -> int:
 def closing_port():
     """A port whose listener closes each connection at once, before any SSH banner."""
     listener = socket.create_server(("127.0.0.1", 0))
-
-    def serve():
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            conn.close()
-
-    threading.Thread(target=serve, daemon=True).start()
+    accepting(listener, lambda conn: conn.close())
     yield listener.getsockname()[1]
     listener.close()
 
