@@ -247,6 +247,8 @@ def test_bench_runs_vllms_own_benchmark_through_the_door_per_model(sim_fleet, my
 # The bench's own first turn (16K tokens): its prefill, modelled on a Thor at ~3.5 s, is what a
 # warm turn saves. At 3K the modelled prefill (~0.6 s) is near this machine's own API-server time
 # for a turn when four story groups run at once (0.5-0.8 s), and the ratio measured that instead.
+# One conversation a box: with two a box of one slot, a turn often finds its home busy with the
+# other's 3.5 s prefill and goes to the free box, as it should (a turn never waits for its home).
 FIRST = 16000
 
 
@@ -254,7 +256,7 @@ def test_a_conversation_stays_warm_on_its_box_and_moves_cold_when_the_box_drains
         sim_fleet, my_boxes, mixed, tmp_path):
     """Issue 52: the door keeps each conversation on the box holding its prefix (affinity, on by
     default), and the box serves its later turns from its prefix cache. `thorfleet bench
-    --conversations`: 4 conversations on the 2 EAGLE boxes, each turn resending the whole
+    --conversations`: 2 conversations on the 2 EAGLE boxes, each turn resending the whole
     history. Then the box of one is drained as a rollout drains it (thorfleet-rotation): its
     next turn is answered by the other box, cold, and nothing fails."""
     door, _, _ = mixed
@@ -262,7 +264,7 @@ def test_a_conversation_stays_warm_on_its_box_and_moves_cold_when_the_box_drains
     out = tmp_path / "bench"
     done = subprocess.run(
         [sys.executable, "-m", "thorfleet", "bench", str(inventory), "--out", str(out),
-         "--conversations", "4", "--turns", "4", "--first-tokens", str(FIRST), "--grow-tokens", "200",
+         "--conversations", "2", "--turns", "4", "--first-tokens", str(FIRST), "--grow-tokens", "200",
          "--answer-tokens", "16", "--think-s", "1"],
         cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
@@ -273,7 +275,8 @@ def test_a_conversation_stays_warm_on_its_box_and_moves_cold_when_the_box_drains
     assert summary["later_turns_on_their_box"] >= 0.9, rows
     later = [r for r in rows if r["turn"] > 1]
     assert sum(r["cached_tokens"] for r in later) >= 0.8 * sum(r["prompt_tokens"] for r in later), rows
-    assert all(r["prompt_tokens"] >= FIRST for r in rows), rows  # the prompts as long as asked
+    # the prompts as long as asked, within the bench's words-per-token estimate
+    assert all(r["prompt_tokens"] >= 0.95 * FIRST for r in rows), rows
     assert summary["later_vs_first_ttft"] < 0.5, summary
 
     # a new conversation's box drained at the door: its next turn goes to the other box, cold
