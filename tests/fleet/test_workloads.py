@@ -283,7 +283,9 @@ def test_a_conversation_stays_warm_on_its_box_and_moves_cold_when_the_box_drains
     client = conversations.Door(f"https://127.0.0.1:{GATEWAY_HTTPS_PORT}/v1",
                                 str(sim_fleet.state / "fleet-ca" / "fleet-ca.pem"), door.key)
     first, second = conversations.plan(1, 2, 3000, 200)
-    sent = [conversations.text(99, 1, first.words), conversations.text(99, 2, second.words)]
+    # named for this run (the bench's run id): a box must not hold it from an earlier run
+    run = result["run"]
+    sent = [conversations.text(99, 1, first.words, run), conversations.text(99, 2, second.words, run)]
     opened = client.ask(EAGLE, conversations.history(sent[:1], []), 16)
     assert "error" not in opened, opened
     home = opened["box"]

@@ -4,7 +4,7 @@ history (a shared system prompt, the first long message, every answer and every 
 the prompt grows a few hundred tokens a turn and only what is new needs a prefill where the
 conversation's prefix is cached.
 
-    turns = plan(conversations, turns, first, grow, answer)  # pure: who sends what, in order
+    turns = plan(conversations, turns, first, grow)  # pure: who sends what, in order
     messages = history(sent, answers)                         # pure: the turn's whole request
     rows = [ask(...) for each turn]                           # I/O: one streamed answer each
     result = summary(rows)                                    # pure: by turn, by box, hits
