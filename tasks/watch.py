@@ -61,7 +61,6 @@ def run(settings, box_code=()):
                           service=WATCHDOG_UNIT, _if=port.did_change)
     system.reloaded(name="Restart the watchdog for its new code or unit (the server stays up)",
                      unit=WATCHDOG_UNIT, restart=True,
-                     _if=lambda: readings.did_change() or tool.did_change() or unit.did_change() or (
-                         port.did_change() or any(op.did_change() for op in box_code)))
+                     _if=lambda: any(op.did_change() for op in (readings, tool, unit, port, *box_code)))
     system.running(name="The watchdog's port is held", unit=WATCHDOG_SOCKET)
     system.running(name="The watchdog is running", unit=WATCHDOG_UNIT)

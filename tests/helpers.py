@@ -18,8 +18,8 @@ ROLLED_ENV = {"VLLM_LOGGING_LEVEL": "INFO"}
 
 
 def accepting(listener, handle) -> None:
-    """Each connection `listener` accepts, given to `handle` from a thread of its own, until the
-    listener is closed: a stand-in server for a test."""
+    """Each connection `listener` accepts, given to `handle` in turn by one thread of its own,
+    until the listener is closed: a stand-in server for a test."""
 
     def serve():
         while True:

@@ -384,10 +384,11 @@ class Box:
         (self.folder / "unit").write_text(f"ActiveState={active}\nSubState={sub}\nMainPID=1000\n"
                                           "ExecMainStartTimestampMonotonic=1\n")
 
-    def command(self, *words):
+    def command(self, *words, named=True):
+        """The tool's command line; `named`: told the server's service and port."""
+        server = ["--service", SERVICE, "--port", str(self.server.server_port)] if named else []
         return [sys.executable, str(self.bin / "thorfleet-watchdog"), *words,
-                "--layout", str(self.layout), "--service", SERVICE,
-                "--port", str(self.server.server_port),
+                "--layout", str(self.layout), *server,
                 "--meminfo", str(self.meminfo), "--thermal-root", str(self.thermal)]
 
     def env(self):
@@ -840,9 +841,8 @@ def test_status_without_a_watchdog_run_says_so(box):
     found = box.status()
     assert found["watchdog"]["running"] is False and found["watchdog"]["state"] == "unknown"
     # and, told no server, names what it needs rather than guessing one
-    bare = [a for a in box.command("status") if a not in ("--service", SERVICE, "--port",
-                                                           str(box.server.server_port))]
-    done = subprocess.run(bare, env=box.env(), capture_output=True, text=True, timeout=30, check=False)
+    done = subprocess.run(box.command("status", named=False), env=box.env(), capture_output=True,
+                          text=True, timeout=30, check=False)
     assert done.returncode != 0 and "name the server with --service and --port" in done.stderr
 
 
@@ -851,10 +851,8 @@ def test_status_bare_asks_about_the_server_the_running_watchdog_watches(box):
     the unit gave the watchdog, whatever service_name and service_port are: it has no defaults."""
     box.start()
     box.wait_for(lambda: box.state().get("state") == "ok")
-    bare = [a for a in box.command("status") if a not in ("--service", SERVICE, "--port",
-                                                           str(box.server.server_port))]
-    done = subprocess.run(bare, env=box.env(), capture_output=True, text=True, timeout=30,
-                          check=True)
+    done = subprocess.run(box.command("status", named=False), env=box.env(), capture_output=True,
+                          text=True, timeout=30, check=True)
     found = json.loads(done.stdout)
     assert (found["service"], found["health"]) == (SERVICE, True)
 

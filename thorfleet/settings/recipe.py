@@ -14,9 +14,8 @@ Facts of the model on a Thor, not settings: group data picks a profile by name
 # 120B NVFP4 MoE, 15 tok/s at concurrency 1 and 40 at 8 (jetson-ai-lab PR #410), with no EAGLE
 # (its drafts are verified per sequence, so its gain shrinks as the batch grows) and 32K a
 # request: 8 of them hold the tokens of one 256K request, which the no-eagle profile's KV cache
-# holds. `prefix_caching`: vLLM's
-# prefix caching when service_prefix_caching leaves it to the profile (docs/workloads.md "Prefix
-# caching" has vLLM 0.19.0's code and bugs behind each choice). `prefill_s`: a whole
+# holds. `prefix_caching`: vLLM's prefix caching when service_prefix_caching leaves it to the
+# profile (docs/workloads.md "Prefix caching" has vLLM 0.19.0's code and bugs behind each choice). `prefill_s`: a whole
 # max_model_len prompt's prefill on a Thor, in 8,192-token chunks, as the sim's step model gives
 # it (sim/README.md "The step model": no prefill figure of this model on a Thor is published);
 # a request queued behind one waits that long, so its pool's queue timeout covers it.
