@@ -36,7 +36,8 @@ Windows: a fault's window runs from its injection to when the fleet is whole aga
 of its heal when it never was); a request belongs to the window it started in, the rest are
 `outside`. The goal (goal()): 0 requests failed after retries, except those in flight during a
 gateway's own loss (the FAILOVER_S after the gateway holding the address is killed) and streams
-already answering when a box was lost (BOX_LOSS), each counted apart; 0 streams
+whose answer had begun (its headers came, with or without a token) when a box was lost
+(BOX_LOSS), each counted apart; 0 streams
 cut silently, 0 prober answers, 0 requests served with a revoked key.
 """
 
@@ -106,6 +107,11 @@ class Record:
     retries: int = 0
     error: str = ""
     tokens: int = 0  # prompt + completion of the last usage the client received (0: none came)
+    # a stream's answer began: its status and headers came through the door, which sends nothing
+    # again after that (None: not a stream, or it failed before). vLLM sends them before the
+    # engine's first token (chat_completion/api_router.py returns a StreamingResponse, which
+    # starts the response before its first chunk), so a stream can have begun with no token.
+    began: float | None = None
 
 
 @dataclasses.dataclass
@@ -184,8 +190,8 @@ def counts(records, probes):
             "answered": sum(r.outcome == "ok" for r in records),
             "failed_after_retries": sum(r.outcome == "failed" for r in records),
             # of those, streams whose answer had begun: never sent again (the door retries only
-            # what never started), so the client gets an error event mid-answer
-            "failed_mid_answer": sum(r.outcome == "failed" and r.first_token is not None
+            # what never started), so the client gets an error mid-answer
+            "failed_mid_answer": sum(r.outcome == "failed" and r.began is not None
                                      for r in records),
             "cut_silently": sum(r.outcome == "cut_silently" for r in records),
             "refused_revoked": sum(r.outcome == "refused_revoked" for r in records),
@@ -231,7 +237,7 @@ def goal(records, windows, probes, failover_s=FAILOVER_S):
         return any(r.start <= b and r.end >= a for a, b in losses)
 
     def in_box_loss(r):
-        return r.first_token is not None and any(r.start < t <= r.end for t in box_losses)
+        return r.began is not None and any(r.start < t <= r.end for t in box_losses)
 
     failed = [r for r in records if r.outcome == "failed"]
     found = {"failed_after_retries": sum(not in_gateway_loss(r) and not in_box_loss(r)
@@ -449,12 +455,12 @@ class Client(threading.Thread):
     def one(self, kind):
         openai = self.openai
         before, start = self.attempts, self.clock()
-        first, outcome, error, usage = None, "ok", "", None
+        began, first, outcome, error, usage = None, None, "ok", "", None
         arguments = request_of(kind, self.model)
         try:
             answer = self.sdk.chat.completions.create(**arguments)
             if arguments.get("stream"):
-                finished = False
+                began, finished = self.clock(), False
                 for read, chunk in enumerate(answer, 1):  # each carries the usage so far
                     usage = chunk.usage or usage
                     for choice in chunk.choices:
@@ -475,7 +481,7 @@ class Client(threading.Thread):
             outcome, error = "failed", f"{type(e).__name__}: {str(e)[:200]}"
         tokens = usage.prompt_tokens + usage.completion_tokens if usage else 0
         return Record(self.name_, kind, start, first, self.clock(), outcome,
-                      max(0, self.attempts - before - 1), error, tokens)
+                      max(0, self.attempts - before - 1), error, tokens, began)
 
 
 # ------------------------------------------------------------------ the prober

@@ -31,9 +31,12 @@ from bench import soak
 from bench.soak import Record, Revocation, Window
 
 
-def rec(start, outcome="ok", ttft=None, end=None, client="alice", kind="chat", retries=0):
-    return Record(client, kind, start, None if ttft is None else start + ttft,
-                  end if end is not None else start + 1, outcome, retries)
+def rec(start, outcome="ok", ttft=None, end=None, client="alice", kind="chat", retries=0,
+        began=None):
+    """A Record; a stream with a token (ttft) began then, unless `began` says earlier."""
+    first = None if ttft is None else start + ttft
+    return Record(client, kind, start, first, end if end is not None else start + 1, outcome,
+                  retries, began=first if began is None else start + began)
 
 
 def test_a_request_counts_in_the_window_it_started_in_until_the_fleet_is_whole():
@@ -85,7 +88,8 @@ def test_a_revoked_key_must_be_refused_only_once_its_deploy_is_done():
 def test_the_goal_excuses_only_what_was_in_flight_in_the_gateways_own_loss():
     """Breaks with: a failure excused only when it started inside the loss; the whole gateway
     window excused rather than its first FAILOVER_S; a box's loss excusing a request whose
-    answer had not begun (the door and the SDK retry those), or one over before it."""
+    answer had not begun (the door and the SDK retry those), or one over before it; a stream
+    whose headers came but no token yet not excused (the door cannot send it again)."""
     windows = [Window("gateway_killed", 100, 130, healed_at=200),
                Window("box_killed", 300, 310, healed_at=350)]
     loss_end = 100 + soak.FAILOVER_S
@@ -95,6 +99,9 @@ def test_the_goal_excuses_only_what_was_in_flight_in_the_gateways_own_loss():
                rec(305, "failed"),  # another fault: counted
                rec(299, "failed", ttft=0.5, end=302),  # answering as the box was lost: excused
                rec(298, "failed", end=301),  # not answering yet: the door could retry it
+               # begun, no token yet (vLLM sends its headers before the engine's first token):
+               # the door cannot send it again either, excused
+               rec(297, "failed", began=0.1, end=303),
                rec(290, "failed", ttft=0.5, end=299),  # over before the box was lost
                rec(320, "cut_silently"), rec(330, "served_revoked", client="carol"),
                rec(340, "refused_revoked", client="carol")]
@@ -102,7 +109,7 @@ def test_the_goal_excuses_only_what_was_in_flight_in_the_gateways_own_loss():
     verdict = soak.goal(records, windows, probes)
     assert verdict == {"failed_after_retries": 4, "cut_silently": 1, "prober_answers": 1,
                        "served_revoked": 1, "met": False, "excused_in_gateway_loss": 2,
-                       "excused_mid_answer_in_box_loss": 1, "failover_s": soak.FAILOVER_S}
+                       "excused_mid_answer_in_box_loss": 2, "failover_s": soak.FAILOVER_S}
     assert soak.goal([rec(1), rec(2)], windows, [(1, "thor-1", False, None)])["met"] is True
 
 
