@@ -9,9 +9,9 @@ from tests.helpers import ROOT
 
 PACKAGE = ROOT / "thorfleet"
 # Modules that import nothing of thorfleet's: facts of the world, not logic, and the one module
-# that touches pyinfra's run machinery (pyinfra_hooks), which host is what (roles), the fleet CA
-# (tls), and the parsers of what a box prints (readings, copied onto the box).
-LEAVES = {"tls", "layout", "pyinfra_hooks", "readings", "recipe", "roles", "runstate",
+# that touches pyinfra's run machinery (pyinfra_hooks), which host is what (roles), the laptop's
+# one file writer (laptop), and the parsers of what a box prints (readings, copied onto the box).
+LEAVES = {"laptop", "layout", "pyinfra_hooks", "readings", "recipe", "roles", "runstate",
           "rollout"}
 # What the box-facing side (facts, operations) may import: never settings, schema or the report.
 BOX_SIDE = {"facts": {"layout", "readings"},

@@ -35,6 +35,7 @@ from thorfleet.gateway.policy import (
     fair_share,
     policies,
 )
+from thorfleet.run import laptop
 from thorfleet.settings import layout
 from thorfleet.settings.recipe import (
     BODY_BYTES_PER_TOKEN,
@@ -539,7 +540,7 @@ class GatewaySettings(Checked):
             file = Path(policy.key_file).expanduser()
             if not file.exists():  # written as the fleet CA's keys are: 0600, whole or not at all
                 tls.private_dir(file.parent)
-                tls.write_whole(file, (secrets.token_hex(24) + "\n").encode())
+                laptop.write_whole(file, (secrets.token_hex(24) + "\n").encode(), private=True)
                 print(f"thorfleet: made a key for client {name} at {file} (0600): hand it to "
                       "them; it opens the gateway's door", file=sys.stderr)
             key = client_key(name, file)

@@ -14,9 +14,7 @@ import contextlib
 import datetime
 import fcntl
 import ipaddress
-import os
 import re
-import tempfile
 from pathlib import Path
 
 from cryptography import x509
@@ -24,6 +22,8 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from thorfleet.run.laptop import write_whole
 
 LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 # An inventory name becomes a file name under ca_dir/gateways: no '/', no '.' or '..' alone.
@@ -87,7 +87,7 @@ def ensure_fleet_ca(ca_dir: Path) -> Path:
         key = _readable_key(key_file)
         if key is None:
             key = ec.generate_private_key(ec.SECP256R1())
-            write_whole(key_file, _key_pem(key))  # key first: the cert's presence means both
+            write_whole(key_file, _key_pem(key), private=True)  # key first: the cert's presence means both
         cert = _certificate("thorfleet fleet CA", key.public_key(), None, key, 365 * CA_YEARS, [
             # path_length=0: it signs gateways' certificates, never another CA
             (x509.BasicConstraints(ca=True, path_length=0), True),
@@ -95,7 +95,7 @@ def ensure_fleet_ca(ca_dir: Path) -> Path:
                            key_encipherment=False, data_encipherment=False, key_agreement=False,
                            key_cert_sign=True, crl_sign=True, encipher_only=False,
                            decipher_only=False), True)])
-        write_whole(cert_file, cert.public_bytes(serialization.Encoding.PEM))
+        write_whole(cert_file, cert.public_bytes(serialization.Encoding.PEM), private=True)
         return cert_file
 
 
@@ -138,8 +138,8 @@ def gateway_pair(ca_dir: Path, gateway: str, names: list[str]) -> tuple[bytes, b
             until=ca_cert.not_valid_after_utc)
         cert_pem, key_pem = cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
         # Key first: a cut between the two leaves an old cert that fails _still_good's key match.
-        write_whole(key_file, key_pem)
-        write_whole(cert_file, cert_pem)
+        write_whole(key_file, key_pem, private=True)
+        write_whole(cert_file, cert_pem, private=True)
         return cert_pem, key_pem
 
 
@@ -262,18 +262,3 @@ def private_dir(path: Path) -> Path:
         path.mkdir(parents=True)
         path.chmod(0o700)  # keys live here; mkdir's mode is cut by the umask
     return path
-
-
-def write_whole(path: Path, data: bytes) -> None:
-    """`data` as all of `path` (0600) or nothing: a cut leaves the old file or none, never half."""
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:  # mkstemp makes the file 0600 from the start, so a key is never readable by others
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise

@@ -15,12 +15,12 @@ byte is checked against the hub's sha256 on arrival (files/bin/thorfleet-weights
 
 from __future__ import annotations
 
-import os
 import subprocess
 from functools import cache
 from pathlib import Path
 
 from thorfleet.run import pyinfra_hooks
+from thorfleet.run.laptop import write_whole
 from thorfleet.run.unreachable import known_hosts_name
 from thorfleet.settings.roles import thors
 from thorfleet.settings.schema import is_peer_address
@@ -137,10 +137,7 @@ def key_pair(path: str, comment: str = "thorfleet-peer") -> tuple[str, str]:
         private = Ed25519PrivateKey.generate().private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
             serialization.NoEncryption())
-        descriptor = os.open(f"{file}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(private)
-        os.replace(f"{file}.tmp", file)
+        write_whole(file, private, private=True)
     private = file.read_bytes()
     key = serialization.load_ssh_private_key(private, password=None)
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,

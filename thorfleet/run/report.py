@@ -25,12 +25,10 @@ is the run's record, not one of its steps), and the hosts outside --limit say wh
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import socket
 import sys
-import tempfile
 
 from pyinfra import host, logger
 from pyinfra.api import operation
@@ -38,6 +36,7 @@ from pyinfra.api.exceptions import PyinfraError
 
 from thorfleet import facts
 from thorfleet.run import pyinfra_hooks
+from thorfleet.run.laptop import write_whole
 from thorfleet.run.report_rows import (
     FIELDS,
     NO_EARLIER_REPORT,
@@ -248,35 +247,6 @@ def read_previous(path):
     return {}, f"does not parse ({problem}); it is kept as {broken}"
 
 
-def replace_file(path, text):
-    """Write `text` as the whole of `path` or not at all: a temporary file in the same folder, then
-    os.replace. The mode of the file it replaces is kept; a new one gets the umask's."""
-    real = os.path.realpath(path)  # a symlinked report stays a link to the file it names
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(real)}.", suffix=".tmp",
-                                             dir=os.path.dirname(real))
-    try:
-        with os.fdopen(descriptor, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            mode = os.stat(real).st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o666 & ~_umask()
-        os.chmod(temporary, mode)
-        os.replace(temporary, real)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-
-
-def _umask():
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _not_reached(state) -> dict:
     """{host: why} of the run's Thors it could not connect to."""
     errors = run_state(state).errors
@@ -313,7 +283,7 @@ def write(state, path):
                              for h in thors(state.inventory) if pyinfra_hooks.in_limit(state, h)
                              and h.name not in away}, unreachable=away)
         try:
-            replace_file(dry, json.dumps(plan, indent=2, sort_keys=True))
+            write_whole(dry, json.dumps(plan, indent=2, sort_keys=True))
             print(f"thorfleet: dry run: the last report ({path}) is left alone; the plan is in "
                   f"{dry}", file=sys.stderr)
         except OSError as error:
@@ -345,7 +315,7 @@ def write(state, path):
             print(f"thorfleet: gateway {name} is not level with this run ({why}): it stays out of "
                   f"gateway_virtual_ip until a run reaches it", file=sys.stderr)
     try:
-        replace_file(path, json.dumps(report, indent=2, sort_keys=True))
+        write_whole(path, json.dumps(report, indent=2, sort_keys=True))
     except OSError as error:
         print(f"thorfleet: could not write the report to {path}: {error}", file=sys.stderr)
     print_table(rows, path, report["fleet_median_tok_s"])
