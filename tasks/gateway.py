@@ -248,7 +248,7 @@ def _door_usage(g):
 def box(settings):
     unit_path = f"{BOX_UNIT_DIR}/{FIREWALL_UNIT}"
     dropin_dir = f"{BOX_UNIT_DIR}/{settings.service_name}.service.d"
-    if settings.gateway is None:
+    if settings.gateway_sources is None:
         # disabled first: the watchdog loads an enabled unit's table again once it is gone
         files.absent(name="No gateway: no firewall unit",
                      path=f"{BOX_UNIT_DIR}/multi-user.target.wants/{FIREWALL_UNIT}")
@@ -260,12 +260,12 @@ def box(settings):
         systemd.daemon_reload(name="Reload systemd after the drop-in went", _if=gone.did_change)
         return
     ports = (settings.service_port, settings.watchdog_port)
-    script, mark = firewall_script(ports, *settings.gateway, settings.monitor_source)
+    script, mark = firewall_script(ports, *settings.gateway_sources, settings.monitor_source)
     monitor = f" and {settings.monitor_source} (the monitor)" if settings.monitor_source else ""
-    gateways = " and ".join(settings.gateway)
+    gateways = " and ".join(settings.gateway_sources)
     files.whole_file(name=f"Write the firewall: ports {ports[0]} (vLLM) and {ports[1]} (the "
                           f"watchdog) answer {gateways} (the gateway"
-                          f"{'s' if len(settings.gateway) > 1 else ''}){monitor} and the box only",
+                          f"{'s' if len(settings.gateway_sources) > 1 else ''}){monitor} and the box only",
                      src=StringIO(script), path=BOX_FIREWALL, mode="644")
     unit = files.whole_file(name="Install the unit that loads it at every boot",
                             src=str(FILES / "systemd" / FIREWALL_UNIT), path=unit_path, mode="644")

@@ -93,8 +93,8 @@ def test_two_gateways_render_one_door_named_by_the_shared_address(tmp_path):
     assert (g1.vrrp_priority, g2.vrrp_priority) == (150, 100)
     assert (g1.peers, g2.peers) == ([("gw-2", "10.0.0.8")], [("gw-1", "10.0.0.9")])
     # each Thor lets both in, and nobody else
-    assert settings["thor-1"].gateway == ("10.0.0.9", "10.0.0.8")
-    script, _ = firewall_script((8002, 9105), *settings["thor-1"].gateway)
+    assert settings["thor-1"].gateway_sources == ("10.0.0.9", "10.0.0.8")
+    script, _ = firewall_script((8002, 9105), *settings["thor-1"].gateway_sources)
     assert "ip saddr 10.0.0.9" in script and "ip saddr 10.0.0.8" in script, script
     # the level frontend answers the pair only, and haproxy -c takes the config
     level = tmp_path / "level"

@@ -223,7 +223,7 @@ def test_the_gateway_is_checked_with_its_own_settings_and_each_thor_told_its_add
     assert isinstance(g, GatewaySettings) and [b.name for b in g.backends] == ["thor-1", "thor-2"]
     assert g.endpoint == {"url": "https://10.0.0.9:8443",
                           "ca_file": str(tmp_path / "ca" / "fleet-ca.pem")}
-    assert settings["thor-1"].gateway == ("10.0.0.9",)
+    assert settings["thor-1"].gateway_sources == ("10.0.0.9",)
 
 
 def test_without_a_gateway_the_thors_have_none(tmp_path):
@@ -232,7 +232,7 @@ def test_without_a_gateway_the_thors_have_none(tmp_path):
     key.chmod(0o600)
     inv = Inventory(([("thor-1", {"ssh_hostname": "10.0.0.1"})],
                      {**PINS, "service_api_key_file": str(key)}))
-    assert settings_for_inventory(inv)["thor-1"].gateway is None
+    assert settings_for_inventory(inv)["thor-1"].gateway_sources is None
 
 
 def test_a_gateway_named_by_dns_needs_the_address_the_boxes_see(tmp_path):
@@ -245,7 +245,7 @@ def test_a_gateway_named_by_dns_needs_the_address_the_boxes_see(tmp_path):
         "firewall lets only it in)")]
     fixed = inventory(tmp_path, gateway_hosts=[
         ("gw-1", {"ssh_hostname": "gw.lan", "gateway_fleet_address": "10.0.0.9"})])
-    assert settings_for_inventory(fixed)["thor-2"].gateway == ("10.0.0.9",)
+    assert settings_for_inventory(fixed)["thor-2"].gateway_sources == ("10.0.0.9",)
 
 
 def test_two_gateways_without_a_shared_address_and_a_name_haproxy_cannot_take_are_refused(
@@ -321,7 +321,7 @@ def test_any_inventory_value_is_refused_or_lands_as_itself(tmp_path):
                    if line.strip().startswith("server ")]
         assert servers == [["server", v["name"], f"{v['address']}:8002", "port", "9105",
                             "maxconn", "1", "id", "1"]], (key, value, servers)
-        script, _ = firewall_script((8002,), *settings[v["name"]].gateway)
+        script, _ = firewall_script((8002,), *settings[v["name"]].gateway_sources)
         assert f"ip saddr {v['fleet']} tcp dport {{ 8002 }} accept" in script, (key, value)
         assert g.names == ["10.0.0.9", v["names"].lower()], (key, value, g.names)
     assert landed >= len(VALID)  # the valid values, at least, land
@@ -444,7 +444,7 @@ def test_a_gateway_that_dials_a_family_its_firewall_source_is_not_is_refused(tmp
     fixed = inventory(tmp_path, thor_hosts=[("thor-1", {"ssh_hostname": "10.0.0.1"})],
                       gateway_hosts=[("gw-1", {"ssh_hostname": "fd00::9",
                                                "gateway_fleet_address": "10.0.0.9"})])
-    assert settings_for_inventory(fixed)["thor-1"].gateway == ("10.0.0.9",)
+    assert settings_for_inventory(fixed)["thor-1"].gateway_sources == ("10.0.0.9",)
 
 
 @contextlib.contextmanager

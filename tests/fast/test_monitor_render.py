@@ -207,7 +207,7 @@ def test_two_gateways_each_run_one_prometheus_scraping_every_box_and_its_own_doo
     checked = config_check(tmp_path, m2)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     # the boxes' firewall lets in both gateways, so both Prometheus reach them
-    assert settings["thor-1"].gateway == ("10.0.0.9", "10.0.0.8")
+    assert settings["thor-1"].gateway_sources == ("10.0.0.9", "10.0.0.8")
     assert settings["thor-1"].monitor_source is None
 
 

@@ -404,7 +404,7 @@ def _monitor_targets(inventory, settings, gateways, source):
 def _the_gateway(inventory, settings):
     """({name: GatewaySettings}, [problem]) of the inventory's gateways (group `gateway`: one
     host, or two sharing gateway_virtual_ip), and each Thor told where the gateways connect from
-    (Settings.gateway), for its firewall."""
+    (Settings.gateway_sources), for its firewall."""
     hosts = [h for h in inventory if is_gateway(h)]
     if not hosts:
         return {}, []
@@ -473,7 +473,7 @@ def _the_gateway(inventory, settings):
         for source in sources:
             problems += _family_problems(t.name, "the gateway", target, source,
                                          "gateway_fleet_address")
-        box.gateway = tuple(s for s in sources if is_ip_address(s)) or None
+        box.gateway_sources = tuple(s for s in sources if is_ip_address(s)) or None
         backends.append(Backend(t.name, target, box.service_port, _max_num_seqs(box),
                                 box.watchdog_port, box.service_profile, tuple(box.served_names),
                                 box.service_images_per_prompt if box.vision else 0))

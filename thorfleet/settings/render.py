@@ -98,7 +98,7 @@ class Settings:
         # With a gateway (hosts.py sets them): the IPs the gateways connect from (one, or the
         # two sharing gateway_virtual_ip), which the box's firewall lets alone reach the vLLM port;
         # and, on a Thor that is a gateway too, its GatewaySettings.
-        self.gateway = None
+        self.gateway_sources = None
         self.gateway_pool = layout.GATEWAY_BACKEND  # its HAProxy backend there (one per model)
         self.gateway_role = None
         self.monitor_role = None  # a gateway serving the model too, as the monitor: MonitorSettings
