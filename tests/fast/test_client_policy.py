@@ -28,7 +28,8 @@ from tests.fast.test_gateway_render import (
     usage_tool,
 )
 from tests.fast.test_models import chat, post
-from thorfleet.gateway.policy import ClientPolicy, fair_share, policies, queue_class
+from thorfleet.gateway.policy import fair_share, queue_class
+from thorfleet.settings.clients import ClientPolicy, policies
 from thorfleet.settings.hosts import SettingsError, settings_for_inventory
 from thorfleet.settings.layout import GATEWAY_CLIENT_TABLE, GATEWAY_PEERS_PORT
 

@@ -34,8 +34,8 @@ from thorfleet.gateway.config import (
     haproxy_word,
     nft_word,
 )
-from thorfleet.gateway.policy import TOKEN_BUDGETS
 from thorfleet.settings import hosts, layout, schema
+from thorfleet.settings.clients import TOKEN_BUDGETS
 from thorfleet.settings.hosts import SettingsError, settings_for_inventory
 from thorfleet.settings.roles import gateway_of, is_gateway, is_thor, thors
 from thorfleet.settings.schema import check_gateway

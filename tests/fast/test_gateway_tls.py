@@ -16,13 +16,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from thorfleet.gateway import tls
-from thorfleet.gateway.tls import (
-    check_names,
-    ensure_fleet_ca,
-    gateway_pair,
-    haproxy_pem,
-    operator_pair,
-)
+from thorfleet.gateway.tls import ensure_fleet_ca, gateway_pair, haproxy_pem, operator_pair
+from thorfleet.settings.schema import check_names
 
 NAMES = ["thor-gw.lan", "10.0.0.5"]
 

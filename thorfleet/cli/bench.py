@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from thorfleet.gateway.monitor import target
-from thorfleet.gateway.policy import key_file
+from thorfleet.settings.clients import key_file
 
 # The shapes people compare (input tokens, output tokens, concurrencies, prompts at each).
 # seed 004's: 1024 in / 512 out at concurrency 1 (and, `seed-large`, 1000 prompts at 100);

@@ -31,9 +31,9 @@ from thorfleet.cli.resolve import (
     hub_commit,
     image_digest,
     pinned_image,
-    placeholder,
     split_image,
 )
+from thorfleet.settings.schema import placeholder
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE_PINNED = re.compile(r"@sha256:[0-9a-f]{64}$")

@@ -16,11 +16,6 @@ import urllib.request
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 
-def placeholder(pin) -> bool:
-    """A commit or digest written as a stand-in, all zeros (git's and Docker's own "none"): no
-    real commit or image has it, and it would pass a check of its shape alone."""
-    hexes = pin.rsplit("@sha256:", 1)[-1] if isinstance(pin, str) else ""
-    return len(hexes) in (40, 64) and set(hexes) == {"0"}
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 # NVIDIA's Jetson vLLM image for Thor, the recipe's base (a moving tag: pin resolves its digest).
 DEFAULT_IMAGE = "ghcr.io/nvidia-ai-iot/vllm:latest-jetson-thor"

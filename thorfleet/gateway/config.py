@@ -28,15 +28,10 @@ import jinja2
 
 from thorfleet.gateway import tls
 from thorfleet.gateway.monitor import target
-from thorfleet.gateway.policy import (
-    AT_SHARE_CLASS,
-    PRIORITY_CLASS,
-    TOKEN_BUDGETS,
-    fair_share,
-    policies,
-)
+from thorfleet.gateway.policy import AT_SHARE_CLASS, fair_share
 from thorfleet.run import laptop
 from thorfleet.settings import layout
+from thorfleet.settings.clients import PRIORITY_CLASS, TOKEN_BUDGETS, policies
 from thorfleet.settings.recipe import (
     BODY_BYTES_PER_TOKEN,
     IMAGE_BODY_BYTES,
@@ -44,7 +39,7 @@ from thorfleet.settings.recipe import (
     PREFILL_MARGIN,
     PROFILES,
 )
-from thorfleet.settings.schema import API_KEY_MIN, Checked
+from thorfleet.settings.schema import API_KEY_MIN, Checked, check_names
 
 # HAProxy's config words (configuration.txt, 2.2 "Quoting and escaping"): outside quotes a space
 # or '#' ends a word, '\', '"', "'" and '$' start an escape, a quote or a variable. A plain word
@@ -286,7 +281,7 @@ class GatewaySettings(Checked):
         self.address = address  # how the laptop reaches it (ssh_hostname): a name clients use
         # Every name clients use for the door, the certificate's: the virtual address first (two
         # gateways), then each gateway's inventory address, then gateway_names.
-        self.names = tls.check_names(names or [address, *self.gateway_names])
+        self.names = check_names(names or [address, *self.gateway_names])
         # [(gateway host, the address it connects from)] of every gateway, this one included, in
         # inventory order (the first is the one keepalived prefers).
         self.pair = pair or [(name, address)]

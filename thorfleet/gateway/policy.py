@@ -1,74 +1,19 @@
-"""Each client's policy at the door (gateway_clients), and the door's rules for sharing a pool.
+"""The door's rules for sharing a pool among its clients (their policies: settings/clients.py).
 
-    policies(clients, max_inflight, requests_per_minute, budgets)  # {name: ClientPolicy}, defaults filled
     fair_share(slots)                # a pool's slots one client may hold while another waits
     queue_class(priority, at_share)  # where a request waits in a pool's queue (HAProxy's class)
-
-An entry of gateway_clients is a key file path, or a dict of the client's own policy; the schema
-has checked each key of it (schema.client_entry_problems), settings/hosts.py the models it names.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-# Where a request waits in a pool's queue, by its client's priority: HAProxy dequeues the lowest
-# class first (http-request set-priority-class), and within a class the first come. A person at
-# a prompt is served before a robot that can wait.
-PRIORITY_CLASS = {"interactive": 0, "batch": 1}
+from thorfleet.settings.clients import PRIORITY_CLASS
+
 # Added to the class of a request whose client holds its fair share of the pool already: it
 # waits behind every other client's request, batch ones too, so a freed slot goes to another
 # client while one waits; alone in the queue, it is served as before.
 AT_SHARE_CLASS = len(PRIORITY_CLASS)
-# A client's token budgets (prompt + completion, as the boxes count them), shortest period first:
-# over one, the door refuses the client until it frees (files/bin/thorfleet-door-usage decides).
-TOKEN_BUDGETS = ("tokens_per_minute", "tokens_per_day", "tokens_per_month")
-
-
-@dataclass(frozen=True)
-class ClientPolicy:
-    """One client at the door: its key file on the laptop, its limits (its own, else the
-    fleet's gateway_client_* settings), the model names it may call (None: every one), its
-    priority in the queues, and its token budgets (None: no budget)."""
-
-    name: str
-    key_file: str
-    max_inflight: int
-    requests_per_minute: int
-    models: tuple[str, ...] | None = None
-    priority: str = "interactive"
-    tokens_per_minute: int | None = None
-    tokens_per_day: int | None = None
-    tokens_per_month: int | None = None
-
-    @property
-    def budgets(self) -> dict[str, int | None]:
-        """{budget name (TOKEN_BUDGETS): its tokens, or None}."""
-        return {name: getattr(self, name) for name in TOKEN_BUDGETS}
-
-
-def key_file(entry) -> str:
-    """The laptop path of a client's key file, in either form of its entry."""
-    return entry["key_file"] if isinstance(entry, dict) else entry
-
-
-def policies(clients, max_inflight: int, requests_per_minute: int,
-             budgets: dict | None = None) -> dict[str, ClientPolicy]:
-    """{client name: its policy}, sorted by name, each limit it does not set the fleet's;
-    `budgets`: the fleet's {TOKEN_BUDGETS name: tokens or None}. A budget the entry sets to None
-    is none for that client, whatever the fleet's."""
-    fleet = {name: (budgets or {}).get(name) for name in TOKEN_BUDGETS}
-    found = {}
-    for name, entry in sorted((clients or {}).items()):
-        own = entry if isinstance(entry, dict) else {}
-        models = own.get("models")
-        found[name] = ClientPolicy(
-            name, key_file(entry), own.get("max_inflight", max_inflight),
-            own.get("requests_per_minute", requests_per_minute),
-            None if models is None else tuple(models), own.get("priority", "interactive"),
-            **{budget: own.get(budget, tokens) for budget, tokens in fleet.items()})
-    return found
 
 
 def fair_share(slots: int) -> int:

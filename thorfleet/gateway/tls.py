@@ -1,6 +1,6 @@
 """The gateway's TLS certificate, on the laptop: the operator's own, or one signed by a fleet CA.
 
-    names = check_names(["thor-gw.lan", "10.0.0.5"])   # every name a client uses for the gateway
+    names = check_names(["thor-gw.lan", "10.0.0.5"])   # every name a client uses (settings.schema)
     ca = ensure_fleet_ca(ca_dir)                      # made once; the file clients trust
     cert, key = gateway_pair(ca_dir, "gw-1", names)   # kept, reissued only when it must be
     pem = haproxy_pem(cert, key)                      # what HAProxy's `crt` reads
@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from thorfleet.run.laptop import write_whole
+from thorfleet.settings.schema import check_names
 
-LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 # An inventory name becomes a file name under ca_dir/gateways: no '/', no '.' or '..' alone.
 INVENTORY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 CA_YEARS = 10
@@ -38,38 +38,6 @@ RENEW_BEFORE = datetime.timedelta(days=30)
 CN_MAX = 64
 # Backdated so a client whose clock runs a little behind the laptop's still accepts a fresh one.
 SKEW = datetime.timedelta(minutes=5)
-
-
-def check_names(names) -> list[str]:
-    """The names, each an IP address or an RFC 1123 hostname, written one way (IPs compressed, DNS
-    names lower case: a SAN compares case-insensitively), duplicates dropped, order kept."""
-    found: list[str] = []
-    for name in names:
-        # a scoped IPv6 address ("fe80::1%eth0") names one link of one host: no SAN can hold it
-        address = _ip(name) if isinstance(name, str) and "%" not in name else None
-        if address is not None:
-            name = str(address)
-        elif _hostname(name):
-            name = name.lower()
-        else:
-            raise ValueError(
-                f"gateway name {name!r}: neither an IP address (no %scope) nor an RFC 1123 "
-                f"hostname: dot-separated labels of 1-63 letters, digits or '-', not starting or "
-                f"ending with '-', at most 253 characters, no trailing dot, no wildcard, and a "
-                f"last label not all digits (clients read that as an IPv4 address)")
-        if name not in found:
-            found.append(name)
-    if not found:
-        raise ValueError("gateway names: none given; the certificate must name the gateway")
-    return found
-
-
-def _hostname(name) -> bool:
-    if not isinstance(name, str) or len(name) > 253:
-        return False
-    labels = name.split(".")
-    # inet_aton reads "10.1" as an address, so RFC 3696 section 2 rules out an all-digit TLD
-    return all(LABEL.fullmatch(label) for label in labels) and not labels[-1].isdigit()
 
 
 def ensure_fleet_ca(ca_dir: Path) -> Path:

@@ -20,7 +20,6 @@ from paramiko import HostKeys
 from thorfleet.gateway import tls
 from thorfleet.gateway.config import CLIENT_KEY, SERVER_NAME, Backend, GatewaySettings, client_key
 from thorfleet.gateway.monitor import MonitorSettings, Target, label_value, target
-from thorfleet.gateway.policy import key_file
 from thorfleet.run import pyinfra_hooks
 from thorfleet.run.peers import (
     dial_host,
@@ -29,6 +28,7 @@ from thorfleet.run.peers import (
     peer_address_problems,
 )
 from thorfleet.run.unreachable import keyscan, known_hosts_name, no_host_key
+from thorfleet.settings.clients import key_file
 from thorfleet.settings.layout import GATEWAY_DOOR_USAGE_LISTEN
 from thorfleet.settings.render import Settings, image_files_hash
 from thorfleet.settings.roles import (
@@ -47,6 +47,7 @@ from thorfleet.settings.schema import (
     check,
     check_gateway,
     check_monitor,
+    check_names,
     is_host,
     is_ip_address,
 )
@@ -438,7 +439,7 @@ def _the_gateway(inventory, settings):
         # clients use), then each gateway's own as the laptop reaches it, then as the boxes
         # reach it (gateway_fleet_address: `thorfleet bench` asks the door from a box), then
         # gateway_names.
-        names = tls.check_names([*([virtual] if virtual else []), *addresses,
+        names = check_names([*([virtual] if virtual else []), *addresses,
                                  *(s for s in sources if is_ip_address(s)),
                                  *first.gateway_names])
     except ValueError as error:

@@ -34,9 +34,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from thorfleet.cli.resolve import placeholder
-from thorfleet.gateway.policy import PRIORITY_CLASS, TOKEN_BUDGETS, policies
-from thorfleet.gateway.tls import check_names
+from thorfleet.settings.clients import PRIORITY_CLASS, TOKEN_BUDGETS, policies
 from thorfleet.settings.layout import (
     BOX_BIN,
     BOX_ETC,
@@ -253,6 +251,48 @@ def _ip(value):
     return value
 
 
+_DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def check_names(names) -> list[str]:
+    """The names, each an IP address or an RFC 1123 hostname, written one way (IPs compressed, DNS
+    names lower case: a SAN compares case-insensitively), duplicates dropped, order kept."""
+    found: list[str] = []
+    for name in names:
+        # a scoped IPv6 address ("fe80::1%eth0") names one link of one host: no SAN can hold it
+        address = _ip_or_none(name) if isinstance(name, str) and "%" not in name else None
+        if address is not None:
+            name = str(address)
+        elif _dns_name(name):
+            name = name.lower()
+        else:
+            raise ValueError(
+                f"gateway name {name!r}: neither an IP address (no %scope) nor an RFC 1123 "
+                f"hostname: dot-separated labels of 1-63 letters, digits or '-', not starting or "
+                f"ending with '-', at most 253 characters, no trailing dot, no wildcard, and a "
+                f"last label not all digits (clients read that as an IPv4 address)")
+        if name not in found:
+            found.append(name)
+    if not found:
+        raise ValueError("gateway names: none given; the certificate must name the gateway")
+    return found
+
+
+def _dns_name(name) -> bool:
+    if not isinstance(name, str) or len(name) > 253:
+        return False
+    labels = name.split(".")
+    # inet_aton reads "10.1" as an address, so RFC 3696 section 2 rules out an all-digit TLD
+    return all(_DNS_LABEL.fullmatch(label) for label in labels) and not labels[-1].isdigit()
+
+
+def _ip_or_none(name):
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
+
+
 def _certificate_name(name):
     try:
         check_names([name])
@@ -263,7 +303,7 @@ def _certificate_name(name):
 
 def _client_names(names):
     """Each name clients reach the gateway by: a DNS name or an IP address, by the rule the
-    certificate's subjectAltName entries are made with (tls.check_names)."""
+    certificate's subjectAltName entries are made with (check_names)."""
     bad = [name for name in names if not isinstance(name, str) or not _certificate_name(name)]
     if bad:
         _refuse(f"gateway_names={names!r}: {bad!r} is not a DNS name or IP address (the "
@@ -878,6 +918,14 @@ def _messages(error: ValidationError, data):
 
 # The pins a Thor serves by: `pin` writes them; a stand-in value is refused.
 PINNED_KEYS = ("weights_model_revision", "weights_draft_revision", "image_base")
+
+
+def placeholder(pin) -> bool:
+    """A commit or digest written as a stand-in, all zeros (git's and Docker's own "none"): no
+    real commit or image has it, and it would pass a check of its shape alone."""
+    hexes = pin.rsplit("@sha256:", 1)[-1] if isinstance(pin, str) else ""
+    return len(hexes) in (40, 64) and set(hexes) == {"0"}
+
 
 # What secrets.env (systemd's EnvironmentFile, and thorfleet-serve, read it unquoted) and an HTTP
 # Authorization header hold as they are: visible ASCII; the key without quotes, \, $ or `.
