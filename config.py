@@ -8,8 +8,9 @@ why); deploy.py checks again, for the Python API.
 
 import sys
 
+from thorfleet.plan import settings_for_run
 from thorfleet.run import pyinfra_hooks, report
-from thorfleet.settings.hosts import SettingsError, no_hosts, settings_for_run
+from thorfleet.settings.hosts import SettingsError, no_hosts
 
 
 def _refuse_bad_group_data(state):

@@ -31,7 +31,7 @@ import pytest
 from tests.fast.test_gateway_render import inventory
 from thorfleet.__main__ import main
 from thorfleet.cli import bench
-from thorfleet.settings.hosts import settings_for_inventory
+from thorfleet.plan import settings_for_inventory
 
 KEY = "sk-bench-0123456789abcdef"
 

@@ -13,7 +13,8 @@ import hashlib
 import pytest
 
 from tests.fast.test_gateway_render import client_files, gateway_settings, inventory
-from thorfleet.settings.hosts import SettingsError, settings_for_inventory
+from thorfleet.plan import settings_for_inventory
+from thorfleet.settings.hosts import SettingsError
 
 
 def refused(tmp_path, clients):

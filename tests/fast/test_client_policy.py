@@ -9,7 +9,7 @@ dropped; the client-models map's answer replaced by the fleet's list; the `set-p
 var(txn.class)` rule dropped; the at-share `set-priority-class ...,add(2)` rules dropped; the
 clients table without `peers door` (after a reload alice has no row: `assert (None, None) ==
 (3, 3)`); a client's token budget under 1,000 taken (schema.client_entry_problems); the budget
-order check not called (hosts.py); a client's own budgets ignored for the fleet's (policies).
+order check not called (plan.py); a client's own budgets ignored for the fleet's (policies).
 """
 
 import re
@@ -29,8 +29,9 @@ from tests.fast.test_gateway_render import (
 )
 from tests.fast.test_models import chat, post
 from thorfleet.gateway.policy import fair_share, queue_class
+from thorfleet.plan import settings_for_inventory
 from thorfleet.settings.clients import ClientPolicy, policies
-from thorfleet.settings.hosts import SettingsError, settings_for_inventory
+from thorfleet.settings.hosts import SettingsError
 from thorfleet.settings.layout import GATEWAY_CLIENT_TABLE, GATEWAY_PEERS_PORT
 
 KEYS = {"alice": "alice-key-0123456789abcdef", "bob": "bob-key-0123456789abcdefg",

@@ -24,7 +24,7 @@ from thorfleet.cli import doctor
 from thorfleet.cli.pin import load_inventory
 from thorfleet.doctor import ask, rows
 from thorfleet.doctor.ask import Answer
-from thorfleet.settings.hosts import settings_for_inventory
+from thorfleet.plan import settings_for_inventory
 from thorfleet.settings.layout import FILES
 
 REPO = Path(__file__).resolve().parents[2]

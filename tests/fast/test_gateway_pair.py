@@ -43,8 +43,9 @@ from thorfleet.gateway.config import (
     firewall_script,
     keepalived_word,
 )
+from thorfleet.plan import settings_for_inventory
 from thorfleet.settings import layout
-from thorfleet.settings.hosts import SettingsError, settings_for_inventory
+from thorfleet.settings.hosts import SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "files" / "bin" / "thorfleet-door-check"

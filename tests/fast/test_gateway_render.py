@@ -26,6 +26,7 @@ import pytest
 from pyinfra.api import Inventory
 
 from tests.helpers import box_program
+from thorfleet import plan
 from thorfleet.gateway.config import (
     FLEET_CLIENT,
     Backend,
@@ -34,9 +35,10 @@ from thorfleet.gateway.config import (
     haproxy_word,
     nft_word,
 )
-from thorfleet.settings import hosts, layout, schema
+from thorfleet.plan import settings_for_inventory
+from thorfleet.settings import layout, schema
 from thorfleet.settings.clients import TOKEN_BUDGETS
-from thorfleet.settings.hosts import SettingsError, settings_for_inventory
+from thorfleet.settings.hosts import SettingsError
 from thorfleet.settings.roles import gateway_of, is_gateway, is_thor, thors
 from thorfleet.settings.schema import check_gateway
 
@@ -769,7 +771,7 @@ def test_a_gateway_left_without_the_thors_ssh_user_is_named(tmp_path, gateway_da
     inv = inventory(tmp_path, thor_hosts=[("thor-1", {"ssh_hostname": "10.0.0.1",
                                                        "ssh_user": "ubuntu"})],
                     gateway_hosts=[("gw-1", {"ssh_hostname": "10.0.0.9", **gateway_data})])
-    found = [p for p in hosts.ssh_file_problems(inv) if "ssh_user" in p]
+    found = [p for p in plan.ssh_file_problems(inv) if "ssh_user" in p]
     expected = ("gw-1: no ssh_user, while the Thors log in as 'ubuntu': set ssh_user (and ssh_key, "
                 "ssh_known_hosts_file) in gw-1's group data too; the Thors' group data does not "
                 "reach it")
@@ -900,7 +902,7 @@ KEY_A, KEY_B = "sk-test-the-boxes-own-0123456789", "sk-test-another-0123456789"
 def test_the_gateway_speaks_of_the_thors_keys_only_from_thors_that_passed(box_keys, said):
     """Breaks with: box_key_problems taking no key at all (every Thor refused on its own) for
     keys that differ."""
-    assert bool(hosts.box_key_problems(box_keys)) is said
+    assert bool(plan.box_key_problems(box_keys)) is said
 
 
 @pytest.mark.parametrize("thors_data", [

@@ -20,9 +20,10 @@ from pyinfra.api import Inventory
 
 from tests.fast.test_gateway_render import PINS
 from tests.helpers import known_hosts
+from thorfleet import plan
 from thorfleet.__main__ import main
-from thorfleet.settings import hosts
-from thorfleet.settings.hosts import SettingsError, host_key_problems, settings_for_inventory
+from thorfleet.plan import host_key_problems, settings_for_inventory
+from thorfleet.settings.hosts import SettingsError
 
 
 @pytest.mark.parametrize("entries, hashed, address, port, fix", [
@@ -41,7 +42,7 @@ from thorfleet.settings.hosts import SettingsError, host_key_problems, settings_
 def test_a_host_key_is_looked_up_by_the_name_ssh_dials(tmp_path, entries, hashed, address, port,
                                                         fix):
     path = known_hosts(tmp_path / "kh", *entries, hashed=hashed)
-    found = hosts.missing_host_key(address, port, str(path), [HostKeys(str(path))])
+    found = plan.missing_host_key(address, port, str(path), [HostKeys(str(path))])
     if fix is None:
         assert found is None
     else:
@@ -52,7 +53,7 @@ def test_a_host_key_is_looked_up_by_the_name_ssh_dials(tmp_path, entries, hashed
 
 def test_a_known_hosts_file_that_cannot_be_read_says_so():
     unread = PermissionError(13, "Permission denied")
-    found = hosts.missing_host_key("10.0.0.1", 22, "/kh", [unread])
+    found = plan.missing_host_key("10.0.0.1", 22, "/kh", [unread])
     assert found.startswith("ssh_known_hosts_file='/kh' cannot be read (Permission denied)")
 
 

@@ -1,6 +1,6 @@
 """The house rules a newcomer can rely on, read from the source (ast): thorfleet's modules import
-downwards with no cycle, the operations never import the report, and only layout.py spells the
-box's paths."""
+downwards with no cycle, settings imports nothing above it, the operations never import the
+report, and only layout.py spells the box's paths."""
 
 import ast
 import re
@@ -58,7 +58,21 @@ def test_the_package_is_its_rooms():
     """What a newcomer opens first: the rooms, the facts and operations tasks/ calls, the parsers
     shared with the box, and the command line's entry (docs/layout.md)."""
     top = {p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"}
-    assert top == {"__init__.py", "__main__.py", "facts", "readings.py", "operations", *ROOMS}
+    assert top == {"__init__.py", "__main__.py", "facts", "plan.py", "readings.py", "operations",
+                   *ROOMS}
+
+
+def test_settings_is_a_leaf():
+    """The settings room (each setting declared, checked, parsed, rendered) imports nothing of
+    thorfleet's outside itself: what crosses hosts, the gateway's config and the command line
+    build on it, never the other way (the run's plan is thorfleet/plan.py)."""
+    outside = {}
+    for path in sorted((PACKAGE / "settings").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            module = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
+            if module.startswith("thorfleet") and not module.startswith("thorfleet.settings"):
+                outside.setdefault(path.name, []).append(module)
+    assert outside == {}
 
 
 def test_every_import_points_down_with_no_cycle():

@@ -27,9 +27,10 @@ from tests.parse_back import (
     shell_words,
     unit_entries,
 )
+from thorfleet.plan import settings_for_inventory
 from thorfleet.run import peers
 from thorfleet.settings import schema
-from thorfleet.settings.hosts import SettingsError, settings_for_inventory
+from thorfleet.settings.hosts import SettingsError
 from thorfleet.settings.render import Settings
 
 KEY = "sk-test-key-0123456789"

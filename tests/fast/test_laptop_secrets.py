@@ -18,11 +18,8 @@ from pyinfra.api import Inventory
 from tests.fast.test_gateway_render import PINS, client_files, inventory
 from tests.helpers import known_hosts
 from thorfleet.__main__ import main
-from thorfleet.settings.hosts import (
-    SettingsError,
-    private_folder_problems,
-    settings_for_inventory,
-)
+from thorfleet.plan import settings_for_inventory
+from thorfleet.settings.hosts import SettingsError, private_folder_problems
 
 
 def refused(inv):

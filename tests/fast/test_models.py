@@ -26,9 +26,9 @@ from tests.fast.test_gateway_render import (
     running_door,
 )
 from thorfleet.gateway.config import Backend, GatewaySettings
+from thorfleet.plan import settings_for_inventory
 from thorfleet.run import rollout
 from thorfleet.settings import layout
-from thorfleet.settings.hosts import settings_for_inventory
 from thorfleet.settings.recipe import PROFILES, served_names
 from thorfleet.settings.schema import check_gateway
 

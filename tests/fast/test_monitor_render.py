@@ -25,8 +25,9 @@ from thorfleet.gateway.monitor import (
     plain_word,
     target,
 )
+from thorfleet.plan import settings_for_inventory
 from thorfleet.settings import layout
-from thorfleet.settings.hosts import SettingsError, settings_for_inventory
+from thorfleet.settings.hosts import SettingsError
 from thorfleet.settings.roles import is_thor, monitors_of, thors
 from thorfleet.settings.schema import check_monitor
 

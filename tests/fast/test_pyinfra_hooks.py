@@ -125,7 +125,7 @@ def test_config_checks_the_inventory_before_connecting_and_adds_the_run_handlers
     assert "  - thor-1: " in err.getvalue()
     # good group data: the run goes on, with keepalives, the event recorder and the line for a
     # host it cannot connect to in place
-    monkeypatch.setattr("thorfleet.settings.hosts.settings_for_run", lambda state: {})
+    monkeypatch.setattr("thorfleet.plan.settings_for_run", lambda state: {})
     state = State()
     with ctx_state.use(state):
         exec(compile(config_py, "config.py", "exec"), {"__name__": "config"})  # noqa: S102

@@ -14,14 +14,10 @@ from pathlib import Path
 import pytest
 from pyinfra.api import Inventory
 
+from thorfleet.plan import settings_for_inventory, settings_for_run
 from thorfleet.run import rollout
 from thorfleet.settings import layout, render
-from thorfleet.settings.hosts import (
-    SettingsError,
-    settings_for,
-    settings_for_inventory,
-    settings_for_run,
-)
+from thorfleet.settings.hosts import SettingsError, settings_for
 from thorfleet.settings.layout import BOX_MODELS
 from thorfleet.settings.schema import FIELDS, PREFIXES, REQUIRED
 
@@ -527,7 +523,7 @@ def test_two_services_on_one_port_of_one_box(api_key_file):
 def test_the_image_files_are_read_once_per_inventory(api_key_file, monkeypatch):
     reads = []
     real = render.image_files_hash
-    monkeypatch.setattr("thorfleet.settings.hosts.image_files_hash", lambda: reads.append(1) or real())
+    monkeypatch.setattr("thorfleet.plan.image_files_hash", lambda: reads.append(1) or real())
     settings = settings_for_inventory(inventory(api_key_file, hosts=[f"thor-{i}" for i in range(5)]))
     assert len({s.image_tag for s in settings.values()}) == 1 and len(reads) == 1
 

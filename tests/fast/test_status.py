@@ -21,9 +21,9 @@ from tests.helpers import ROOT, accepting
 from thorfleet.__main__ import main
 from thorfleet.cli import status
 from thorfleet.cli.pin import load_inventory
+from thorfleet.plan import settings_for_inventory
 from thorfleet.run import pyinfra_hooks
 from thorfleet.settings import layout
-from thorfleet.settings.hosts import settings_for_inventory
 
 RENDERED = "3f2a9c0d1e4b" + "5" * 52
 KEY = "sk-status-test-0123456789abcdef"

@@ -393,7 +393,7 @@ def planned(tmp_path, box, monkeypatch):
 
     from tasks import gateway as task
     from tests.fast.test_gateway_render import inventory
-    from thorfleet.settings.hosts import settings_for_inventory
+    from thorfleet.plan import settings_for_inventory
 
     monkeypatch.setenv("THORFLEET_BATCH_READS", "0")  # each read from the table, no round trip
     files = client_files(tmp_path, alice=KEYS["alice"])

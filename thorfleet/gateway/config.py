@@ -1,14 +1,14 @@
 """The gateway, rendered on the laptop: HAProxy's config, its certificate, the Thors' firewall.
 
-    g = GatewaySettings(values, name, address, backends)   # settings/hosts.py makes it, checked
+    g = GatewaySettings(values, name, address, backends)   # thorfleet/plan.py makes it, checked
     g.config_text          # /etc/haproxy/haproxy.cfg
     g.pem                  # certificate chain + key (fleet CA's, or the operator's)
     g.endpoint             # {"url": ..., "ca_file": ...}: what clients use, in the report
     firewall_script(ports, *ips)  # a Thor's nftables table (and its mark): only these get in
 
 Every value lands through the emitter of the file it lands in (haproxy_word, nft_word), which
-refuses what that file's grammar would read as more than one word; the schema and settings/hosts.py
-have checked each value's own rule before.
+refuses what that file's grammar would read as more than one word; the schema and the run's plan
+(thorfleet/plan.py) have checked each value's own rule before.
 """
 
 from __future__ import annotations
@@ -290,7 +290,7 @@ class GatewaySettings(Checked):
         # it opens to
         self.box_key = box_key
         self.health_path = HEALTH_PATH
-        self.monitor_role = None  # MonitorSettings when Prometheus runs here (settings/hosts.py)
+        self.monitor_role = None  # MonitorSettings when Prometheus runs here (thorfleet/plan.py)
 
     @property
     def gateway_role(self):
@@ -540,7 +540,7 @@ class GatewaySettings(Checked):
                       "them; it opens the gateway's door", file=sys.stderr)
             key = client_key(name, file)
             same = next((other for other, taken in keys.items() if taken == key), None)
-            if same is not None:  # the settings check refuses it first (hosts.client_problems)
+            if same is not None:  # the settings check refuses it first (plan.client_problems)
                 raise ValueError(f"client {name}'s key file {file} holds client {same}'s key: "
                                  "each client needs a key of its own")
             keys[name] = key

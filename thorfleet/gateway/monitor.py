@@ -1,6 +1,6 @@
 """Prometheus on the monitor host, rendered on the laptop: its scrape config and its arguments.
 
-    m = MonitorSettings(values, name, targets)   # settings/hosts.py makes it, checked
+    m = MonitorSettings(values, name, targets)   # thorfleet/plan.py makes it, checked
     m.config_text     # /etc/prometheus/prometheus.yml: every Thor's vLLM and box exporter (and
                       # the gateway's usage per client, with gateway_clients)
     m.defaults_text   # /etc/default/prometheus: where it listens, how long it keeps samples
@@ -132,7 +132,7 @@ class MonitorSettings(Checked):
         self.targets = targets
         self.gateway_role = None  # a monitor of its own is no gateway
         # host:port of the gateway's usage per client, when the monitor is a gateway with
-        # gateway_clients (settings/hosts.py): job `door`, its own gateway's on loopback
+        # gateway_clients (thorfleet/plan.py): job `door`, its own gateway's on loopback
         self.door_usage = None
 
     @property

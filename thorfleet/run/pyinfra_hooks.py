@@ -3,7 +3,7 @@
 pyinfra is pinned (pyproject: pyinfra==3.10.*); tests/fast/test_pyinfra_hooks.py checks every name and
 signature in `EXPECTED` against the installed pyinfra, so an upgrade that moves one fails the fast
 tests, not a run on the fleet. Elsewhere thorfleet holds the run's State only to keep its own
-records on it (runstate.py, settings/hosts.py) and uses pyinfra's operation and fact API.
+records on it (runstate.py, thorfleet/plan.py) and uses pyinfra's operation and fact API.
 
 Public API used where it exists:
 - the run's State is `host.state` (deploy.py, the operations);
@@ -44,7 +44,7 @@ Hooks, where pyinfra 3.10 has no public path:
    keeps neither), so a refusal of the inventory names the file as `thorfleet check` does, and a
    run that stopped while connecting leaves the last report alone under --dry only.
 5. thorfleet's per-run records are attributes of the run's State (`thorfleet_events` here,
-   `thorfleet_run` in runstate.py, `thorfleet_settings` in settings/hosts.py): one set per run, so two
+   `thorfleet_run` in runstate.py, `thorfleet_settings` in thorfleet/plan.py): one set per run, so two
    runs in one process never share them, and pyinfra has no place for a deploy's own data per run.
 6. `connectable`, `run_once`: `thorfleet status` puts the inventory on a State of its own
    (pyinfra's API: State, Config), then sends each box one command over the connection pyinfra's

@@ -35,6 +35,7 @@ from pyinfra.api import operation
 from pyinfra.api.exceptions import PyinfraError
 
 from thorfleet import facts
+from thorfleet.plan import settings_for_run
 from thorfleet.run import pyinfra_hooks
 from thorfleet.run.laptop import write_whole
 from thorfleet.run.report_rows import (
@@ -49,7 +50,6 @@ from thorfleet.run.report_table import print_table
 from thorfleet.run.runstate import run_state
 from thorfleet.run.snapshot import read, reads
 from thorfleet.run.unreachable import why_unreachable
-from thorfleet.settings.hosts import settings_for_run
 from thorfleet.settings.roles import thors
 
 __all__ = ["FIELDS", "install", "observe", "observed", "write"]

@@ -95,7 +95,7 @@ class Settings:
         self.api_key = api_key
         self.hf_token = hf_token
         self._image_files = image_files
-        # With a gateway (hosts.py sets them): the IPs the gateways connect from (one, or the
+        # With a gateway (thorfleet/plan.py sets them): the IPs the gateways connect from (one, or the
         # two sharing gateway_virtual_ip), which the box's firewall lets alone reach the vLLM port;
         # and, on a Thor that is a gateway too, its GatewaySettings.
         self.gateway_sources = None

@@ -5,7 +5,7 @@ Nothing else declares a default: group_data/all.py hands these to pyinfra as hos
 docs/settings.md is generated from them, and the programs on the boxes take every value from the
 units and commands rendered from them (tests/fast/test_one_declaration.py).
 
-A problem is one line naming the key, the value and the fix; hosts.py prefixes the host.
+A problem is one line naming the key, the value and the fix; the caller prefixes the host.
 """
 
 from __future__ import annotations
@@ -367,7 +367,7 @@ CLIENT_KEYS = ("key_file", *CLIENT_LIMITS, *CLIENT_BUDGETS, "models", "priority"
 def client_entry_problems(name, entry) -> list[str]:
     """What is wrong with client `name`'s entry of gateway_clients: a key file path, or a dict
     of key_file and any of its own limits, models and priority. Each line names the client,
-    the key and the fix; the models' names are checked against the boxes by hosts.py."""
+    the key and the fix; the models' names are checked against the boxes by the run's plan (thorfleet/plan.py)."""
     where = f"gateway_clients[{name!r}]"
     if isinstance(entry, str):
         return [] if entry else [f"{where} is empty: give the laptop path of its key file"]
