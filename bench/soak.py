@@ -378,7 +378,7 @@ def in_rotation(stat_csv):
 
 # ------------------------------------------------------------------ the clients
 
-PICTURE = Path(__file__).resolve().parents[1] / "files" / "bin" / "thorfleet-proof.png"
+PICTURE = Path(__file__).resolve().parents[1] / "files" / "thor" / "bin" / "thorfleet-proof.png"
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},

@@ -66,7 +66,7 @@ def converse(inventory: Path, out: Path, conversations: int) -> dict:
     return result
 
 
-KEY_FILE = "/etc/thorfleet/secrets.env"  # the box's own key (files/systemd: EnvironmentFile)
+KEY_FILE = "/etc/thorfleet/secrets.env"  # the box's own key (files/thor/systemd: EnvironmentFile)
 
 
 def on_box(sim, host, path: str, body: dict, runs: int = 3) -> float:
@@ -98,7 +98,7 @@ def floor(sim, host: str, words: int) -> dict:
                 "messages": [{"role": "user", "content": "hello"}]}), 3)}
 
 
-BATCHED_TOKENS, EAGLE_TOKENS = 8192, 3  # files/vllm.yaml.j2: a step's tokens, EAGLE's draft
+BATCHED_TOKENS, EAGLE_TOKENS = 8192, 3  # files/thor/vllm.yaml.j2: a step's tokens, EAGLE's draft
 
 
 def modelled(run: dict) -> dict | None:

@@ -9,7 +9,7 @@ from thorfleet.settings.layout import BOX_CLEAN, FILES
 
 @deploy("Cleanup")
 def run(settings):
-    files.whole_file(name="Install the leftover finder", src=str(FILES / "bin" / "thorfleet-clean"),
+    files.whole_file(name="Install the leftover finder", src=str(FILES / "thor" / "bin" / "thorfleet-clean"),
                      path=BOX_CLEAN, mode="755")
     cleanup.leftovers_removed(name="Remove old revisions, images and build contexts",
                               weights_dir=settings.weights_dir,

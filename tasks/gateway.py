@@ -77,7 +77,7 @@ def run(g, lock=True):
     pem = files.secret_file(name="Install the gateway's certificate and key (root-only)",
                             path=GATEWAY_PEM, content=g.pem)
     files.whole_file(name="Install the rotation tool (drain, ready through the runtime API)",
-                     src=str(FILES / "bin" / "thorfleet-rotation"), path=GATEWAY_ROTATION,
+                     src=str(FILES / "gateway" / "bin" / "thorfleet-rotation"), path=GATEWAY_ROTATION,
                      mode="755")
     keys = _door_maps(g)  # before the config: `haproxy -c` reads the maps it names
     _runtime_maps(g)  # ...those the door's programs keep too
@@ -125,7 +125,7 @@ def _shared_address(g):
     system.packages(name="Install keepalived and curl (the distribution's packages)",
                     packages=gateway.SHARED_ADDRESS_PACKAGES)
     files.whole_file(name="Install keepalived's check (HAProxy runs; this gateway is level)",
-                     src=str(FILES / "bin" / "thorfleet-door-check"), path=GATEWAY_DOOR_CHECK,
+                     src=str(FILES / "gateway" / "bin" / "thorfleet-door-check"), path=GATEWAY_DOOR_CHECK,
                      mode="755")
     files.directory(name="Create the folder of what the other gateway last said",
                     path=GATEWAY_PEER_LEVEL.rsplit("/", 1)[0], mode="700")
@@ -161,7 +161,7 @@ def _peer_firewall(g):
     files.directory(name="Create keepalived's drop-in folder", path=KEEPALIVED_DROPINS, mode="755")
     dropin = files.whole_file(
         name="keepalived starts only once the gateways' firewall is loaded",
-        src=str(FILES / "systemd" / GATEWAY_FIREWALL_DROPIN),
+        src=str(FILES / "gateway" / "systemd" / GATEWAY_FIREWALL_DROPIN),
         path=f"{KEEPALIVED_DROPINS}/{GATEWAY_FIREWALL_DROPIN}", mode="644")
     systemd.daemon_reload(name="systemd reads keepalived's drop-in", _if=dropin.did_change)
     return lambda: script.did_change() or dropin.did_change()
@@ -210,7 +210,7 @@ def _runtime_maps(g):
 
 def _door_usage(g):
     """With gateway_clients, each client's counts served to Prometheus on loopback and its
-    token budgets held at the door (files/bin/thorfleet-door-usage, from HAProxy's table and
+    token budgets held at the door (files/gateway/bin/thorfleet-door-usage, from HAProxy's table and
     the boxes' counts, by the config written here); without, none of it."""
     unit_path = f"{BOX_UNIT_DIR}/{GATEWAY_DOOR_USAGE_UNIT}"
     if not g.gateway_clients:
@@ -225,7 +225,7 @@ def _door_usage(g):
                      path=GATEWAY_DOOR_USAGE_STATE)
         return
     tool = files.whole_file(name="Install the usage service (each client's counts and budgets)",
-                            src=str(FILES / "bin" / "thorfleet-door-usage"),
+                            src=str(FILES / "gateway" / "bin" / "thorfleet-door-usage"),
                             path=GATEWAY_DOOR_USAGE, mode="755")
     files.directory(name=f"Create {BOX_ETC}", path=BOX_ETC, mode="755")
     budgets = sum(v is not None for p in g.policies.values() for v in p.budgets.values())
@@ -234,7 +234,7 @@ def _door_usage(g):
              f"{g.usage_config['interval_s']} s, {budgets} token budget(s)",
         src=StringIO(g.usage_config_text), path=GATEWAY_DOOR_USAGE_CONFIG, mode="644")
     unit = files.whole_file(name="Install its unit (127.0.0.1:9106, for Prometheus)",
-                            src=str(FILES / "systemd" / GATEWAY_DOOR_USAGE_UNIT), path=unit_path,
+                            src=str(FILES / "gateway" / "systemd" / GATEWAY_DOOR_USAGE_UNIT), path=unit_path,
                             mode="644")
     systemd.daemon_reload(name="systemd reads the usage service's unit", _if=unit.did_change)
     files.unit_enabled(name="Enable the usage service at boot", unit=GATEWAY_DOOR_USAGE_UNIT)
@@ -268,11 +268,11 @@ def box(settings):
                           f"{'s' if len(settings.gateway_sources) > 1 else ''}){monitor} and the box only",
                      src=StringIO(script), path=BOX_FIREWALL, mode="644")
     unit = files.whole_file(name="Install the unit that loads it at every boot",
-                            src=str(FILES / "systemd" / FIREWALL_UNIT), path=unit_path, mode="644")
+                            src=str(FILES / "thor" / "systemd" / FIREWALL_UNIT), path=unit_path, mode="644")
     files.directory(name="Create the server unit's drop-in folder", path=dropin_dir, mode="755")
     dropin = files.whole_file(
         name="The server starts only once the firewall is live (a failed load keeps it down)",
-        src=str(FILES / "systemd" / "thorfleet-vllm-firewall.conf"),
+        src=str(FILES / "thor" / "systemd" / "thorfleet-vllm-firewall.conf"),
         path=f"{dropin_dir}/{FIREWALL_DROPIN}", mode="644")
     systemd.daemon_reload(name="Reload systemd after the firewall unit or the drop-in changed",
                           _if=lambda: unit.did_change() or dropin.did_change())

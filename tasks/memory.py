@@ -11,7 +11,7 @@ def run(settings):
     files.directory(name="Create thorfleet's bin folder", path=BOX_BIN, mode="755")
     files.whole_file(
         name="Install the memory gate (drop caches until MemAvailable is enough)",
-        src=str(FILES / "bin" / "memory-gate"),
+        src=str(FILES / "thor" / "bin" / "memory-gate"),
         path=BOX_MEMORY_GATE,
         mode="755",
     )

@@ -18,7 +18,7 @@ def run(settings):
     # jetson_clocks does not survive a reboot: a oneshot unit ordered after nvpmodel.service does.
     unit = files.whole_file(
         name="Install the unit that locks clocks at every boot",
-        src=str(FILES / "systemd" / CLOCKS_UNIT),
+        src=str(FILES / "thor" / "systemd" / CLOCKS_UNIT),
         path=f"{BOX_UNIT_DIR}/{CLOCKS_UNIT}",
         mode="644",
     )

@@ -6,7 +6,7 @@ first; a batch (or a first install) that fails its checks, or a canary that drop
 proving the change, stops the rollout and the hosts after it keep their current version
 (thorfleet/run/rollout.py says what each turn does, and why).
 
-The benchmark (files/bin/thorfleet-bench: /v1/completions, 512 tokens, a warm-up then 3 runs)
+The benchmark (files/thor/bin/thorfleet-bench: /v1/completions, 512 tokens, a warm-up then 3 runs)
 runs after the proof when rollout_benchmark asks for it: "always", "never", or "first-install" (the
 default: a host with no proven version before this run). Once every such host has measured, the
 fleet gate fails those below rollout_bench_min_fraction of the fleet median or below
@@ -24,7 +24,7 @@ from thorfleet.settings.roles import gateways, is_thor
 
 @deploy("Verification")
 def run(settings):
-    files.whole_file(name="Install the benchmark tool", src=str(FILES / "bin" / "thorfleet-bench"),
+    files.whole_file(name="Install the benchmark tool", src=str(FILES / "thor" / "bin" / "thorfleet-bench"),
                      path=BOX_BENCH, mode="755")
     service = {"service": settings.service_name, "port": settings.service_port,
                "fingerprint": settings.fingerprint,

@@ -1,7 +1,7 @@
 """Watch: the box's watchdog proves the server keeps generating between runs.
 
 vLLM's /health stays 200 on a wedged engine (it asks only whether the engine core died), so the
-watchdog (files/bin/thorfleet-watchdog, a unit of its own) checks that the server generates:
+watchdog (files/thor/bin/thorfleet-watchdog, a unit of its own) checks that the server generates:
 a 1-token completion when idle, growing token counters while requests run. After
 watchdog_failures failed checks it restarts the server through its unit (the memory gate runs, as
 at any start), with backoff and a cap per hour; never a server the operator stopped, never while
@@ -11,7 +11,7 @@ the box's figures Prometheus scrapes.
 Installed before the verification step: the gateway's health check asks the watchdog, so a box
 is in rotation as soon as its proven server answers; the watchdog does nothing while this run
 holds the box. A watchdog setting changed restarts the watchdog, never the server; its port is a
-socket unit's, so a restart never closes it (files/systemd/thorfleet-watchdog.socket.j2).
+socket unit's, so a restart never closes it (files/thor/systemd/thorfleet-watchdog.socket.j2).
 """
 
 from io import StringIO
@@ -41,7 +41,7 @@ def run(settings, box_code=()):
                                 src=str(ROOT / "thorfleet" / "readings.py"), path=BOX_READINGS,
                                 mode="644")
     tool = files.whole_file(name="Install the watchdog",
-                            src=str(FILES / "bin" / "thorfleet-watchdog"), path=BOX_WATCHDOG,
+                            src=str(FILES / "thor" / "bin" / "thorfleet-watchdog"), path=BOX_WATCHDOG,
                             mode="755")
     unit = files.whole_file(
         name=f"Write the watchdog's unit: a check every {settings.watchdog_interval_s}s, a "

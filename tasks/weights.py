@@ -31,7 +31,7 @@ from thorfleet.settings.layout import (
 def run(settings):
     files.whole_file(
         name="Install the weights fetcher and verifier",
-        src=str(FILES / "bin" / "thorfleet-weights"),
+        src=str(FILES / "thor" / "bin" / "thorfleet-weights"),
         path=BOX_WEIGHTS,
         mode="755",
     )

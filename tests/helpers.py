@@ -108,12 +108,14 @@ def serves(sim_fleet, host, timeout=120):
 
 
 def box_program(name: str):
-    """A box program of files/bin (thorfleet-serve, ...) as a module: each runs nothing on import."""
+    """A program of a Thor's or a gateway's (files/thor/bin, files/gateway/bin: thorfleet-serve,
+    thorfleet-door-usage, ...) as a module: each runs nothing on import."""
     import importlib.machinery
     import importlib.util
 
-    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"),
-                                                  str(ROOT / "files" / "bin" / name))
+    path = next(p for p in (ROOT / "files" / place / "bin" / name for place in ("thor", "gateway"))
+                if p.exists())
+    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(path))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(module)
     return module

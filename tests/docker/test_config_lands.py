@@ -7,7 +7,7 @@ Why: `--config` turns `key: true` into `--key`, and a false one into nothing (0.
 utils/argparse_utils.py L501-504) or into `--no-key` only when that exact option exists (0.33.0
 L654-658, never for a key written with underscores), so `enable_prefix_caching: false`, the
 seed's setting, left prefix caching at vLLM's default. The edit that breaks it: writing off that
-way in files/vllm.yaml.j2 (a vision box's prefix caching is off, a default box's on). A vision box's image limit and media domains land as vLLM's own
+way in files/thor/vllm.yaml.j2 (a vision box's prefix caching is off, a default box's on). A vision box's image limit and media domains land as vLLM's own
 limit_mm_per_prompt and allowed_media_domains (the edit that breaks it: a domain list rendered as
 one string).
 """

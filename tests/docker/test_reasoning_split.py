@@ -3,7 +3,7 @@
 `content`, and a streamed tool call arrives as `tool_calls`, through vLLM 0.19.0's own serving code.
 
 The derived image is built from the stand-in base (build-image.sh, as the deploy runs it) and
-served with the config thorfleet renders from files/vllm.yaml.j2 with default settings, which
+served with the config thorfleet renders from files/thor/vllm.yaml.j2 with default settings, which
 names thorfleet's reasoning parser plugin (files/image/thorfleet_reasoning.py). vLLM's real
 `setup_server` imports the plugin, its real chat serving builds one parser per request and calls
 it as on a Thor; only the engine stands in (sim/base/vllm_standin.py): for a prompt that
@@ -42,7 +42,7 @@ TOOLS = {**CHAT, "messages": [{"role": "user", "content": "Weather in Paris? Use
 
 
 def rendered_config(**settings) -> str:
-    """files/vllm.yaml.j2 as thorfleet renders it with default settings (API key set), and
+    """files/thor/vllm.yaml.j2 as thorfleet renders it with default settings (API key set), and
     `settings` over them."""
     from thorfleet.settings import schema
     from thorfleet.settings.render import Settings
@@ -239,7 +239,7 @@ def test_parser_stands_aside_when_the_prompt_opened_nothing(parsed):
 
 def test_the_proof_streams_a_tool_call_and_checks_the_split(server, docker_client, image,
                                                            tmp_path):
-    """files/bin/thorfleet-serve's check_requests against this server, with the label this
+    """files/thor/bin/thorfleet-serve's check_requests against this server, with the label this
     image carries: the streamed tool call and the reasoning split pass."""
     from types import SimpleNamespace
 

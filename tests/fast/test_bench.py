@@ -1,4 +1,4 @@
-"""The benchmark's arithmetic (files/bin/thorfleet-bench against a local http.server standing in for
+"""The benchmark's arithmetic (files/thor/bin/thorfleet-bench against a local http.server standing in for
 vLLM) and the fleet gate (operations.verification: bench_verdict, benchmark_gate)."""
 
 import importlib.machinery
@@ -23,7 +23,7 @@ KEY = "sk-bench-test"
 
 
 def load_bench():
-    path = layout.FILES / "bin" / "thorfleet-bench"
+    path = layout.FILES / "thor" / "bin" / "thorfleet-bench"
     loader = importlib.machinery.SourceFileLoader("thorfleet_bench", str(path))
     spec = importlib.util.spec_from_loader("thorfleet_bench", loader)
     module = importlib.util.module_from_spec(spec)

@@ -19,7 +19,7 @@ import pytest
 from sim.hub import DRAFT_REPO, MODEL_REPO, HubFaults, build_repos
 from tests.helpers import ROOT
 
-TOOL = ROOT / "files" / "bin" / "thorfleet-weights"
+TOOL = ROOT / "files" / "thor" / "bin" / "thorfleet-weights"
 REVISION = "4" * 40
 
 

@@ -1,4 +1,4 @@
-"""Disk hygiene, the box side: files/bin/thorfleet-clean on temporary folders lists what nothing
+"""Disk hygiene, the box side: files/thor/bin/thorfleet-clean on temporary folders lists what nothing
 serves any more and keeps what the live and the last good versions need (issue 12, item 4).
 `docker images` is a stand-in script on PATH printing the tags a box has."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers import ROOT
 
-TOOL = ROOT / "files" / "bin" / "thorfleet-clean"
+TOOL = ROOT / "files" / "thor" / "bin" / "thorfleet-clean"
 NAME = "thorfleet/mistral-small4"
 OLD, LAST_GOOD, PINNED, DRAFT = "1" * 40, "2" * 40, "3" * 40, "4" * 40
 

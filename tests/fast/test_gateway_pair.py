@@ -48,7 +48,7 @@ from thorfleet.settings import layout
 from thorfleet.settings.hosts import SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECK = ROOT / "files" / "bin" / "thorfleet-door-check"
+CHECK = ROOT / "files" / "gateway" / "bin" / "thorfleet-door-check"
 PAIR = [("gw-1", {"ssh_hostname": "10.0.0.9"}), ("gw-2", {"ssh_hostname": "10.0.0.8"})]
 VIP = {"gateway_virtual_ip": "10.0.0.50/24"}
 
@@ -536,7 +536,7 @@ def test_vrrp_reaches_a_gateway_from_the_other_only(tmp_path, netns):
     assert vrrp_dropped(run) == 1
     sent = run(sys.executable, "-c", SEND_VRRP, "10.0.0.8")  # the other gateway
     assert sent.returncode == 0 and vrrp_dropped(run) == 1
-    dropin = (layout.FILES / "systemd" / GATEWAY_FIREWALL_DROPIN).read_text().splitlines()
+    dropin = (layout.FILES / "gateway" / "systemd" / GATEWAY_FIREWALL_DROPIN).read_text().splitlines()
     assert {f"ExecStartPre=/usr/sbin/nft -f {GATEWAY_FIREWALL}",
             f"ExecReload=/usr/sbin/nft -f {GATEWAY_FIREWALL}",
             f"ExecStopPost=-/usr/sbin/nft delete table {' '.join(GATEWAY_FIREWALL_TABLE)}"

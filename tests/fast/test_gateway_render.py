@@ -150,7 +150,7 @@ def test_the_firewall_takes_only_tcp_ports(port):
 
 
 def test_the_firewall_unit_loads_the_file_the_deploy_writes():
-    unit = (layout.FILES / "systemd" / layout.FIREWALL_UNIT).read_text().splitlines()
+    unit = (layout.FILES / "thor" / "systemd" / layout.FIREWALL_UNIT).read_text().splitlines()
     assert f"ExecStart=/usr/sbin/nft -f {layout.BOX_FIREWALL}" in unit
     # after Debian's nftables.service (its `flush ruleset`), and again whenever it restarts
     assert {"After=nftables.service", "PartOf=nftables.service"} <= set(unit)
@@ -160,7 +160,7 @@ def test_the_firewall_unit_loads_the_file_the_deploy_writes():
 
 
 def test_the_server_waits_for_the_firewall_and_a_failed_load_keeps_it_down():
-    dropin = (layout.FILES / "systemd" / "thorfleet-vllm-firewall.conf").read_text().splitlines()
+    dropin = (layout.FILES / "thor" / "systemd" / "thorfleet-vllm-firewall.conf").read_text().splitlines()
     assert {"After=thorfleet-firewall.service", "Wants=thorfleet-firewall.service"} <= set(dropin)
     check = next(x for x in dropin if x.startswith("ExecStartPre="))
     command = check.removeprefix("ExecStartPre=/bin/sh -c '").removesuffix("'")
@@ -182,7 +182,7 @@ def test_a_rule_added_by_hand_is_seen_as_drift_not_only_a_changed_mark(tmp_path)
     script, mark = firewall_script((8002, 9105), "172.18.0.5")
     (tmp_path / "firewall.nft").write_text(script)
     family, table = layout.FIREWALL_TABLE
-    unit = (layout.FILES / "systemd" / layout.FIREWALL_UNIT).read_text().splitlines()
+    unit = (layout.FILES / "thor" / "systemd" / layout.FIREWALL_UNIT).read_text().splitlines()
     record = next(x for x in unit if x.startswith("ExecStartPost=/bin/sh -c '"))
     record = record.removeprefix("ExecStartPost=/bin/sh -c '").removesuffix("'")
     fact = FirewallMark()
@@ -599,7 +599,7 @@ def test_the_doors_own_errors_are_json_a_client_can_act_on(tmp_path):
 
 # --- the boxes' rotation states: thorfleet-rotation on a real HAProxy --------------------------------
 
-ROTATION = layout.FILES / "bin" / "thorfleet-rotation"
+ROTATION = layout.FILES / "gateway" / "bin" / "thorfleet-rotation"
 DROPIN = layout.FILES / "gateway" / "haproxy-state.conf"
 
 
@@ -984,9 +984,9 @@ def test_a_client_over_its_limits_gets_429_and_another_is_still_served(tmp_path)
         assert ask(door, g, "/v1/models", keys["bob"])[0] == 200
 
 
-# --- each client's usage at the door: files/bin/thorfleet-door-usage on HAProxy's own table -----
+# --- each client's usage at the door: files/gateway/bin/thorfleet-door-usage on HAProxy's own table -----
 
-USAGE = layout.FILES / "bin" / "thorfleet-door-usage"
+USAGE = layout.FILES / "gateway" / "bin" / "thorfleet-door-usage"
 
 
 def usage_tool():
@@ -995,7 +995,7 @@ def usage_tool():
 
 def test_the_usage_tool_reads_where_the_deploy_puts_things():
     tool = usage_tool()
-    unit = (layout.FILES / "systemd" / layout.GATEWAY_DOOR_USAGE_UNIT).read_text()
+    unit = (layout.FILES / "gateway" / "systemd" / layout.GATEWAY_DOOR_USAGE_UNIT).read_text()
     host, port = layout.GATEWAY_DOOR_USAGE_LISTEN
     assert (tool.SOCKET, tool.TABLE) == (layout.GATEWAY_ADMIN_SOCKET, layout.GATEWAY_CLIENT_TABLE)
     assert (tool.CONFIG, tool.STATE, tool.MAP) == (

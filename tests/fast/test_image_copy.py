@@ -1,4 +1,4 @@
-"""The image copy's box tool (files/bin/thorfleet-image) on a temp folder: what the image key may
+"""The image copy's box tool (files/thor/bin/thorfleet-image) on a temp folder: what the image key may
 ask, what the sender refuses or leaves out, and what the receiver keeps or throws away on arrival.
 
 `docker`, `ssh` and `sudo` are small stand-ins on PATH: docker keeps images as files (a tag's
@@ -24,7 +24,7 @@ import pytest
 from tests.helpers import box_program
 from thorfleet.settings.layout import FILES
 
-TOOL = FILES / "bin" / "thorfleet-image"
+TOOL = FILES / "thor" / "bin" / "thorfleet-image"
 TAG = "thorfleet/mistral-small4:abcdef012345"
 INPUTS = "abcdef012345" + "0" * 52
 

@@ -190,7 +190,7 @@ def test_a_weights_peer_address_that_is_not_a_host_and_port_is_refused(address):
 
 
 def test_the_peer_rule_is_one_rule_on_the_laptop_and_the_box():
-    tool = ROOT / "files" / "bin" / "thorfleet-weights"
+    tool = ROOT / "files" / "thor" / "bin" / "thorfleet-weights"
     tree = ast.parse(tool.read_text())
     pattern = next(node.value.args[0].value for node in tree.body if isinstance(node, ast.Assign)
                    and getattr(node.targets[0], "id", None) == "PEER")
@@ -215,7 +215,7 @@ def test_the_copying_box_refuses_a_peer_address_and_quotes_its_ssh_words(tmp_pat
     root = tmp_path / "box"
     (root / "repo").mkdir(parents=True)
     key = tmp_path / "a key folder" / "peer_key"  # a word with a space: rsync must keep it one
-    argv = [sys.executable, str(ROOT / "files" / "bin" / "thorfleet-weights"), "copy",
+    argv = [sys.executable, str(ROOT / "files" / "thor" / "bin" / "thorfleet-weights"), "copy",
             "--dir", str(root / "repo" / revision), "--revision", revision,
             "--expected", str(expected), "--root", str(root), "--key", str(key),
             "--known-hosts", str(tmp_path / "known_hosts"), "--user", "thorfleet-peer",

@@ -127,7 +127,7 @@ MAPPING = {
 
 
 def weights_tool():
-    loader = SourceFileLoader("thorfleet_weights", str(ROOT / "files/bin/thorfleet-weights"))
+    loader = SourceFileLoader("thorfleet_weights", str(ROOT / "files/thor/bin/thorfleet-weights"))
     module = module_from_spec(spec_from_loader(loader.name, loader))
     loader.exec_module(module)
     return module
@@ -221,7 +221,7 @@ def config_reads_back(s):
 
 def secrets_read_back(s):
     assert environment_file(s.secrets_env_text) == {"VLLM_API_KEY": KEY}
-    # thorfleet-serve's own reading (files/bin/thorfleet-serve api_key)
+    # thorfleet-serve's own reading (files/thor/bin/thorfleet-serve api_key)
     line = next(ln for ln in s.secrets_env_text.splitlines() if ln.startswith("VLLM_API_KEY="))
     assert line.split("=", 1)[1] == KEY
 

@@ -4,7 +4,7 @@ import subprocess
 
 from tests.helpers import ROOT
 
-GATE = ROOT / "files" / "bin" / "memory-gate"
+GATE = ROOT / "files" / "thor" / "bin" / "memory-gate"
 KIB_PER_GIB = 1 << 20
 
 

@@ -38,7 +38,7 @@ THORFLEET_NAMES = {
     "thorfleet_watchdog_over_cap", "thorfleet_watchdog_restarts_total",
     "thorfleet_watchdog_last_check_timestamp_seconds", "thorfleet_decode_tokens_per_second",
     "thorfleet_decode_gate_tokens_per_second", "thorfleet_serving_info"}
-# What the door's usage exporter (files/bin/thorfleet-door-usage, on each gateway at
+# What the door's usage exporter (files/gateway/bin/thorfleet-door-usage, on each gateway at
 # 127.0.0.1:9106, job `door`) serves, in its documented names: each series' labels, and each
 # label's values. Today's four, and the tokens and budgets it is being extended with (the
 # Clients row reads them): tokens so far in the UTC day or month; a budget's tokens left, no

@@ -1,7 +1,7 @@
 """Each setting's default is declared once, in thorfleet/settings/schema.py, and nowhere else a
 value could be declared:
 
-- a program thorfleet installs (files/bin/) has no default of its own for any option thorfleet
+- a program thorfleet installs (files/thor/bin/) has no default of its own for any option thorfleet
   gives it, in a unit it renders or a command it sends: the value is the settings', and a second
   default is one that drifts (the watchdog's --start-timeout was 1200 against
   watchdog_start_timeout_s's 1800);
@@ -21,9 +21,9 @@ from tests.helpers import ROOT
 from thorfleet.settings import layout
 from thorfleet.settings.schema import FIELDS
 
-BIN = ROOT / "files" / "bin"
+BINS = (ROOT / "files" / "thor" / "bin", ROOT / "files" / "gateway" / "bin")
 # The programs thorfleet installs that read options with argparse (Python, by their first line).
-PROGRAMS = {p.name: p for p in BIN.iterdir()
+PROGRAMS = {p.name: p for folder in BINS for p in folder.iterdir()
             if p.is_file() and p.read_bytes()[:40].startswith(b"#!/usr/bin/env python3")}
 # layout's constants naming one of them: {constant's name: program}
 NAMED = {name: Path(value).name for name, value in vars(layout).items()
@@ -113,7 +113,7 @@ def passed_in_units() -> dict[str, set[str]]:
     a program: `{{ layout.NAME }}` or its path, then its words."""
     passed: dict[str, set[str]] = {}
     for path in (ROOT / "files").rglob("*"):
-        if not path.is_file() or path.parent == BIN or path.suffix in (".png", ".py"):
+        if not path.is_file() or path.parent in BINS or path.suffix in (".png", ".py"):
             continue
         for line in path.read_text(errors="replace").splitlines():
             for name, program in NAMED.items():
@@ -140,7 +140,7 @@ def test_no_program_has_a_default_for_an_option_thorfleet_gives_it():
     given = passed_in_units()
     for program, options in passed_in_python().items():
         given.setdefault(program, set()).update(options)
-    seconds = [f"files/bin/{program}:{line}: {option} has a default of its own, but thorfleet "
+    seconds = [f"files/thor/bin/{program}:{line}: {option} has a default of its own, but thorfleet "
                "always gives it (from the settings): drop the default"
                for program, options in sorted(given.items())
                for option, line in sorted(own_defaults(program).items())

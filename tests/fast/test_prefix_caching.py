@@ -59,7 +59,7 @@ def test_turning_it_over_restarts_the_box():
     assert rollout.decide(serving_off, off.fingerprint).action == rollout.NOOP
 
 
-# --- the proof's check (files/bin/thorfleet-serve) -------------------------------------------------
+# --- the proof's check (files/thor/bin/thorfleet-serve) -------------------------------------------------
 
 def answer(ids, cached=None):
     """A /v1/completions answer as vLLM 0.19.0 gives it with return_token_ids: prompt_tokens_details

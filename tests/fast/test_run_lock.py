@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers import ROOT
 
-TOOL = ROOT / "files" / "bin" / "thorfleet-run-lock"
+TOOL = ROOT / "files" / "thor" / "bin" / "thorfleet-run-lock"
 
 
 def lock(folder, command, token, *args, timeout=30):

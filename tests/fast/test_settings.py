@@ -600,8 +600,8 @@ def test_every_unit_container_and_user_thorfleet_installs_is_refused_as_service_
     """The class, not its examples: each unit file thorfleet ships (but the server's own template)
     and each user and container it makes is in layout.BOX_OWN_NAMES, which service_name may not
     take (a new unit file without it fails here)."""
-    units = {path.name.split(".service")[0] for path in (ROOT / "files" / "systemd").iterdir()
-             if ".service" in path.name}  # not the drop-ins (.conf)
+    units = {path.name.split(".service")[0] for path in (ROOT / "files").glob("*/systemd/*")
+             if ".service" in path.name}  # not the drop-ins (.conf); a Thor may be the gateway
     assert units - {"thorfleet-vllm"} <= set(layout.BOX_OWN_NAMES), units
     assert {layout.PEER_USER, layout.IMAGE_USER, layout.FETCH_CONTAINER} <= set(layout.BOX_OWN_NAMES)
     for name in layout.BOX_OWN_NAMES:

@@ -25,7 +25,7 @@ from tests.helpers import ROOT, box_program
 from thorfleet.settings import layout, schema
 from thorfleet.settings.render import Settings
 
-TOOL = ROOT / "files" / "bin" / "thorfleet-serve"
+TOOL = ROOT / "files" / "thor" / "bin" / "thorfleet-serve"
 SERVICE = "thorfleet-vllm"
 KEY = "sk-box-key-0123456789"
 
@@ -505,7 +505,7 @@ def serve_tool():
     from importlib.machinery import SourceFileLoader
     from importlib.util import module_from_spec, spec_from_loader
 
-    loader = SourceFileLoader("thorfleet_serve", str(ROOT / "files" / "bin" / "thorfleet-serve"))
+    loader = SourceFileLoader("thorfleet_serve", str(ROOT / "files" / "thor" / "bin" / "thorfleet-serve"))
     module = module_from_spec(spec_from_loader("thorfleet_serve", loader))
     loader.exec_module(module)
     return module
@@ -620,7 +620,7 @@ def test_a_vision_box_is_proven_by_the_tokens_its_picture_adds(alone, seen, prov
         return {"usage": {"prompt_tokens": seen if pictures else alone}}
 
     monkeypatch.setattr(tool, "post", post)
-    image = (ROOT / "files" / "bin" / "thorfleet-proof.png").read_bytes()
+    image = (ROOT / "files" / "thor" / "bin" / "thorfleet-proof.png").read_bytes()
     if proven:
         tool.check_image(8002, image)
     else:

@@ -1,6 +1,6 @@
 """Token budgets per client, held at the door: the boxes count each client's tokens (told who
 asks by the door's X-Thorfleet-Client header) and answer /usage on their check port;
-files/bin/thorfleet-door-usage sums them, decides who is over which budget (verdicts) and puts
+files/gateway/bin/thorfleet-door-usage sums them, decides who is over which budget (verdicts) and puts
 it in the budget map, which HAProxy reads to answer 429 with Retry-After before any box is asked.
 
 The decisions are tables; the door is HAProxy itself on the rendered config, in front of

@@ -1,4 +1,4 @@
-"""Each client's tokens, counted on the box (files/bin/thorfleet_usage.py): the middleware vLLM
+"""Each client's tokens, counted on the box (files/thor/bin/thorfleet_usage.py): the middleware vLLM
 loads, driven as vLLM's ASGI app drives it (a response start, then body messages, SSE events
 split wherever the transport splits them), and the ledger the watchdog answers GET /usage from.
 

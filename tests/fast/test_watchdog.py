@@ -1,4 +1,4 @@
-"""The box's watchdog (files/bin/thorfleet-watchdog): its decision as a table, then the tool end to
+"""The box's watchdog (files/thor/bin/thorfleet-watchdog): its decision as a table, then the tool end to
 end on temporary folders.
 
 The box around it is stood in as for thorfleet-serve (tests/fast/test_thorfleet_serve.py): `systemctl`,
@@ -41,7 +41,7 @@ from thorfleet.gateway.config import firewall_script
 from thorfleet.settings import layout, schema
 from thorfleet.settings.render import Settings
 
-TOOL = ROOT / "files" / "bin" / "thorfleet-watchdog"
+TOOL = ROOT / "files" / "thor" / "bin" / "thorfleet-watchdog"
 SERVICE = "thorfleet-vllm"
 KEY = "sk-watchdog-key-0123456789"
 
@@ -347,8 +347,8 @@ class Box:
             folder.mkdir()
         shutil.copy(TOOL, self.bin / Path(layout.BOX_WATCHDOG).name)
         shutil.copy(ROOT / "thorfleet" / "readings.py", self.bin / Path(layout.BOX_READINGS).name)
-        shutil.copy(layout.FILES / "bin" / "thorfleet_box.py", self.bin / Path(layout.BOX_COMMON).name)
-        shutil.copy(layout.FILES / "bin" / "thorfleet_usage.py",
+        shutil.copy(layout.FILES / "thor" / "bin" / "thorfleet_box.py", self.bin / Path(layout.BOX_COMMON).name)
+        shutil.copy(layout.FILES / "thor" / "bin" / "thorfleet_usage.py",
                     self.bin / Path(layout.BOX_USAGE_CODE).name)
         for tool in ("systemctl", "docker", "nvpmodel", "jetson_clocks"):
             (self.stubs / tool).write_text(FAKE_BOX)
@@ -668,7 +668,7 @@ def test_the_firewall_reading(monkeypatch, tmp_path, enabled, listed, stdout, ex
 def test_a_reload_of_nftables_loads_the_table_again():
     """`systemctl reload nftables` (its `flush ruleset`) reloads thorfleet's unit after it, as a
     restart restarts it; what no unit sees is the watchdog's (below)."""
-    unit = (layout.FILES / "systemd" / layout.FIREWALL_UNIT).read_text().splitlines()
+    unit = (layout.FILES / "thor" / "systemd" / layout.FIREWALL_UNIT).read_text().splitlines()
     assert {"After=nftables.service", "PartOf=nftables.service",
             "ReloadPropagatedFrom=nftables.service"} <= set(unit)
     assert f"ExecReload=/usr/sbin/nft -f {layout.BOX_FIREWALL}" in unit
@@ -868,7 +868,7 @@ def test_the_layout_the_deploy_writes_is_the_one_the_tools_read():
     assert set(wd.LAYOUT_KEYS) <= set(written)
     assert written["RUN_DIR"] == layout.BOX_RUN_LOCK_DIR
     assert layout.BOX_WATCHDOG_STATE == f"{written['RUN_DIR']}/watchdog.json"
-    serve = next(node.value for node in ast.parse((ROOT / "files/bin/thorfleet-serve").read_text()).body
+    serve = next(node.value for node in ast.parse((ROOT / "files/thor/bin/thorfleet-serve").read_text()).body
                  if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "LAYOUT_KEYS")
     # every key written is read by one of the two tools
     assert set(written) == set(wd.LAYOUT_KEYS) | set(ast.literal_eval(serve))
@@ -877,7 +877,7 @@ def test_the_layout_the_deploy_writes_is_the_one_the_tools_read():
     # the programs import what they share from beside them, by its name there
     for program in (layout.BOX_SERVE, layout.BOX_WATCHDOG, layout.BOX_BENCH):
         assert Path(layout.BOX_COMMON).parent == Path(program).parent
-        assert "import thorfleet_box as box" in (layout.FILES / "bin" / Path(program).name
+        assert "import thorfleet_box as box" in (layout.FILES / "thor" / "bin" / Path(program).name
                                                  ).read_text()
     assert Path(layout.BOX_COMMON).name == "thorfleet_box.py"
 
@@ -945,7 +945,7 @@ SD_PASS = ("import os, sys; os.dup2(int(sys.argv[1]), 3); "
 
 
 def test_a_check_made_while_the_watchdog_restarts_is_answered_on_systemds_port(box):
-    """The port is the socket unit's (files/systemd/thorfleet-watchdog.socket.j2), passed as
+    """The port is the socket unit's (files/thor/systemd/thorfleet-watchdog.socket.j2), passed as
     descriptor 3: a check that comes between one watchdog and the next waits in the backlog and
     is answered by the next, where a closed port would fail it and take the box out of its pool
     (seen: the mixed fleet's last EAGLE box, its watchdog restarted by the deploy while the other

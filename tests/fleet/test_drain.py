@@ -200,14 +200,14 @@ def roll_while_streaming(sim_fleet, host, roll, name, **kwargs):
 def test_a_rollout_without_the_drain_cuts_the_stream(sim_fleet, host, roll, tmp_path):
     """The edit that breaks it: thorfleet-serve restarts at once. Known to cut the answer."""
     edited = edited_checkout(tmp_path / "no-drain", {
-        "files/bin/thorfleet-serve": [(
+        "files/thor/bin/thorfleet-serve": [(
             '    if unit_state(service) != "active":\n        return 0\n',
             ("    if True:  # the edit: restart without waiting for requests in flight\n"
              "        return 0\n"))],
         # ...and a stop that does not wait for the answer: vLLM 0.19.0's uvicorn finishes open
         # streams on SIGTERM by itself, so only docker stop's SIGKILL cuts one
-        "files/vllm.yaml.j2": [("shutdown_timeout: {{ s.rollout_drain_timeout_s }}", "#")],
-        "files/systemd/thorfleet-vllm.service.j2": [
+        "files/thor/vllm.yaml.j2": [("shutdown_timeout: {{ s.rollout_drain_timeout_s }}", "#")],
+        "files/thor/systemd/thorfleet-vllm.service.j2": [
             ("docker stop -t {{ s.stop_timeout_s }}", "docker stop -t 2")]})
     run, stream, seen, (stop_began, _), said = roll_while_streaming(
         sim_fleet, host, roll, "no-drain", root=edited)

@@ -20,7 +20,7 @@ The edits that break it (named from the code; not each made and run on the fleet
   the frozen box's restart reaches the client, and the SDK's two retries can land on it too;
 - the gateway's health check back to vLLM's /health (not the watchdog's /healthy): the frozen
   box stays in rotation and its requests wait until the SDK's timeout;
-- the watchdog's firewall guard not started (files/bin/thorfleet-watchdog): after `nft -f` by
+- the watchdog's firewall guard not started (files/thor/bin/thorfleet-watchdog): after `nft -f` by
   hand the prober is answered;
 - no reload of HAProxy when only the clients changed (tasks/gateway.py): carol is served with a
   revoked key.

@@ -14,8 +14,8 @@ import pytest
 from sim.fleet import sim_group_data
 from tests.helpers import SERVICE, box, changed_on, deploy, edited_checkout, serves
 
-UNIT = "files/systemd/thorfleet-vllm.service.j2"
-CONFIG = "files/vllm.yaml.j2"
+UNIT = "files/thor/systemd/thorfleet-vllm.service.j2"
+CONFIG = "files/thor/vllm.yaml.j2"
 SEED_ENV_LINES = [
     '    "VLLM_USE_FLASHINFER_MOE_FP4": "1",\n', '    "VLLM_FLASHINFER_MOE_BACKEND": "latency",\n',
     '    "VLLM_NVFP4_GEMM_BACKEND": "flashinfer-cutlass",\n',

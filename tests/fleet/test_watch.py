@@ -46,7 +46,7 @@ WATCHDOG = {"watchdog_interval_s": 5, "watchdog_failures": 3, "watchdog_timeout_
 CAP = 2
 WATCHDOG_UNIT = "thorfleet-watchdog"
 # How a start is refused while thorfleet's firewall is not loaded: the server's drop-in
-# (files/systemd/thorfleet-vllm-firewall.conf), and the watchdog's guard (thorfleet-watchdog).
+# (files/thor/systemd/thorfleet-vllm-firewall.conf), and the watchdog's guard (thorfleet-watchdog).
 REFUSED = ("the server stays down", "so that the vLLM port answers nobody until it loads")
 # A verdict (3 checks, each up to interval + timeout) and a start of the server (the stand-in
 # loads in about a minute on two busy cores).

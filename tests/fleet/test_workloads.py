@@ -309,7 +309,7 @@ def test_a_conversation_stays_warm_on_its_box_and_moves_cold_when_the_box_drains
 def picture(url=None):
     """An image_url part: the repository's picture as a data: URL, or `url`."""
     if url is None:
-        data = (ROOT / "files" / "bin" / "thorfleet-proof.png").read_bytes()
+        data = (ROOT / "files" / "thor" / "bin" / "thorfleet-proof.png").read_bytes()
         url = "data:image/png;base64," + base64.b64encode(data).decode()
     return {"type": "image_url", "image_url": {"url": url}}
 

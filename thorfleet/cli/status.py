@@ -36,7 +36,7 @@ ROW_FIELDS = ("host", "model", "serving", "why", "version", "version_state", "fi
               "running", "waiting", "decode_tok_s", "eagle_acceptance", "mem_available_gib",
               "power_mode", "clocks_locked", "temperature_max_c", "restarts_24h", "unknown",
               "error")
-# Where each field is in the box's JSON (files/bin/thorfleet-watchdog `status`), and its type.
+# Where each field is in the box's JSON (files/thor/bin/thorfleet-watchdog `status`), and its type.
 # A field the answer lacks (an older watchdog script) or gives another type is listed in the
 # row's `unknown` and shown as "?"; null (the box knows there is none) is shown as "-".
 NUMBER = (int, float)
@@ -307,7 +307,7 @@ def table(found: list[dict], width: int | None = None, at: float | None = None):
 # --- the door's clients (gateway_clients) -----------------------------------------------------------
 
 def door_command() -> str:
-    """What the gateway runs for each client's counts (files/bin/thorfleet-door-usage)."""
+    """What the gateway runs for each client's counts (files/gateway/bin/thorfleet-door-usage)."""
     return shlex.join(["sudo", "-n", layout.GATEWAY_DOOR_USAGE, "show"])
 
 

@@ -8,7 +8,7 @@ differs, and thorfleet copes: the row says how); blocks (serving fails until the
 "not checked yet" (it needs the image, the weights or a running server, which a box that never
 served has not). Every expectation comes from the code the deploy runs: the preflight's checks
 (operations/preflight.py), the recipe's facts (settings/recipe.py), the parsers the watchdog reads
-the box with (readings.py) and the proof's kernel lines (files/bin/thorfleet-serve).
+the box with (readings.py) and the proof's kernel lines (files/thor/bin/thorfleet-serve).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ HAPROXY_MIN = "2.6"  # Debian 12's, whose `haproxy -c` the fast tests check the 
 # the build features the gateway's config uses (files/gateway/haproxy.cfg.j2): TLS on the door's
 # bind and the sha2 converter of client keys both come with OpenSSL
 HAPROXY_FEATURES = {"OpenSSL (TLS at the door, sha2 of client keys)": "Built with OpenSSL"}
-# what the watchdog cannot judge a server without (files/bin/thorfleet-watchdog)
+# what the watchdog cannot judge a server without (files/thor/bin/thorfleet-watchdog)
 WATCHDOG_NEEDS = ("running", "waiting", "generated", "prompted")
 # read for the prefix cache's own row, not asked of every server
 PREFIX_CACHE = ("prefix_queries", "prefix_hits")

@@ -16,7 +16,7 @@ from thorfleet.settings.layout import (
 
 class RunLock(FactBase):
     """Take the box for this run, or say who has it: {"held": True} or {"held": False, "why":
-    the line naming the run that holds it}. The lock's tool (files/bin/thorfleet-run-lock) is
+    the line naming the run that holds it}. The lock's tool (files/thor/bin/thorfleet-run-lock) is
     sent with the command, so a bare box is held before anything else is read or sent; its
     keeper holds the lock until this run's SSH connection ends. Taking it again with the same
     token (pyinfra runs an operation's body once to plan and once to execute) is a no-op.
@@ -30,7 +30,7 @@ class RunLock(FactBase):
 
     def command(self, holder, token, wait_s):
         tool = f"{BOX_RUN_LOCK_DIR}/thorfleet-run-lock"
-        source = (FILES / "bin" / "thorfleet-run-lock").read_text()
+        source = (FILES / "thor" / "bin" / "thorfleet-run-lock").read_text()
         take = " ".join(q(str(word)) for word in (
             "python3", tool, "take", "--dir", BOX_RUN_LOCK_DIR, "--holder", holder,
             "--token", token, "--wait", wait_s))

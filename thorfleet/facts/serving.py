@@ -36,7 +36,7 @@ class PinnedWeightsGiB(FactBase[float]):
 
 
 class BoxToolFact(FactBase[dict]):
-    """What one of thorfleet's own box tools (files/bin/) answers: the JSON on its last line, run
+    """What one of thorfleet's own box tools (files/thor/bin/) answers: the JSON on its last line, run
     with the box's python3. Until the tool (and every file in `needs`) is installed the command
     prints nothing, and the fact is its default()."""
 
@@ -56,7 +56,7 @@ class BoxToolFact(FactBase[dict]):
 
 
 class Leftovers(BoxToolFact):
-    """What nothing serves any more (files/bin/thorfleet-clean): {"dirs", "images", "contexts"},
+    """What nothing serves any more (files/thor/bin/thorfleet-clean): {"dirs", "images", "contexts"},
     all empty until the tool is installed."""
 
     tool = BOX_CLEAN
@@ -99,7 +99,7 @@ class DockerImageId(FactBase[str | None]):
 
 
 class WeightsState(BoxToolFact):
-    """Offline check of one pinned checkpoint folder (files/bin/thorfleet-weights verify):
+    """Offline check of one pinned checkpoint folder (files/thor/bin/thorfleet-weights verify):
     {"complete": bool, "problems": [...]}."""
 
     tool = BOX_WEIGHTS
@@ -113,7 +113,7 @@ class WeightsState(BoxToolFact):
 
 
 class ServerState(BoxToolFact):
-    """What the server runs now (files/bin/thorfleet-serve state): {"active", "enabled",
+    """What the server runs now (files/thor/bin/thorfleet-serve state): {"active", "enabled",
     "proven_fingerprint", "healthy"}, and with `chat` whether a short chat request answers
     ("chat_ok"). {} until thorfleet-serve and the layout file it reads its paths from are both
     installed."""
@@ -131,7 +131,7 @@ class ServerState(BoxToolFact):
 
 
 class ServerKernels(BoxToolFact):
-    """The running server's kernel lines since it started (files/bin/thorfleet-serve kernels,
+    """The running server's kernel lines since it started (files/thor/bin/thorfleet-serve kernels,
     the proof's own patterns): {"active", "kernels": {what: line or None}, "marlin", "chosen"};
     {} until thorfleet-serve is installed."""
 

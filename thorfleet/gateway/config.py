@@ -48,7 +48,7 @@ _HAPROXY_PLAIN = re.compile(r"[A-Za-z0-9_.:/@+,=\[\]-]+")
 _HAPROXY_QUOTABLE = re.compile(r"[ -&(-~]+")  # printable ASCII but the single quote
 # A server name in HAProxy: letters, digits, '-', '_', '.' and ':' (configuration.txt, "server").
 SERVER_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-# A box is in rotation while its watchdog says it serves (files/bin/thorfleet-watchdog, on
+# A box is in rotation while its watchdog says it serves (files/thor/bin/thorfleet-watchdog, on
 # watchdog_port): 200 only while vLLM's own /health answers 200 and the last check that the
 # server generates passed. vLLM's /health alone stays 200 on a wedged engine.
 HEALTH_PATH = "/healthy"
@@ -66,7 +66,7 @@ ERROR_LIMIT = 3
 # What the door's request buffers may hold at once, at worst (each connection a full buffer of
 # tune.bufsize): the door's connections are bounded by it.
 DOOR_BUFFER_BUDGET = 1 << 30
-# How often the door's usage service (files/bin/thorfleet-door-usage) asks every box for its
+# How often the door's usage service (files/gateway/bin/thorfleet-door-usage) asks every box for its
 # counts, and how long it waits for each: a client over a budget is refused within about one
 # interval (and a box that does not answer in time keeps its last counts).
 USAGE_INTERVAL_S = 2
@@ -208,7 +208,7 @@ def pool_name(model: str) -> str:
 # drop-in.
 GATEWAY_FIREWALL_TABLE = ("inet", "thorfleet_gateway")
 GATEWAY_FIREWALL = "/etc/haproxy/thorfleet/firewall.nft"  # beside the level file
-GATEWAY_FIREWALL_DROPIN = "thorfleet-keepalived-firewall.conf"  # files/systemd/
+GATEWAY_FIREWALL_DROPIN = "thorfleet-keepalived-firewall.conf"  # files/thor/systemd/
 VRRP = 112  # its IP protocol number (RFC 5798)
 
 
@@ -308,7 +308,7 @@ class GatewaySettings(Checked):
         return 150 if self.pair[0][0] == self.name else 100
 
     def check_command(self, kind) -> list[str]:
-        """keepalived's check of this gateway (files/bin/thorfleet-door-check): `up` (HAProxy
+        """keepalived's check of this gateway (files/gateway/bin/thorfleet-door-check): `up` (HAProxy
         runs) or `level` (not behind the other gateway)."""
         if kind == "up":
             return [layout.GATEWAY_DOOR_CHECK, "up"]

@@ -180,7 +180,7 @@ def shared_image(tag, base, inputs_hash, think_prefill, context, registry, share
 @operation()
 def loaded_image(tag, base, inputs_hash, think_prefill, context, source, *, labels, base_labels):
     """The derived image loaded from `source`, the run's first box, which built it or holds it:
-    `docker save` there, `docker load` here, over SSH as the image user (files/bin/thorfleet-image:
+    `docker save` there, `docker load` here, over SSH as the image user (files/thor/bin/thorfleet-image:
     its key may only save a derived image), checked on arrival (its thorfleet.inputs label, and
     the ID the first box holds). Built here instead when that fails: the first box is down, its
     build failed, the transfer was cut, or what arrived is another image.

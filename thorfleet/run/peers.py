@@ -10,7 +10,7 @@ the key the boxes copy with.
 
 The boxes copy with one shared key that may only run `rrsync -ro <weights_dir>` on the others, so
 a box added later (a run limited to it) can copy from boxes this run does not touch. Every copied
-byte is checked against the hub's sha256 on arrival (files/bin/thorfleet-weights copy).
+byte is checked against the hub's sha256 on arrival (files/thor/bin/thorfleet-weights copy).
 """
 
 from __future__ import annotations

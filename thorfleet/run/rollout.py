@@ -1,7 +1,7 @@
 """The rollout in one place: which hosts restart together (`plan`) and what one host does at its
 turn (`decide`). The rest only reads facts and runs what the decision names: operations.serving
 reads the box and the run, tasks/verification.py gives each batch its own operation, and
-files/bin/thorfleet-serve does the work on the box.
+files/thor/bin/thorfleet-serve does the work on the box.
 
 How a run goes. The slow steps (preflight, weights, image) run on every host at once. Then the
 first installs, hosts that never proved a version, start together: none of them takes serving

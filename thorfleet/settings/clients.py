@@ -16,7 +16,7 @@ from dataclasses import dataclass
 # a prompt is served before a robot that can wait.
 PRIORITY_CLASS = {"interactive": 0, "batch": 1}
 # A client's token budgets (prompt + completion, as the boxes count them), shortest period first:
-# over one, the door refuses the client until it frees (files/bin/thorfleet-door-usage decides).
+# over one, the door refuses the client until it frees (files/gateway/bin/thorfleet-door-usage decides).
 TOKEN_BUDGETS = ("tokens_per_minute", "tokens_per_day", "tokens_per_month")
 
 

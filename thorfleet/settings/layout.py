@@ -40,7 +40,7 @@ BOX_HF_TOKEN = f"{BOX_ETC}/hf_token"
 BOX_LAYOUT_ENV = f"{BOX_ETC}/layout.env"  # where thorfleet-serve reads the paths below from
 BOX_VLLM_CACHE = "/var/cache/thorfleet/vllm"  # vLLM's compile cache, kept across restarts
 BOX_STATE = "/var/lib/thorfleet"  # proven fingerprint, last-good copies, serve.lock
-# Each client's tokens: the server's journal of its answers' usage (files/bin/thorfleet_usage.py,
+# Each client's tokens: the server's journal of its answers' usage (files/thor/bin/thorfleet_usage.py,
 # vLLM's middleware, mounted into the container at the same path with this code beside it).
 BOX_USAGE_DIR = f"{BOX_STATE}/usage"
 BOX_USAGE_CODE = "/opt/thorfleet/bin/thorfleet_usage.py"  # also the watchdog's, for GET /usage
@@ -68,7 +68,7 @@ BOX_IMAGE_SUDOERS = "/etc/sudoers.d/thorfleet-image"
 BOX_MANIFESTS = f"{BOX_STATE}/manifests"  # the hub's file list of each pinned revision
 RRSYNC = "/usr/bin/rrsync"  # rsync's own restricted-rsync wrapper (Debian and Ubuntu ship it)
 BOX_REBOOT_MARKER = "/run/thorfleet-before-reboot"  # /run is emptied by every boot
-# The run lock (files/bin/thorfleet-run-lock, sent with the command that takes it, so a bare box
+# The run lock (files/thor/bin/thorfleet-run-lock, sent with the command that takes it, so a bare box
 # is held too); on tmpfs: a reboot frees it with the keeper that held it.
 BOX_RUN_LOCK_DIR = "/run/thorfleet"
 # The watchdog's last check, rewritten after each (what its `status` and exporter read); on tmpfs,
@@ -89,7 +89,7 @@ FIREWALL_TABLE = ("inet", "thorfleet")
 FETCH_CONTAINER = "thorfleet-fetch"  # the weights fetch's containers: thorfleet-fetch-<revision>
 # Every name thorfleet gives a unit, a container or a user on a box besides the server's own: the
 # server (service_name) may take none of them, since its unit file and `docker rm -f` would
-# replace theirs. tests/fast/test_settings.py holds it to files/systemd and the names above.
+# replace theirs. tests/fast/test_settings.py holds it to files/thor/systemd and the names above.
 BOX_OWN_NAMES = (CLOCKS_UNIT.removesuffix(".service"), FIREWALL_UNIT.removesuffix(".service"),
                  WATCHDOG_UNIT.removesuffix(".service"), FETCH_CONTAINER, PEER_USER, IMAGE_USER,
                  "thorfleet-door-usage")  # GATEWAY_DOOR_USAGE_UNIT's: a Thor may be the gateway
@@ -112,7 +112,7 @@ GATEWAY_STATE_DROPIN = f"{BOX_UNIT_DIR}/haproxy.service.d/thorfleet-state.conf"
 GATEWAY_ROTATION = "/usr/local/sbin/thorfleet-rotation"  # drain/ready a box through that API
 GATEWAY_DOOR_USAGE = "/usr/local/sbin/thorfleet-door-usage"  # each client's counts (gateway_clients)
 GATEWAY_DOOR_USAGE_UNIT = "thorfleet-door-usage.service"  # ...served to Prometheus on loopback
-GATEWAY_DOOR_USAGE_LISTEN = ("127.0.0.1", 9106)  # files/systemd/thorfleet-door-usage.service
+GATEWAY_DOOR_USAGE_LISTEN = ("127.0.0.1", 9106)  # files/gateway/systemd/thorfleet-door-usage.service
 # Its config (gateway_clients' token budgets, the boxes it asks for their counts), written by the
 # deploy; its state: each box's last good answer, and the budget map it keeps HAProxy's runtime
 # copy and this file of (a client over a budget -> "<frees epoch>:<budget>:<tokens>"). State,

@@ -204,28 +204,28 @@ class Settings:
 
     @cached_property
     def unit_text(self):
-        return self.render("systemd/thorfleet-vllm.service.j2")
+        return self.render("thor/systemd/thorfleet-vllm.service.j2")
 
     @cached_property
     def start_limit_text(self):
         """The server unit's drop-in bounding its own restarts (from watchdog_max_restarts_per_hour).
         Not part of the fingerprint: systemd reads it at a daemon-reload, without a restart."""
-        return self.render("systemd/thorfleet-start-limit.conf.j2")
+        return self.render("thor/systemd/thorfleet-start-limit.conf.j2")
 
     @cached_property
     def watchdog_unit_text(self):
-        """The watchdog's unit (files/bin/thorfleet-watchdog). Not part of the fingerprint: a
+        """The watchdog's unit (files/thor/bin/thorfleet-watchdog). Not part of the fingerprint: a
         watchdog setting changed restarts the watchdog, never the server."""
-        return self.render("systemd/thorfleet-watchdog.service.j2")
+        return self.render("thor/systemd/thorfleet-watchdog.service.j2")
 
     @cached_property
     def watchdog_socket_text(self):
         """The watchdog's port, held by systemd across its restarts (watchdog_port)."""
-        return self.render("systemd/thorfleet-watchdog.socket.j2")
+        return self.render("thor/systemd/thorfleet-watchdog.socket.j2")
 
     @cached_property
     def config_text(self):
-        return self.render("vllm.yaml.j2")
+        return self.render("thor/vllm.yaml.j2")
 
     @cached_property
     def secrets_env_text(self):
@@ -243,5 +243,5 @@ class Settings:
         `secrets_proven`), so a key cannot be guessed offline from the fingerprint."""
         # and the token counter vLLM loads (a new one is only read by a new server)
         parts = (self.unit_text, self.config_text,
-                 (layout.FILES / "bin" / "thorfleet_usage.py").read_text())
+                 (layout.FILES / "thor" / "bin" / "thorfleet_usage.py").read_text())
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()

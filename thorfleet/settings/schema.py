@@ -212,7 +212,7 @@ def _listen_address(host):
 
 
 # A peer's address as another box dials it (ssh's host, rsync's host:path): a DNS name or IPv4
-# address, optionally :port. files/bin/thorfleet-weights checks it again (PEER there, the same).
+# address, optionally :port. files/thor/bin/thorfleet-weights checks it again (PEER there, the same).
 PEER = re.compile(rf"(?:{HOSTNAME.pattern}|[0-9]{{1,3}}(?:\.[0-9]{{1,3}}){{3}})(?::[0-9]{{1,5}})?")
 
 
@@ -739,7 +739,7 @@ class Schema(BaseModel):
         "thorfleet-report.json", "laptop path of the JSON report of the last run",
         "must be a file path on the laptop")
 
-    # --- watchdog: proves between runs that each box generates (files/bin/thorfleet-watchdog) ----
+    # --- watchdog: proves between runs that each box generates (files/thor/bin/thorfleet-watchdog) ----
     # Each lands as a whole number on the watchdog unit's command line.
     watchdog_interval_s: Annotated[StrictInt, Field(ge=1),
                                    AfterValidator(_at_most_max_seconds)] = setting(

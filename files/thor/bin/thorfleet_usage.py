@@ -3,13 +3,13 @@
 Two halves, one file (stdlib only):
 
 - `Usage`, an ASGI middleware vLLM loads (`--middleware thorfleet_usage.Usage`, in the server's
-  container: files/vllm.yaml.j2). It reads, as they leave, the `usage` of each answer: a whole
+  container: files/thor/vllm.yaml.j2). It reads, as they leave, the `usage` of each answer: a whole
   JSON answer's, or for a stream the one every chunk carries (vLLM's --enable-force-include-usage
   turns continuous usage on: entrypoints/utils.py should_include_usage). The client is the one the
   door names (its X-Thorfleet-Client header; only the gateways reach a box's port, and the door
   replaces any header a client sent); a request from the box itself (the proof, the benchmark)
   is `_box`.
-- `Ledger`, what the watchdog answers on GET /usage (files/bin/thorfleet-watchdog): each client's
+- `Ledger`, what the watchdog answers on GET /usage (files/thor/bin/thorfleet-watchdog): each client's
   prompt, cached-prompt and completion tokens per model, today and this month (UTC calendar
   periods), and its tokens by second over the last minute.
 
@@ -232,7 +232,7 @@ class Ledger:
                 continue  # a line thorfleet did not write
 
     def answer(self, now: float | None = None) -> dict:
-        """The JSON of GET /usage (shape: files/bin/thorfleet-door-usage reads it)."""
+        """The JSON of GET /usage (shape: files/gateway/bin/thorfleet-door-usage reads it)."""
         now = time.time() if now is None else now
         day, month = _day(now), _day(now)[:7]
         if self.directory.is_dir():
