@@ -1,6 +1,7 @@
 """Helpers the operator's stories share: run thorfleet as an operator does (re-exported from the
 sim's public `sim.operator`), read a box, and read pyinfra's --json results."""
 
+import socket
 import subprocess
 import threading
 import time
@@ -156,3 +157,11 @@ def known_hosts(path, *names, hashed=False):
         subprocess.run(["ssh-keygen", "-H", "-f", str(path)], check=True, capture_output=True)
         assert not any(name in path.read_text() for name in names)
     return path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at `host` (IPv4 or IPv6): taken, then let go."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as held:
+        held.bind((host, 0))
+        return held.getsockname()[1]

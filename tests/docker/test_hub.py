@@ -9,7 +9,6 @@ import hashlib
 import http.client
 import json
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import pytest
 
 from sim.hub import DRAFT_REPO, MODEL_REPO, HubFaults, build_repos, repo_revisions
 from sim.hub.repos import SHARDS
+from tests.helpers import free_port
 
 SERVER = Path(__file__).resolve().parents[2] / "sim" / "hub" / "server.py"
 HF = Path(sys.executable).with_name("hf")
@@ -82,7 +82,7 @@ def hub_server(tmp_path_factory):
     build_repos(root)
     token_file = root.parent / "token"
     token_file.write_text("")
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [
             sys.executable,
@@ -115,12 +115,6 @@ def hub(hub_server):
     yield hub_server
     hub_server.faults.clear()
     hub_server.token_file.write_text("")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_up(endpoint: str) -> None:

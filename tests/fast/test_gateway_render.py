@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import Inventory
 
-from tests.helpers import box_program
+from tests.helpers import box_program, free_port
 from thorfleet import plan
 from thorfleet.gateway.config import (
     FLEET_CLIENT,
@@ -405,18 +405,6 @@ def keyed(url, key=BOX_KEY):
     return urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET6) as s:
-        s.bind(("::1", 0))
-        return s.getsockname()[1]
-
-
-def _free_port4():
-    with socket.socket(socket.AF_INET) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_an_ipv6_thor_and_gateway_render_as_haproxy_reads_them(tmp_path):
     own = {"weights_source": "hub", "image_source": "build"}  # the fleet copy dials IPv4 only
     inv = inventory(tmp_path, thor_hosts=[("thor-1", {"ssh_hostname": "2001:db8::5", **own}),
@@ -463,7 +451,7 @@ def running_door(tmp_path, thors=1, gateway_data=None, servers_out=None, thor_da
         servers_out.extend(servers)
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
-    door = _free_port()
+    door = free_port("::1")
     inv = inventory(tmp_path, thor_hosts=[(f"thor-{n + 1}", {
         "ssh_hostname": "::1", "service_port": servers[2 * n].server_address[1],
         "watchdog_port": servers[2 * n + 1].server_address[1],
@@ -479,7 +467,7 @@ def running_door(tmp_path, thors=1, gateway_data=None, servers_out=None, thor_da
     config = config.replace(layout.GATEWAY_SERVER_STATE, str(tmp_path / "server-state"))
     config = config.replace("    log /dev/log local0\n", "").replace("    chroot /var/lib/haproxy\n", "")
     # the clients table's local peer on a port of this test's own (tests run side by side)
-    config = config.replace(f"127.0.0.1:{layout.GATEWAY_PEERS_PORT}", f"127.0.0.1:{_free_port4()}")
+    config = config.replace(f"127.0.0.1:{layout.GATEWAY_PEERS_PORT}", f"127.0.0.1:{free_port()}")
     (tmp_path / "haproxy.cfg").write_text(config)
     running = _Haproxy(tmp_path / "haproxy.cfg", door, ssl.create_default_context(cafile=g.ca_file))
     try:

@@ -32,12 +32,12 @@ import pytest
 from tests.fast.test_gateway_render import (
     USAGE,
     JsonBox,
-    _free_port4,
     client_files,
     running_door,
     usage_tool,
 )
 from tests.fast.test_models import chat
+from tests.helpers import free_port
 from thorfleet.gateway.config import FLEET_CLIENT, map_line
 from thorfleet.settings import layout
 
@@ -285,7 +285,7 @@ def usage_service(tmp_path, g):
     config = tmp_path / "door-usage.json"
     config.write_text(g.usage_config_text)
     (tmp_path / "door-usage").mkdir(exist_ok=True)
-    port = _free_port4()
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, str(USAGE), "serve", "--listen", f"127.0.0.1:{port}",
          "--socket", str(tmp_path / "admin.sock"), "--config", str(config),

@@ -30,17 +30,11 @@ from pyinfra.api.state import StateStage
 
 from tests.fast.test_gateway_render import PINS
 from tests.fast.test_status import Boxes
-from tests.helpers import accepting
+from tests.helpers import accepting, free_port
 from thorfleet.run import pyinfra_hooks
 from thorfleet.run.unreachable import fix_for, why_unreachable
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    """A port nothing listens on (taken, then let go)."""
-    with socket.create_server(("127.0.0.1", 0)) as held:
-        return held.getsockname()[1]
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, free_port
 from tests.parse_back import PINS, command_words, unit_entries
 from thorfleet import readings
 from thorfleet.gateway.config import firewall_script
@@ -328,12 +328,6 @@ class FakeVllm(BaseHTTPRequestHandler):
 
     def log_message(self, *_):
         pass
-
-
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Box:
