@@ -24,12 +24,13 @@ from thorfleet.run.peers import (
     dial_host,
     fleet_copy,
     image_copy,
+    key_pair,
     peer_address_problems,
 )
 from thorfleet.run.unreachable import keyscan, known_hosts_name, no_host_key
 from thorfleet.settings.clients import key_file
 from thorfleet.settings.hosts import private_file_problems, private_folder_problems, settings_for
-from thorfleet.settings.layout import GATEWAY_DOOR_USAGE_LISTEN
+from thorfleet.settings.layout import GATEWAY_DOOR_USAGE_LISTEN, IMAGE_USER
 from thorfleet.settings.render import image_files_hash
 from thorfleet.settings.roles import (
     is_gateway,
@@ -572,8 +573,29 @@ def _one_batch_size(settings):
     return []
 
 
+def make_laptop_files(settings, inventory) -> None:
+    """The run's side effects on the laptop, in one step before any host is planned: the fleet CA
+    and the door's certificate, each client's key not made yet (said on stderr, to hand over),
+    the boxes' copy keys. Each is made through one writer (run/laptop.py), whole or not at all;
+    the deploy then reads what this made (each is cached where it is read), so no task makes a
+    file while it plans. `check`, status and doctor make none: they plan without this step."""
+    for checked in settings.values():
+        door = checked if isinstance(checked, GatewaySettings) else getattr(
+            checked, "gateway_role", None)
+        if door is not None:
+            door.pem  # noqa: B018 - made or read, then held for the deploy
+            door.door_keys  # noqa: B018 - likewise each client's key
+    for h in thors(inventory):
+        checked = settings[h.name]
+        if fleet_copy(checked, inventory):
+            key_pair(checked.weights_peer_key_file)
+        if image_copy(checked, inventory):
+            key_pair(checked.image_peer_key_file, IMAGE_USER)
+
+
 def settings_for_run(state):
-    """settings_for_inventory(state.inventory), checked once per run and kept on the run's State.
+    """settings_for_inventory(state.inventory), checked once per run and kept on the run's State,
+    then the laptop's files the run needs made (make_laptop_files).
 
     config.py calls it right after pyinfra loads the inventory, so bad data stops the whole run
     before any host is contacted; deploy.py and the report then read the same Settings.
@@ -582,8 +604,11 @@ def settings_for_run(state):
     if held is None:
         try:
             held = settings_for_inventory(state.inventory)
+            make_laptop_files(held, state.inventory)
         except SettingsError as error:
             held = error
+        except (OSError, ValueError) as error:  # a file the laptop cannot make or read
+            held = SettingsError([f"the laptop's files for this run: {error}"])
         state.thorfleet_settings = held
     if isinstance(held, SettingsError):
         raise held

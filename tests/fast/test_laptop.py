@@ -1,12 +1,18 @@
 """The laptop's one file writer (thorfleet/run/laptop.py): the report, the fleet CA's files and
-the copy keys are each written whole or not at all. The edits that break it: writing in place
-(a cut leaves half), a key made with the umask's mode before its chmod."""
+the copy keys are each written whole or not at all; and the run makes them in one step before any
+host is planned (plan.make_laptop_files), which `check` never takes. The edits that break it:
+writing in place (a cut leaves half), a key made with the umask's mode before its chmod, the
+run's step left out (seen: the files then wait for the tasks)."""
 
 import os
 import stat
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from tests.fast.test_gateway_render import client_files, inventory
+from thorfleet.plan import settings_for_inventory, settings_for_run
 from thorfleet.run import laptop
 
 
@@ -40,3 +46,19 @@ def test_a_cut_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         laptop.write_whole(path, "new")
     assert path.read_text() == "old" and os.listdir(tmp_path) == ["report.json"]
+
+
+def test_check_makes_no_file_and_the_run_makes_each_before_any_host_is_planned(tmp_path, capsys):
+    clients = client_files(tmp_path, alice=None)  # her key: not made yet
+    peer, image = tmp_path / "keys" / "peer", tmp_path / "keys" / "image"
+    own = {"weights_peer_key_file": str(peer), "image_peer_key_file": str(image)}
+    inv = inventory(tmp_path, gateway_data={"gateway_clients": clients}, thor_hosts=[
+        ("thor-1", {"ssh_hostname": "10.0.0.1", **own}),
+        ("thor-2", {"ssh_hostname": "10.0.0.2", **own})])  # two boxes: they copy
+    made = [tmp_path / "ca" / "fleet-ca.pem", Path(clients["alice"]), peer, image]
+    settings_for_inventory(inv)  # what check, status and doctor plan with
+    assert [p.exists() for p in made] == [False] * 4
+    settings_for_run(SimpleNamespace(inventory=inv))  # the deploy's, before it plans a host
+    assert [p.exists() for p in made] == [True] * 4
+    assert [stat.S_IMODE(p.stat().st_mode) for p in made[1:]] == [0o600] * 3
+    assert f"made a key for client alice at {clients['alice']}" in capsys.readouterr().err

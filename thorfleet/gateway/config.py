@@ -506,7 +506,8 @@ class GatewaySettings(Checked):
     @cached_property
     def pem(self) -> str:
         """HAProxy's `crt` file: the certificate (chain) and its key. Read or made on the laptop
-        when first asked (the fleet CA's folder is made then), the same bytes on a re-run."""
+        when first asked, which a deploy does before it plans a host (plan.make_laptop_files; the
+        fleet CA's folder is made then), the same bytes on a re-run."""
         if self.operator_certificate:
             pair = tls.operator_pair(Path(self.gateway_tls_cert_file).expanduser(),
                                              Path(self.gateway_tls_key_file).expanduser(),
@@ -529,7 +530,8 @@ class GatewaySettings(Checked):
     @cached_property
     def client_keys(self) -> dict[str, str]:
         """{client name: its key} from the laptop's key files (gateway_clients); a missing file is
-        made (0600, in a 0700 folder) and said on stderr, for the operator to hand over."""
+        made (0600, in a 0700 folder) and said on stderr, for the operator to hand over. A deploy
+        asks it before it plans a host (plan.make_laptop_files)."""
         keys = {}
         for name, policy in self.policies.items():
             file = Path(policy.key_file).expanduser()
