@@ -187,6 +187,8 @@ def settings_for_inventory(inventory):
             settings[name].monitor_role = monitor
         else:
             settings[name] = monitor
+    for held in [*settings.values(), *gateways.values(), *monitors.values()]:
+        held.freeze()  # built: what the run reads is what was checked here
     return settings
 
 

@@ -217,6 +217,15 @@ def inventory(tmp_path, gateway_data=None, gateway_hosts=None, thor_hosts=None):
                  {"gateway_ca_dir": str(tmp_path / "ca"), **(gateway_data or {})}))
 
 
+def test_the_plans_settings_are_not_changed_once_built(tmp_path):
+    """Breaks with: the plan not freezing what it built (plan.settings_for_inventory)."""
+    settings = settings_for_inventory(inventory(tmp_path))
+    for held in (settings["thor-1"], settings["gw-1"]):
+        with pytest.raises(AttributeError, match="not changed after the run's plan built them"):
+            held.gateway_sources = ("10.0.0.66",)
+    assert settings["thor-1"].gateway_sources == ("10.0.0.9",)
+    assert settings["thor-1"].fingerprint  # a cached value is still kept
+
 def test_the_gateway_is_checked_with_its_own_settings_and_each_thor_told_its_address(tmp_path):
     inv = inventory(tmp_path)
     assert [h.name for h in thors(inv)] == ["thor-1", "thor-2"] and gateway_of(inv).name == "gw-1"

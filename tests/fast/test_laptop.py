@@ -62,3 +62,4 @@ def test_check_makes_no_file_and_the_run_makes_each_before_any_host_is_planned(t
     assert [p.exists() for p in made] == [True] * 4
     assert [stat.S_IMODE(p.stat().st_mode) for p in made[1:]] == [0o600] * 3
     assert f"made a key for client alice at {clients['alice']}" in capsys.readouterr().err
+

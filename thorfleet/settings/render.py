@@ -23,7 +23,7 @@ from thorfleet.settings.recipe import (
     prefix_caching,
     served_names,
 )
-from thorfleet.settings.schema import API_KEY, Schema
+from thorfleet.settings.schema import API_KEY, Frozen, Schema
 
 
 def image_files_hash(folder=layout.FILES / "image"):
@@ -87,7 +87,7 @@ _templates = {".yaml.j2": _environment(yaml_scalar), ".service.j2": _environment
               ".conf.j2": _environment(systemd_word)}  # a unit's drop-in: systemd's words too
 
 
-class Settings:
+class Settings(Frozen):
     """One host's checked settings (`s.service_port`, ...), with what is derived and rendered."""
 
     def __init__(self, values: Schema, *, api_key=None, hf_token=None, image_files=None):

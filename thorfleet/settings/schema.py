@@ -1051,7 +1051,22 @@ def _check_role(schema, keys, data):
     return values, problems
 
 
-class Checked:
+class Frozen:
+    """A host's settings, changed by nobody once the run's plan has built them (freeze()): what
+    a task, the report or doctor reads is what the plan checked. A cached value is still kept
+    (functools.cached_property writes the instance's __dict__, not through __setattr__)."""
+
+    def freeze(self):
+        self.__dict__["_frozen"] = True
+
+    def __setattr__(self, name, value):
+        if self.__dict__.get("_frozen"):
+            raise AttributeError(f"{type(self).__name__}.{name}: a host's settings are not changed "
+                                 "after the run's plan built them (thorfleet/plan.py)")
+        super().__setattr__(name, value)
+
+
+class Checked(Frozen):
     """A checked host's settings read as attributes (`g.gateway_port`), the schema's only."""
 
     def __init__(self, values, name: str):
