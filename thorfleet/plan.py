@@ -27,6 +27,7 @@ from thorfleet.run.peers import (
     key_pair,
     peer_address_problems,
 )
+from thorfleet.run.runstate import run_state
 from thorfleet.run.unreachable import keyscan, known_hosts_name, no_host_key
 from thorfleet.settings.clients import key_file
 from thorfleet.settings.hosts import private_file_problems, private_folder_problems, settings_for
@@ -602,7 +603,8 @@ def settings_for_run(state):
     config.py calls it right after pyinfra loads the inventory, so bad data stops the whole run
     before any host is contacted; deploy.py and the report then read the same Settings.
     """
-    held = getattr(state, "thorfleet_settings", None)
+    run = run_state(state)
+    held = run.settings
     if held is None:
         try:
             held = settings_for_inventory(state.inventory)
@@ -611,7 +613,5 @@ def settings_for_run(state):
             held = error
         except (OSError, ValueError) as error:  # a file the laptop cannot make or read
             held = SettingsError([f"the laptop's files for this run: {error}"])
-        state.thorfleet_settings = held
-    if isinstance(held, SettingsError):
-        raise held
-    return held
+        run.settings = held
+    return run.planned()

@@ -44,7 +44,7 @@ Hooks, where pyinfra 3.10 has no public path:
    keeps neither), so a refusal of the inventory names the file as `thorfleet check` does, and a
    run that stopped while connecting leaves the last report alone under --dry only.
 5. thorfleet's per-run records are attributes of the run's State (`thorfleet_events` here,
-   `thorfleet_run` in runstate.py, `thorfleet_settings` in thorfleet/plan.py): one set per run, so two
+   `thorfleet_run` in runstate.py, the run's plan on it, from thorfleet/plan.py): one set per run, so two
    runs in one process never share them, and pyinfra has no place for a deploy's own data per run.
 6. `connectable`, `run_once`: `thorfleet status` puts the inventory on a State of its own
    (pyinfra's API: State, Config), then sends each box one command over the connection pyinfra's

@@ -35,7 +35,6 @@ from pyinfra.api import operation
 from pyinfra.api.exceptions import PyinfraError
 
 from thorfleet import facts
-from thorfleet.plan import settings_for_run
 from thorfleet.run import pyinfra_hooks
 from thorfleet.run.laptop import write_whole
 from thorfleet.run.report_rows import (
@@ -115,7 +114,7 @@ def _read_dropped_hosts(state):
         if h.name in observed or not h.connected:
             continue
         try:
-            observe(h, settings_for_run(state)[h.name])
+            observe(h, run_state(state).planned()[h.name])
         # a box that broke mid-run: report what we have
         except (PyinfraError, OSError, KeyError, TypeError, ValueError) as error:
             logger.warning(f"thorfleet: could not read {h.name} for the report: {error}")
@@ -145,7 +144,7 @@ def unreachable(state, h, error):
                                              known_hosts=known_hosts))
     first = next((t for t in thors(state.inventory) if pyinfra_hooks.in_limit(state, t)), None)
     if first is not None:
-        install(state, settings_for_run(state)[first.name].rollout_report_path)
+        install(state, run_state(state).planned()[first.name].rollout_report_path)
 
 
 def install(state, path):
@@ -179,7 +178,7 @@ def _say_left_behind(state):
 def _front_door(state):
     """The run's GatewaySettings, or None without a gateway."""
     try:
-        held = settings_for_run(state)
+        held = run_state(state).planned()
     except Exception:  # noqa: BLE001 - refused settings: the run stopped before, no gateway
         return None
     return next((s.gateway_role for s in held.values() if s.gateway_role is not None), None)

@@ -3,7 +3,7 @@
     records = run_state(state)   # one RunState per pyinfra run, kept on pyinfra's State
     records.fail(host, "why")    # the one way a host fails: logged in red, recorded, False
 
-One object per run (like the run's checked settings, settings.settings_for_run), not module globals:
+One object per run (it holds the run's plan too: plan.settings_for_run), not module globals:
 two runs in one process (the Python API, the tests) never see each other's failures.
 """
 
@@ -41,6 +41,9 @@ class RunState:
     image_ids: dict[str, str] = field(default_factory=dict)
     # With a gateway: hosts left out of its rotation by this run, and why (a failed proof).
     out_of_rotation: dict[str, str] = field(default_factory=dict)
+    # The run's plan (thorfleet/plan.py settings_for_run): {host name: its settings}, or the
+    # SettingsError that refused it; None until it is built.
+    settings: dict | Exception | None = None
     # Where the report is written once the run ends (None until report.install).
     report_path: str | None = None
     # A run of the gateways alone says at its end which of a pair it left behind (report.py).
@@ -55,6 +58,14 @@ class RunState:
     # When this run began (epoch seconds): what it sets on the gateways is dated by it, so one
     # that missed a run can tell it is behind (operations.gateway.level_recorded).
     started: int = field(default_factory=lambda: int(time.time()))
+
+    def planned(self) -> dict:
+        """{host name: settings} of the run's plan; what refused it, raised; KeyError before."""
+        if self.settings is None:
+            raise KeyError("the run's plan is not built yet")
+        if isinstance(self.settings, Exception):
+            raise self.settings
+        return self.settings
 
     def note_error(self, host_name, message):
         """Record why `host_name` failed, for the report (without failing it)."""
