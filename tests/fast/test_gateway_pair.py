@@ -40,6 +40,7 @@ from thorfleet.gateway.config import (
     GATEWAY_FIREWALL,
     GATEWAY_FIREWALL_DROPIN,
     GATEWAY_FIREWALL_TABLE,
+    VRRP_STARTUP_DELAY_S,
     firewall_script,
     keepalived_word,
 )
@@ -195,6 +196,73 @@ def test_each_gateways_keepalived_config_passes_keepalived_t(tmp_path, secure_ch
                           capture_output=True, text=True, check=False)
     assert done.returncode != 0, done.stdout + done.stderr
 
+
+
+@pytest.fixture
+def passing_check():
+    """A check that always passes, where keepalived's script security accepts it (as
+    secure_check): the election alone is under test, not HAProxy or the level."""
+    folder = Path(tempfile.mkdtemp(dir=Path.home()))
+    os.chmod(folder, 0o755)
+    (folder / "thorfleet-door-check").write_text("#!/bin/sh\nexit 0\n")
+    os.chmod(folder / "thorfleet-door-check", 0o755)
+    yield folder / "thorfleet-door-check"
+    shutil.rmtree(folder)
+
+
+def test_two_gateways_started_at_once_elect_the_first_of_the_inventory(tmp_path, passing_check,
+                                                                        monkeypatch):
+    """Each gateway's rendered config in its own network namespace, the two joined by a veth
+    pair; the second of the inventory's keepalived started 2 s before the first's (a first
+    run starts both in parallel, in no set order): the first holds the address, the second
+    stands by. Breaks with: no vrrp_startup_delay on the second (elected first, it keeps the
+    address: nopreempt)."""
+    keepalived = tool("keepalived", "keepalived")
+    root()
+    monkeypatch.setattr(layout, "GATEWAY_DOOR_CHECK", str(passing_check))
+    settings = pair(tmp_path)
+    tag = f"{os.getpid() % 100000}"
+    spaces = {"gw-1": f"tf-first-{tag}", "gw-2": f"tf-second-{tag}"}
+    links = {"gw-1": f"tfa{tag}", "gw-2": f"tfb{tag}"}
+    started = []
+
+    def run(name, *cmd):
+        return subprocess.run(["ip", "-n", spaces[name], *cmd], capture_output=True, text=True,
+                              timeout=30, check=False)
+
+    def holds(name):
+        return "10.0.0.50/24" in run(name, "addr", "show", "dev", links[name]).stdout
+
+    try:
+        for space in spaces.values():
+            subprocess.run(["ip", "netns", "add", space], check=True)
+        subprocess.run(["ip", "link", "add", links["gw-1"], "netns", spaces["gw-1"], "type",
+                        "veth", "peer", "name", links["gw-2"], "netns", spaces["gw-2"]],
+                       check=True)
+        for name, data in PAIR:
+            for step in (("addr", "add", f"{data['ssh_hostname']}/24", "dev", links[name]),
+                         ("link", "set", links[name], "up"), ("link", "set", "lo", "up")):
+                assert run(name, *step).returncode == 0
+        for name in ("gw-2", "gw-1"):  # the second first
+            config = tmp_path / f"{name}.conf"
+            config.write_text(settings[name].keepalived_text(links[name]))
+            pids = [f"--{kind}={tmp_path / f'{name}.{kind}'}" for kind in ("pid", "vrrp_pid")]
+            started.append(subprocess.Popen(
+                ["ip", "netns", "exec", spaces[name], keepalived, "--dont-fork", "--log-console",
+                 "--vrrp", "-f", str(config), *pids],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            time.sleep(2)  # a head start the second would win by without its delay (seen)
+        deadline = time.monotonic() + 30
+        while not (holds("gw-1") or holds("gw-2")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(VRRP_STARTUP_DELAY_S + 3)  # the second's VRRP has started and looked
+        assert (holds("gw-1"), holds("gw-2")) == (True, False)
+    finally:
+        for process in started:
+            process.terminate()
+            process.wait(10)
+        for space in spaces.values():
+            subprocess.run(["ip", "netns", "delete", space], check=False)
 
 def keepalived_blocks(text):
     """keepalived's config as its parser reads it: [(keyword, words, [children])], a `{` at a

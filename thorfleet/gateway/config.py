@@ -210,6 +210,12 @@ GATEWAY_FIREWALL_TABLE = ("inet", "thorfleet_gateway")
 GATEWAY_FIREWALL = "/etc/haproxy/thorfleet/firewall.nft"  # beside the level file
 GATEWAY_FIREWALL_DROPIN = "thorfleet-keepalived-firewall.conf"  # files/thor/systemd/
 VRRP = 112  # its IP protocol number (RFC 5798)
+# Both gateways' keepalived started at once (a first run, both booted together): each waits 3
+# adverts and its priority's skew (~3.4 s at 150, ~3.6 s at 100) before it takes the address, so
+# the one started half a second earlier won, whatever its priority, and nopreempt kept it there
+# (seen in the pair's story). The other gateway's VRRP starts this much after its keepalived
+# (keepalived.conf(5) vrrp_startup_delay): the first of the inventory is elected before it looks.
+VRRP_STARTUP_DELAY_S = 10
 
 
 def firewall_script(ports, *sources: str, protocols=(), table=layout.FIREWALL_TABLE
@@ -306,6 +312,12 @@ class GatewaySettings(Checked):
     def vrrp_priority(self) -> int:
         """keepalived's priority: the inventory's first gateway is preferred."""
         return 150 if self.pair[0][0] == self.name else 100
+
+    @property
+    def vrrp_startup_delay(self) -> int:
+        """Seconds this gateway's VRRP waits once keepalived starts: none on the preferred one,
+        VRRP_STARTUP_DELAY_S on the other, so an election both start at once is the first's."""
+        return 0 if self.pair[0][0] == self.name else VRRP_STARTUP_DELAY_S
 
     def check_command(self, kind) -> list[str]:
         """keepalived's check of this gateway (files/gateway/bin/thorfleet-door-check): `up` (HAProxy
