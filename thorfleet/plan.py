@@ -583,8 +583,7 @@ def make_laptop_files(settings, inventory) -> None:
     the deploy then reads what this made (each is cached where it is read), so no task makes a
     file while it plans. `check`, status and doctor make none: they plan without this step."""
     for checked in settings.values():
-        door = checked if isinstance(checked, GatewaySettings) else getattr(
-            checked, "gateway_role", None)
+        door = checked.gateway_role  # a gateway's own, a Thor's that is one too, else None
         if door is not None:
             door.pem  # noqa: B018 - made or read, then held for the deploy
             door.door_keys  # noqa: B018 - likewise each client's key

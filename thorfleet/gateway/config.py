@@ -208,7 +208,7 @@ def pool_name(model: str) -> str:
 # drop-in.
 GATEWAY_FIREWALL_TABLE = ("inet", "thorfleet_gateway")
 GATEWAY_FIREWALL = "/etc/haproxy/thorfleet/firewall.nft"  # beside the level file
-GATEWAY_FIREWALL_DROPIN = "thorfleet-keepalived-firewall.conf"  # files/thor/systemd/
+GATEWAY_FIREWALL_DROPIN = "thorfleet-keepalived-firewall.conf"  # files/gateway/systemd/
 VRRP = 112  # its IP protocol number (RFC 5798)
 # Both gateways' keepalived started at once (a first run, both booted together): each waits 3
 # adverts and its priority's skew (~3.4 s at 150, ~3.6 s at 100) before it takes the address, so

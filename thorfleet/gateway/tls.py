@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fcntl
-import ipaddress
 import re
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from thorfleet.run.laptop import write_whole
-from thorfleet.settings.schema import check_names
+from thorfleet.settings.schema import check_names, ip_address_or_none
 
 # An inventory name becomes a file name under ca_dir/gateways: no '/', no '.' or '..' alone.
 INVENTORY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
@@ -136,8 +135,12 @@ def operator_pair(cert_file: Path, key_file: Path, names: list[str]) -> tuple[by
                          f"{leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
     ips = {n.value for n in _san(leaf) if isinstance(n, x509.IPAddress)}
     dns = {n.value.lower() for n in _san(leaf) if isinstance(n, x509.DNSName)}
-    missing = [n for n in names
-               if not (_ip(n) in ips if _ip(n) is not None else _dns_covered(n, dns))]
+
+    def named(name):
+        address = ip_address_or_none(name)
+        return address in ips if address is not None else _dns_covered(name, dns)
+
+    missing = [n for n in names if not named(n)]
     if missing:
         raise ValueError(f"gateway_tls_cert_file {cert_file}: its SANs do not name "
                          f"{', '.join(missing)}; clients checking the hostname would refuse it")
@@ -193,15 +196,8 @@ def _dns_covered(name: str, dns: set[str]) -> bool:
 
 
 def _general_name(name: str) -> x509.GeneralName:
-    address = _ip(name)
+    address = ip_address_or_none(name)
     return x509.IPAddress(address) if address is not None else x509.DNSName(name)
-
-
-def _ip(name: str):
-    try:
-        return ipaddress.ip_address(name)
-    except ValueError:
-        return None
 
 
 def _public(holder) -> bytes:

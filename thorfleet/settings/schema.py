@@ -260,7 +260,7 @@ def check_names(names) -> list[str]:
     found: list[str] = []
     for name in names:
         # a scoped IPv6 address ("fe80::1%eth0") names one link of one host: no SAN can hold it
-        address = _ip_or_none(name) if isinstance(name, str) and "%" not in name else None
+        address = ip_address_or_none(name) if isinstance(name, str) and "%" not in name else None
         if address is not None:
             name = str(address)
         elif _dns_name(name):
@@ -286,7 +286,8 @@ def _dns_name(name) -> bool:
     return all(_DNS_LABEL.fullmatch(label) for label in labels) and not labels[-1].isdigit()
 
 
-def _ip_or_none(name):
+def ip_address_or_none(name):
+    """`name` as an ipaddress address, or None: a DNS name (the certificate's SAN kinds)."""
     try:
         return ipaddress.ip_address(name)
     except ValueError:
