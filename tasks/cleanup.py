@@ -4,12 +4,12 @@ revisions, derived images, build contexts), keeping the last good version a roll
 from pyinfra.api import deploy
 
 from thorfleet.operations import cleanup, files
-from thorfleet.settings.layout import BOX_CLEAN, FILES
+from thorfleet.settings.layout import BOX_CLEAN, THOR_FILES
 
 
 @deploy("Cleanup")
 def run(settings):
-    files.whole_file(name="Install the leftover finder", src=str(FILES / "thor" / "bin" / "thorfleet-clean"),
+    files.whole_file(name="Install the leftover finder", src=str(THOR_FILES / "bin" / "thorfleet-clean"),
                      path=BOX_CLEAN, mode="755")
     cleanup.leftovers_removed(name="Remove old revisions, images and build contexts",
                               weights_dir=settings.weights_dir,

@@ -35,7 +35,6 @@ from thorfleet.settings.layout import (
     BOX_ETC,
     BOX_FIREWALL,
     BOX_UNIT_DIR,
-    FILES,
     FIREWALL_DROPIN,
     FIREWALL_UNIT,
     GATEWAY_BOX_KEY_MAP,
@@ -47,6 +46,7 @@ from thorfleet.settings.layout import (
     GATEWAY_DOOR_USAGE_CONFIG,
     GATEWAY_DOOR_USAGE_STATE,
     GATEWAY_DOOR_USAGE_UNIT,
+    GATEWAY_FILES,
     GATEWAY_INFLIGHT_MAP,
     GATEWAY_MODELS_MAP,
     GATEWAY_PEER_LEVEL,
@@ -57,6 +57,7 @@ from thorfleet.settings.layout import (
     GATEWAY_STATE_DROPIN,
     KEEPALIVED_CONFIG,
     KEEPALIVED_UNIT,
+    THOR_FILES,
 )
 
 HAPROXY_UNIT = "haproxy.service"
@@ -77,7 +78,7 @@ def run(g, lock=True):
     pem = files.secret_file(name="Install the gateway's certificate and key (root-only)",
                             path=GATEWAY_PEM, content=g.pem)
     files.whole_file(name="Install the rotation tool (drain, ready through the runtime API)",
-                     src=str(FILES / "gateway" / "bin" / "thorfleet-rotation"), path=GATEWAY_ROTATION,
+                     src=str(GATEWAY_FILES / "bin" / "thorfleet-rotation"), path=GATEWAY_ROTATION,
                      mode="755")
     keys = _door_maps(g)  # before the config: `haproxy -c` reads the maps it names
     _runtime_maps(g)  # ...those the door's programs keep too
@@ -93,7 +94,7 @@ def run(g, lock=True):
                     path=GATEWAY_STATE_DROPIN.rsplit("/", 1)[0], mode="755")
     dropin = files.whole_file(
         name="Keep the boxes' states across HAProxy's restarts (a drop-in saves them at its stop)",
-        src=str(FILES / "gateway" / "haproxy-state.conf"), path=GATEWAY_STATE_DROPIN, mode="644")
+        src=str(GATEWAY_FILES / "haproxy-state.conf"), path=GATEWAY_STATE_DROPIN, mode="644")
     systemd.daemon_reload(name="systemd reads the drop-in", _if=dropin.did_change)
     files.unit_enabled(name="Enable HAProxy at boot", unit=HAPROXY_UNIT)
     gateway.haproxy_reloaded(name="Reload HAProxy for its new config (no connection dropped)",
@@ -125,7 +126,7 @@ def _shared_address(g):
     system.packages(name="Install keepalived and curl (the distribution's packages)",
                     packages=gateway.SHARED_ADDRESS_PACKAGES)
     files.whole_file(name="Install keepalived's check (HAProxy runs; this gateway is level)",
-                     src=str(FILES / "gateway" / "bin" / "thorfleet-door-check"), path=GATEWAY_DOOR_CHECK,
+                     src=str(GATEWAY_FILES / "bin" / "thorfleet-door-check"), path=GATEWAY_DOOR_CHECK,
                      mode="755")
     files.directory(name="Create the folder of what the other gateway last said",
                     path=GATEWAY_PEER_LEVEL.rsplit("/", 1)[0], mode="700")
@@ -161,7 +162,7 @@ def _peer_firewall(g):
     files.directory(name="Create keepalived's drop-in folder", path=KEEPALIVED_DROPINS, mode="755")
     dropin = files.whole_file(
         name="keepalived starts only once the gateways' firewall is loaded",
-        src=str(FILES / "gateway" / "systemd" / GATEWAY_FIREWALL_DROPIN),
+        src=str(GATEWAY_FILES / "systemd" / GATEWAY_FIREWALL_DROPIN),
         path=f"{KEEPALIVED_DROPINS}/{GATEWAY_FIREWALL_DROPIN}", mode="644")
     systemd.daemon_reload(name="systemd reads keepalived's drop-in", _if=dropin.did_change)
     return lambda: script.did_change() or dropin.did_change()
@@ -225,7 +226,7 @@ def _door_usage(g):
                      path=GATEWAY_DOOR_USAGE_STATE)
         return
     tool = files.whole_file(name="Install the usage service (each client's counts and budgets)",
-                            src=str(FILES / "gateway" / "bin" / "thorfleet-door-usage"),
+                            src=str(GATEWAY_FILES / "bin" / "thorfleet-door-usage"),
                             path=GATEWAY_DOOR_USAGE, mode="755")
     files.directory(name=f"Create {BOX_ETC}", path=BOX_ETC, mode="755")
     budgets = sum(v is not None for p in g.policies.values() for v in p.budgets.values())
@@ -234,7 +235,7 @@ def _door_usage(g):
              f"{g.usage_config['interval_s']} s, {budgets} token budget(s)",
         src=StringIO(g.usage_config_text), path=GATEWAY_DOOR_USAGE_CONFIG, mode="644")
     unit = files.whole_file(name="Install its unit (127.0.0.1:9106, for Prometheus)",
-                            src=str(FILES / "gateway" / "systemd" / GATEWAY_DOOR_USAGE_UNIT), path=unit_path,
+                            src=str(GATEWAY_FILES / "systemd" / GATEWAY_DOOR_USAGE_UNIT), path=unit_path,
                             mode="644")
     systemd.daemon_reload(name="systemd reads the usage service's unit", _if=unit.did_change)
     files.unit_enabled(name="Enable the usage service at boot", unit=GATEWAY_DOOR_USAGE_UNIT)
@@ -268,11 +269,11 @@ def box(settings):
                           f"{'s' if len(settings.gateway_sources) > 1 else ''}){monitor} and the box only",
                      src=StringIO(script), path=BOX_FIREWALL, mode="644")
     unit = files.whole_file(name="Install the unit that loads it at every boot",
-                            src=str(FILES / "thor" / "systemd" / FIREWALL_UNIT), path=unit_path, mode="644")
+                            src=str(THOR_FILES / "systemd" / FIREWALL_UNIT), path=unit_path, mode="644")
     files.directory(name="Create the server unit's drop-in folder", path=dropin_dir, mode="755")
     dropin = files.whole_file(
         name="The server starts only once the firewall is live (a failed load keeps it down)",
-        src=str(FILES / "thor" / "systemd" / "thorfleet-vllm-firewall.conf"),
+        src=str(THOR_FILES / "systemd" / "thorfleet-vllm-firewall.conf"),
         path=f"{dropin_dir}/{FIREWALL_DROPIN}", mode="644")
     systemd.daemon_reload(name="Reload systemd after the firewall unit or the drop-in changed",
                           _if=lambda: unit.did_change() or dropin.did_change())

@@ -26,6 +26,7 @@ from thorfleet.settings.layout import (
     BOX_STATE,
     FILES,
     IMAGE_USER,
+    THOR_FILES,
 )
 
 
@@ -67,7 +68,7 @@ def image_access(settings):
     for a `docker save` of a derived image (thorfleet-image serve, then its save through the one
     sudo rule), and that key for this box's own loads."""
     private, public = peers.key_pair(settings.image_peer_key_file, IMAGE_USER)
-    files.whole_file(name="Install the image copy tool", src=str(FILES / "thor" / "bin" / "thorfleet-image"),
+    files.whole_file(name="Install the image copy tool", src=str(THOR_FILES / "bin" / "thorfleet-image"),
                      path=BOX_IMAGE_TOOL, mode="755")
     files.key_only_user(IMAGE_USER, BOX_IMAGE_HOME, public, f"{BOX_IMAGE_TOOL} serve",
                         "ask for a derived image")

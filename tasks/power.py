@@ -4,7 +4,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
 from thorfleet.operations import files, power
-from thorfleet.settings.layout import BOX_UNIT_DIR, CLOCKS_UNIT, FILES
+from thorfleet.settings.layout import BOX_UNIT_DIR, CLOCKS_UNIT, THOR_FILES
 
 
 @deploy("Power")
@@ -18,7 +18,7 @@ def run(settings):
     # jetson_clocks does not survive a reboot: a oneshot unit ordered after nvpmodel.service does.
     unit = files.whole_file(
         name="Install the unit that locks clocks at every boot",
-        src=str(FILES / "thor" / "systemd" / CLOCKS_UNIT),
+        src=str(THOR_FILES / "systemd" / CLOCKS_UNIT),
         path=f"{BOX_UNIT_DIR}/{CLOCKS_UNIT}",
         mode="644",
     )

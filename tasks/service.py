@@ -23,8 +23,8 @@ from thorfleet.settings.layout import (
     BOX_USAGE_CODE,
     BOX_USAGE_DIR,
     BOX_VLLM_CACHE,
-    FILES,
     START_LIMIT_DROPIN,
+    THOR_FILES,
     box_unit,
     layout_env_text,
 )
@@ -48,19 +48,19 @@ def run(settings):
                      src=StringIO(layout_env_text()), path=BOX_LAYOUT_ENV, mode="644")
     # first: thorfleet-serve (and the watchdog, the benchmark) import it from beside them
     box_code = files.whole_file(name="Install what the box's programs share",
-                                src=str(FILES / "thor" / "bin" / "thorfleet_box.py"), path=BOX_COMMON,
+                                src=str(THOR_FILES / "bin" / "thorfleet_box.py"), path=BOX_COMMON,
                                 mode="644")
     # Each client's tokens: the journal the server's middleware writes and the watchdog reads
     # (files/thor/bin/thorfleet_usage.py; its code is in the fingerprint: a new one restarts the server).
     files.directory(name="Create the folder of each client's tokens (root-only)",
                     path=BOX_USAGE_DIR, mode="700")
     usage_code = files.whole_file(name="Install the token counter the server and watchdog load",
-                                  src=str(FILES / "thor" / "bin" / "thorfleet_usage.py"),
+                                  src=str(THOR_FILES / "bin" / "thorfleet_usage.py"),
                                   path=BOX_USAGE_CODE, mode="644")
     files.whole_file(name="Install the start/prove/roll-back tool",
-                     src=str(FILES / "thor" / "bin" / "thorfleet-serve"), path=BOX_SERVE, mode="755")
+                     src=str(THOR_FILES / "bin" / "thorfleet-serve"), path=BOX_SERVE, mode="755")
     files.whole_file(name="Install the picture the proof shows a vision box",
-                     src=str(FILES / "thor" / "bin" / "thorfleet-proof.png"), path=BOX_PROOF_IMAGE,
+                     src=str(THOR_FILES / "bin" / "thorfleet-proof.png"), path=BOX_PROOF_IMAGE,
                      mode="644")
     unit = files.whole_file(name=f"Write the {settings.service_name} unit",
                             src=StringIO(settings.unit_text),

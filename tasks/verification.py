@@ -18,13 +18,13 @@ from pyinfra.api import deploy
 
 from thorfleet.operations import files, verification
 from thorfleet.run import rollout
-from thorfleet.settings.layout import BOX_BENCH, FILES
+from thorfleet.settings.layout import BOX_BENCH, THOR_FILES
 from thorfleet.settings.roles import gateways, is_thor
 
 
 @deploy("Verification")
 def run(settings):
-    files.whole_file(name="Install the benchmark tool", src=str(FILES / "thor" / "bin" / "thorfleet-bench"),
+    files.whole_file(name="Install the benchmark tool", src=str(THOR_FILES / "bin" / "thorfleet-bench"),
                      path=BOX_BENCH, mode="755")
     service = {"service": settings.service_name, "port": settings.service_port,
                "fingerprint": settings.fingerprint,

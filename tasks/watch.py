@@ -24,8 +24,8 @@ from thorfleet.settings.layout import (
     BOX_READINGS,
     BOX_UNIT_DIR,
     BOX_WATCHDOG,
-    FILES,
     ROOT,
+    THOR_FILES,
     WATCHDOG_SOCKET,
     WATCHDOG_UNIT,
 )
@@ -41,7 +41,7 @@ def run(settings, box_code=()):
                                 src=str(ROOT / "thorfleet" / "readings.py"), path=BOX_READINGS,
                                 mode="644")
     tool = files.whole_file(name="Install the watchdog",
-                            src=str(FILES / "thor" / "bin" / "thorfleet-watchdog"), path=BOX_WATCHDOG,
+                            src=str(THOR_FILES / "bin" / "thorfleet-watchdog"), path=BOX_WATCHDOG,
                             mode="755")
     unit = files.whole_file(
         name=f"Write the watchdog's unit: a check every {settings.watchdog_interval_s}s, a "

@@ -21,9 +21,9 @@ from thorfleet.settings.layout import (
     BOX_PEER_KEY,
     BOX_PEER_KNOWN_HOSTS,
     BOX_WEIGHTS,
-    FILES,
     PEER_USER,
     RRSYNC,
+    THOR_FILES,
 )
 
 
@@ -31,7 +31,7 @@ from thorfleet.settings.layout import (
 def run(settings):
     files.whole_file(
         name="Install the weights fetcher and verifier",
-        src=str(FILES / "thor" / "bin" / "thorfleet-weights"),
+        src=str(THOR_FILES / "bin" / "thorfleet-weights"),
         path=BOX_WEIGHTS,
         mode="755",
     )

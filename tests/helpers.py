@@ -9,6 +9,10 @@ import time
 from sim import fleet as sim
 from sim.hub import HubFaults
 from sim.operator import ROOT, Run, deploy, edited_checkout  # noqa: F401 - re-exported
+from thorfleet.settings import layout
+
+# Where thorfleet's programs are: a Thor's, then a gateway's.
+BINS = (layout.THOR_FILES / "bin", layout.GATEWAY_FILES / "bin")
 
 SERVICE = "thorfleet-vllm"
 SHARD = "consolidated-{:05d}-of-00013.safetensors"
@@ -114,8 +118,7 @@ def box_program(name: str):
     import importlib.machinery
     import importlib.util
 
-    path = next(p for p in (ROOT / "files" / place / "bin" / name for place in ("thor", "gateway"))
-                if p.exists())
+    path = next(folder / name for folder in BINS if (folder / name).exists())
     loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(path))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(module)

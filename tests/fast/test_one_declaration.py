@@ -17,11 +17,10 @@ import ast
 import re
 from pathlib import Path
 
-from tests.helpers import ROOT
+from tests.helpers import BINS, ROOT
 from thorfleet.settings import layout
 from thorfleet.settings.schema import FIELDS
 
-BINS = (ROOT / "files" / "thor" / "bin", ROOT / "files" / "gateway" / "bin")
 # The programs thorfleet installs that read options with argparse (Python, by their first line).
 PROGRAMS = {p.name: p for folder in BINS for p in folder.iterdir()
             if p.is_file() and p.read_bytes()[:40].startswith(b"#!/usr/bin/env python3")}
@@ -140,7 +139,7 @@ def test_no_program_has_a_default_for_an_option_thorfleet_gives_it():
     given = passed_in_units()
     for program, options in passed_in_python().items():
         given.setdefault(program, set()).update(options)
-    seconds = [f"files/thor/bin/{program}:{line}: {option} has a default of its own, but thorfleet "
+    seconds = [f"{PROGRAMS[program].relative_to(ROOT)}:{line}: {option} has a default of its own, but thorfleet "
                "always gives it (from the settings): drop the default"
                for program, options in sorted(given.items())
                for option, line in sorted(own_defaults(program).items())

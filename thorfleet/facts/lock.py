@@ -10,7 +10,7 @@ from pyinfra.api import FactBase
 
 from thorfleet.settings.layout import (
     BOX_RUN_LOCK_DIR,
-    FILES,
+    THOR_FILES,
 )
 
 
@@ -30,7 +30,7 @@ class RunLock(FactBase):
 
     def command(self, holder, token, wait_s):
         tool = f"{BOX_RUN_LOCK_DIR}/thorfleet-run-lock"
-        source = (FILES / "thor" / "bin" / "thorfleet-run-lock").read_text()
+        source = (THOR_FILES / "bin" / "thorfleet-run-lock").read_text()
         take = " ".join(q(str(word)) for word in (
             "python3", tool, "take", "--dir", BOX_RUN_LOCK_DIR, "--holder", holder,
             "--token", token, "--wait", wait_s))

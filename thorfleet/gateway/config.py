@@ -138,7 +138,7 @@ _MAP_VALUE = re.compile(r"[!-~]([ -~]*[!-~])?")  # one line of printable ASCII, 
 
 
 def _environment(finalize):
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(layout.FILES / "gateway")),
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(layout.GATEWAY_FILES)),
                               keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
                               finalize=finalize)
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 # --- the laptop: this checkout ----------------------------------------------------------------
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ROOT / "files"  # templates, box scripts, the image's build context
+FILES = ROOT / "files"  # what thorfleet ships, one folder for each place it lands:
+THOR_FILES = FILES / "thor"  # a Thor's programs (bin/), units (systemd/) and vLLM config
+GATEWAY_FILES = FILES / "gateway"  # a gateway's templates, programs (bin/) and units (systemd/)
 
 # --- the box ------------------------------------------------------------------------------------
 BOX_HOME = "/opt/thorfleet"
@@ -89,7 +91,7 @@ FIREWALL_TABLE = ("inet", "thorfleet")
 FETCH_CONTAINER = "thorfleet-fetch"  # the weights fetch's containers: thorfleet-fetch-<revision>
 # Every name thorfleet gives a unit, a container or a user on a box besides the server's own: the
 # server (service_name) may take none of them, since its unit file and `docker rm -f` would
-# replace theirs. tests/fast/test_settings.py holds it to files/thor/systemd and the names above.
+# replace theirs. tests/fast/test_settings.py holds it to files/*/systemd and the names above.
 BOX_OWN_NAMES = (CLOCKS_UNIT.removesuffix(".service"), FIREWALL_UNIT.removesuffix(".service"),
                  WATCHDOG_UNIT.removesuffix(".service"), FETCH_CONTAINER, PEER_USER, IMAGE_USER,
                  "thorfleet-door-usage")  # GATEWAY_DOOR_USAGE_UNIT's: a Thor may be the gateway
