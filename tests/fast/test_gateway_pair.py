@@ -159,16 +159,21 @@ def test_a_pair_that_cannot_share_an_address_is_refused_naming_it(tmp_path, gate
     assert any(refused in problem for problem in error.value.problems), error.value.problems
 
 
-@pytest.fixture
-def secure_check():
-    """The check script where keepalived's script security accepts it (no folder on its path
-    writable by others: not under /tmp), for its parser's config test."""
+def _secure(text):
+    """A check script holding `text` where keepalived's script security accepts it (no folder on
+    its path writable by others: not under /tmp); yields its path, then removes it."""
     folder = Path(tempfile.mkdtemp(dir=Path.home()))
     os.chmod(folder, 0o755)
-    shutil.copy(CHECK, folder / "thorfleet-door-check")
+    (folder / "thorfleet-door-check").write_text(text)
     os.chmod(folder / "thorfleet-door-check", 0o755)
     yield folder / "thorfleet-door-check"
     shutil.rmtree(folder)
+
+
+@pytest.fixture
+def secure_check():
+    """thorfleet's check script, for keepalived's parser's config test."""
+    yield from _secure(CHECK.read_text())
 
 
 def test_each_gateways_keepalived_config_passes_keepalived_t(tmp_path, secure_check, monkeypatch):
@@ -200,14 +205,8 @@ def test_each_gateways_keepalived_config_passes_keepalived_t(tmp_path, secure_ch
 
 @pytest.fixture
 def passing_check():
-    """A check that always passes, where keepalived's script security accepts it (as
-    secure_check): the election alone is under test, not HAProxy or the level."""
-    folder = Path(tempfile.mkdtemp(dir=Path.home()))
-    os.chmod(folder, 0o755)
-    (folder / "thorfleet-door-check").write_text("#!/bin/sh\nexit 0\n")
-    os.chmod(folder / "thorfleet-door-check", 0o755)
-    yield folder / "thorfleet-door-check"
-    shutil.rmtree(folder)
+    """A check that always passes: the election alone is under test, not HAProxy or the level."""
+    yield from _secure("#!/bin/sh\nexit 0\n")
 
 
 def test_two_gateways_started_at_once_elect_the_first_of_the_inventory(tmp_path, passing_check,
