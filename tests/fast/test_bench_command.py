@@ -259,14 +259,21 @@ def test_what_queued_is_counted_against_each_models_own_boxes(bench_run):
         ("mistral-small-4-256k", 1, 1, 0), ("mistral-small-4-256k", 2, 1, 1)]
 
 
+# The box's shell gets every signal at its default, as sshd starts it. A test run under nohup, or
+# in the background of a shell without job control, inherits HUP or INT ignored, and sh cannot
+# trap a signal ignored when it started (POSIX, "trap"): the run went on, as no box's would (seen
+# once, the tests started under nohup). env execs, so the signal still goes to the shell's pid.
+AS_SSHD_STARTS_IT = ("env", "--default-signal=HUP,INT,PIPE,TERM")
+
+
 @pytest.mark.parametrize("signal_name", ["HUP", "INT", "PIPE", "TERM"])
 def test_a_run_stopped_early_leaves_no_folder_and_no_container(tmp_path, signal_name):
     box = Box(tmp_path)
     (box.log / "hold").touch()  # vLLM benchmarks until the container is removed
     run = bench.Run("m", "custom", 16, 8, 1, 1)
     command = bench.box_command(run, "https://10.0.0.9:8443", None, "img:1", "/opt/models/m")
-    shell = subprocess.Popen(shlex.split(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=box.env)
+    shell = subprocess.Popen([*AS_SSHD_STARTS_IT, *shlex.split(command)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=box.env)
     try:
         shell.stdin.write(f"{KEY}\n-----BEGIN CERT".encode())
         shell.stdin.close()
