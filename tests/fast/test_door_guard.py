@@ -14,7 +14,7 @@ loopback that say how often they were asked.
   ERROR_LIMIT failures, until its checks (the watchdog's verdict) put it back. A box that fails
   after its answer began is not asked again: the client sees the cut.
 
-The edits that break them (each tried once; /tmp/door-report.md has the failure lines): the
+The edits that break them (each tried once): the
 wait-for-body rule moved above the key check (the keyless 401 waits for the body); the key check
 back inside `{% if g.gateway_clients %}` (without clients, `assert status == 401` sees 0, no
 answer within 5 s, routed, and the 413 of the declared length with one model); the declared

@@ -3,7 +3,7 @@ their own in its place: the fleet CA's folder (gateway_ca_dir), the client keys'
 key's, the boxes' copy keys', and every folder above them up to the user's home (else up to /),
 refused by `python -m thorfleet check` with the chmod that fixes it.
 
-Fast: no Docker, no SSH. The edits that break these (each tried once, see /tmp/laptop-report.md):
+Fast: no Docker, no SSH. The edits that break these (each tried once):
 private_folder_problems taking a sticky folder (1777) as safe again; it checking the secret's own
 folder only, not the ones above; it skipping a folder not made yet; _the_gateway not asking it of
 gateway_ca_dir; _peer_key_problems not called.

@@ -1,7 +1,7 @@
 """thorfleet's operations, facts in and commands out (as pyinfra tests its own): each yields only
 what closes the gap, and nothing (a noop) when the box is already right.
 
-The edits that break the staging tests (tried once, see /tmp/laptop-report.md): files._replace
+The edits that break the staging tests (tried once): files._replace
 naming the staged upload after the content's sha256 again (`digest[:16]`); whole_file deciding
 to upload from anything but the box's reported sha256."""
 

@@ -3,7 +3,7 @@
 Fast: no Docker, no SSH. The schema (thorfleet/settings/schema.py) against group_data/all.py, every rule
 refusing a bad value with its message, a typo'd key told the real one, a good inventory passing.
 
-The edits that break the API key's length test (tried once, see /tmp/laptop-report.md):
+The edits that break the API key's length test (tried once):
 schema.API_KEY_MIN lowered below 16; the length's problem naming the key itself.
 """
 

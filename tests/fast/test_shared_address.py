@@ -6,7 +6,7 @@ Why: keepalived adds the address with its prefix, and so a route to its network 
 address; 10.0.0.50/25 on a /24 LAN made the holder dial the boxes in the /25 from 10.0.0.50,
 which their firewall does not admit: every box marked down. What is not knowable offline, and so
 not refused here: a prefix too long that still holds every box (all boxes in the /25), boxes
-dialed by name. The edits that break these (each tried once, see /tmp/laptop-report.md):
+dialed by name. The edits that break these (each tried once):
 _the_gateway not calling _shared_address_problems; the network test reversed; the suggested
 prefix not widened to hold every box.
 
