@@ -37,7 +37,8 @@ of its heal when it never was); a request belongs to the window it started in, t
 `outside`. The goal (goal()): 0 requests failed after retries, except those in flight during a
 gateway's own loss (the FAILOVER_S after the gateway holding the address is killed) and streams
 whose answer had begun (its headers came, with or without a token) when a box was lost
-(BOX_LOSS), each counted apart; 0 streams
+(BOX_LOSS), or on the lost box (the door names each answer's box) while its window ran, each
+counted apart; 0 streams
 cut silently, 0 prober answers, 0 requests served with a revoked key.
 """
 
@@ -58,6 +59,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from thorfleet.settings.layout import GATEWAY_BOX_HEADER
 
 VLLM_PORT = 8002  # the boxes' vLLM port (tests/fleet/test_gateway.py)
 PROBE_EVERY_S = 1.0
@@ -112,6 +115,8 @@ class Record:
     # engine's first token (chat_completion/api_router.py returns a StreamingResponse, which
     # starts the response before its first chunk), so a stream can have begun with no token.
     began: float | None = None
+    # the box that answered, as the door names it (its X-Thorfleet-Box header; None: no answer)
+    box: str | None = None
 
 
 @dataclasses.dataclass
@@ -122,6 +127,7 @@ class Window:
     end: float
     healed_at: float | None = None
     remedied: bool = False  # not whole by itself in time: a converge made it so
+    box: str | None = None  # the box it took (BOX_LOSS), as the door names it
 
     @property
     def until(self) -> float:
@@ -231,13 +237,19 @@ def goal(records, windows, probes, failover_s=FAILOVER_S):
     whose answer had begun and was in flight as a box was lost (BOX_LOSS): its box stopped
     answering mid-stream, the one failure no retry may mend. Both are counted, apart."""
     losses = gateway_loss(windows, failover_s)
-    box_losses = [w.start for w in windows if w.name in BOX_LOSS]
+    box_losses = [w for w in windows if w.name in BOX_LOSS]
 
     def in_gateway_loss(r):
         return any(r.start <= b and r.end >= a for a, b in losses)
 
     def in_box_loss(r):
-        return r.began is not None and any(r.start < t <= r.end for t in box_losses)
+        """Begun, and its box lost while it was in flight: at the fault's start, or, on the
+        box the fault took, at any moment until the door knew (a stream sent to a box whose
+        engine had just frozen gets its headers from vLLM's API server and no token)."""
+        return r.began is not None and any(
+            r.start < w.start <= r.end or (r.box is not None and r.box == w.box
+                                           and r.start <= w.until and r.end >= w.start)
+            for w in box_losses)
 
     failed = [r for r in records if r.outcome == "failed"]
     found = {"failed_after_retries": sum(not in_gateway_loss(r) and not in_box_loss(r)
@@ -455,10 +467,11 @@ class Client(threading.Thread):
     def one(self, kind):
         openai = self.openai
         before, start = self.attempts, self.clock()
-        began, first, outcome, error, usage = None, None, "ok", "", None
+        began, first, outcome, error, usage, box = None, None, "ok", "", None, None
         arguments = request_of(kind, self.model)
         try:
-            answer = self.sdk.chat.completions.create(**arguments)
+            raw = self.sdk.chat.completions.with_raw_response.create(**arguments)
+            box, answer = raw.headers.get(GATEWAY_BOX_HEADER), raw.parse()
             if arguments.get("stream"):
                 began, finished = self.clock(), False
                 for read, chunk in enumerate(answer, 1):  # each carries the usage so far
@@ -481,7 +494,7 @@ class Client(threading.Thread):
             outcome, error = "failed", f"{type(e).__name__}: {str(e)[:200]}"
         tokens = usage.prompt_tokens + usage.completion_tokens if usage else 0
         return Record(self.name_, kind, start, first, self.clock(), outcome,
-                      max(0, self.attempts - before - 1), error, tokens, began)
+                      max(0, self.attempts - before - 1), error, tokens, began, box)
 
 
 # ------------------------------------------------------------------ the prober
@@ -648,6 +661,7 @@ class Fault:
     hold_s: float = 20.0
     whole: Callable = Soak.whole
     whole_timeout_s: float = 300.0
+    lost: Callable | None = None  # lost(what inject returned): the box it took (BOX_LOSS)
 
 
 def _box(soak, i):
@@ -785,8 +799,9 @@ def _nothing(_soak, _it):
 
 
 FAULTS = {
-    "engine_frozen": {"inject": freeze_engine, "heal": thaw_engine, "hold_s": 60},
-    "box_killed": {"inject": kill_box, "heal": boot_box, "hold_s": 10},
+    "engine_frozen": {"inject": freeze_engine, "heal": thaw_engine, "hold_s": 60,
+                      "lost": lambda it: it[0]},
+    "box_killed": {"inject": kill_box, "heal": boot_box, "hold_s": 10, "lost": lambda it: it},
     "gateway_killed": {"inject": kill_holder, "heal": boot_box, "hold_s": 20},
     "ssh_cut_rolling": {"inject": cut_in_rolling_change, "heal": heal_cut, "hold_s": 30},
     "nft_by_hand": {"inject": nft_by_hand, "heal": _nothing, "hold_s": 30, "whole_timeout_s": 120},
@@ -813,7 +828,7 @@ def run_fault(soak, fault):
     it = fault.inject(soak)
     time.sleep(fault.hold_s)
     fault.heal(soak, it)
-    window = Window(fault.name, start, soak.clock())
+    window = Window(fault.name, start, soak.clock(), box=fault.lost(it) if fault.lost else None)
     remedied = False
     for _ in range(2):
         deadline = time.monotonic() + fault.whole_timeout_s
