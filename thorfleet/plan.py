@@ -11,6 +11,8 @@ canary and the batches, the copy keys, the boxes sharing an address, the laptop'
 from __future__ import annotations
 
 import ipaddress
+import secrets
+import sys
 from pathlib import Path
 
 import yaml
@@ -20,6 +22,7 @@ from thorfleet.gateway import tls
 from thorfleet.gateway.config import CLIENT_KEY, SERVER_NAME, Backend, GatewaySettings, client_key
 from thorfleet.gateway.monitor import MonitorSettings, Target, label_value, target
 from thorfleet.run import pyinfra_hooks
+from thorfleet.run.laptop import write_whole
 from thorfleet.run.peers import (
     dial_host,
     fleet_copy,
@@ -476,7 +479,7 @@ def box_key_problems(box_keys) -> list[str]:
 def client_problems(clients, box_keys) -> list[str]:
     """What is wrong with the door's client keys (gateway_clients), each naming the file or
     setting (never a key). A key file not there yet is made by the deploy
-    (GatewaySettings.client_keys)."""
+    (make_client_keys)."""
     problems, seen = [], {}
     files = {}  # {the file, resolved: the first client naming it}
     for name, entry in sorted(clients.items()):
@@ -576,6 +579,19 @@ def _one_batch_size(settings):
     return []
 
 
+def make_client_keys(policies) -> None:
+    """Each client's key file not made yet (gateway_clients): a fresh key, 0600 in a 0700 folder,
+    whole or not at all (as the fleet CA's keys are), said on stderr for the operator to hand
+    over. The door's map then reads them all (GatewaySettings.client_keys)."""
+    for name, policy in policies.items():
+        file = Path(policy.key_file).expanduser()
+        if not file.exists():
+            tls.private_dir(file.parent)
+            write_whole(file, (secrets.token_hex(24) + "\n").encode(), private=True)
+            print(f"thorfleet: made a key for client {name} at {file} (0600): hand it to them; "
+                  "it opens the gateway's door", file=sys.stderr)
+
+
 def make_laptop_files(settings, inventory) -> None:
     """The run's side effects on the laptop, in one step before any host is planned: the fleet CA
     and the door's certificate, each client's key not made yet (said on stderr, to hand over),
@@ -586,7 +602,7 @@ def make_laptop_files(settings, inventory) -> None:
         door = checked.gateway_role  # a gateway's own, a Thor's that is one too, else None
         if door is not None:
             door.pem  # noqa: B018 - made or read, then held for the deploy
-            door.door_keys  # noqa: B018 - likewise each client's key
+            make_client_keys(door.policies)
     for h in thors(inventory):
         checked = settings[h.name]
         if fleet_copy(checked, inventory):

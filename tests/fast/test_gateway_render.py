@@ -35,7 +35,7 @@ from thorfleet.gateway.config import (
     haproxy_word,
     nft_word,
 )
-from thorfleet.plan import settings_for_inventory
+from thorfleet.plan import make_laptop_files, settings_for_inventory
 from thorfleet.settings import layout, schema
 from thorfleet.settings.clients import TOKEN_BUDGETS
 from thorfleet.settings.hosts import SettingsError
@@ -470,7 +470,9 @@ def running_door(tmp_path, thors=1, gateway_data=None, servers_out=None, thor_da
         for n in range(thors)],
         gateway_hosts=[("gw-1", {"ssh_hostname": "::1"})],
         gateway_data={"gateway_port": door, **(gateway_data or {})})
-    g = settings_for_inventory(inv)["gw-1"]
+    planned = settings_for_inventory(inv)
+    make_laptop_files(planned, inv)  # as the deploy does, before it plans a host
+    g = planned["gw-1"]
     config = local_config(tmp_path, g)
     config = config.replace(layout.GATEWAY_ADMIN_SOCKET, str(tmp_path / "admin.sock"))
     config = config.replace(layout.GATEWAY_SERVER_STATE, str(tmp_path / "server-state"))

@@ -18,8 +18,6 @@ import ipaddress
 import json
 import math
 import re
-import secrets
-import sys
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -29,7 +27,6 @@ import jinja2
 from thorfleet.gateway import tls
 from thorfleet.gateway.monitor import target
 from thorfleet.gateway.policy import AT_SHARE_CLASS, fair_share
-from thorfleet.run import laptop
 from thorfleet.settings import layout
 from thorfleet.settings.clients import PRIORITY_CLASS, TOKEN_BUDGETS, policies
 from thorfleet.settings.recipe import (
@@ -541,17 +538,14 @@ class GatewaySettings(Checked):
 
     @cached_property
     def client_keys(self) -> dict[str, str]:
-        """{client name: its key} from the laptop's key files (gateway_clients); a missing file is
-        made (0600, in a 0700 folder) and said on stderr, for the operator to hand over. A deploy
-        asks it before it plans a host (plan.make_laptop_files)."""
+        """{client name: its key} from the laptop's key files (gateway_clients), read only: a
+        deploy has made the missing ones before it plans a host (plan.make_client_keys)."""
         keys = {}
         for name, policy in self.policies.items():
             file = Path(policy.key_file).expanduser()
-            if not file.exists():  # written as the fleet CA's keys are: 0600, whole or not at all
-                tls.private_dir(file.parent)
-                laptop.write_whole(file, (secrets.token_hex(24) + "\n").encode(), private=True)
-                print(f"thorfleet: made a key for client {name} at {file} (0600): hand it to "
-                      "them; it opens the gateway's door", file=sys.stderr)
+            if not file.exists():
+                raise ValueError(f"client {name}'s key file {file} is not there: a deploy makes "
+                                 "it before it plans any host (pyinfra INVENTORY deploy.py)")
             key = client_key(name, file)
             same = next((other for other, taken in keys.items() if taken == key), None)
             if same is not None:  # the settings check refuses it first (plan.client_problems)
