@@ -183,18 +183,23 @@ def test_six_streams_over_three_boxes_run_three_at_a_time_and_queue(sim_fleet, f
     for thread in threads:
         thread.start()
     time.sleep(1)
-    queued = box(sim_fleet, GATEWAY, "echo 'show stat' | socat stdio UNIX-CONNECT:"
-                                     "/run/haproxy/admin.sock | awk -F, '$1 == \"thors\" && "
-                                     "$2 == \"BACKEND\" {print $3}'")
+    # the door's pool: each box's sessions (scur) and the pool's queue (qcur), one snapshot
+    door = dict(line.split() for line in box(
+        sim_fleet, GATEWAY, "echo 'show stat' | socat stdio UNIX-CONNECT:"
+                            "/run/haproxy/admin.sock | awk -F, '$1 == \"thors\" "
+                            "{print $2, ($2 == \"BACKEND\" ? $3 : $5)}'").splitlines())
     seen = {host: metrics(sim_fleet, host) for host in front.boxes}
     for thread in threads:
         thread.join(timeout=60)
     took = time.monotonic() - began
     assert [ok for ok, _ in results] == [True] * 6, results
-    # one running on each box, none waiting in vLLM: the other three wait at the gateway
-    assert all(m == {"vllm:num_requests_running": 1.0, "vllm:num_requests_waiting": 0.0}
+    # one on each box, the other three waiting at the door, not in vLLM...
+    assert door == {**{host: "1" for host in front.boxes}, "BACKEND": "3"}, door
+    # ...and one running in each box's vLLM. Waiting there: nothing of the door's. A box's
+    # watchdog, having seen it idle, may send its 1-token check just after the door's stream
+    # came: the check waits behind it (seen once in CI: thor-12 running 1, waiting 1).
+    assert all(m["vllm:num_requests_running"] == 1.0 and m["vllm:num_requests_waiting"] <= 1.0
                for m in seen.values()), seen
-    assert queued == "3", queued
     assert 16 < took < 27, took  # two rounds: not one (no queue), not three or more
 
 
