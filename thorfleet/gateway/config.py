@@ -306,15 +306,21 @@ class GatewaySettings(Checked):
         return dict(self.pair)[self.name]
 
     @property
+    def preferred(self) -> bool:
+        """Whether this is the inventory's first gateway, the one that holds the address when
+        both are up."""
+        return self.pair[0][0] == self.name
+
+    @property
     def vrrp_priority(self) -> int:
-        """keepalived's priority: the inventory's first gateway is preferred."""
-        return 150 if self.pair[0][0] == self.name else 100
+        """keepalived's priority: the preferred gateway's higher."""
+        return 150 if self.preferred else 100
 
     @property
     def vrrp_startup_delay(self) -> int:
         """Seconds this gateway's VRRP waits once keepalived starts: none on the preferred one,
         VRRP_STARTUP_DELAY_S on the other, so an election both start at once is the first's."""
-        return 0 if self.pair[0][0] == self.name else VRRP_STARTUP_DELAY_S
+        return 0 if self.preferred else VRRP_STARTUP_DELAY_S
 
     def check_command(self, kind) -> list[str]:
         """keepalived's check of this gateway (files/gateway/bin/thorfleet-door-check): `up` (HAProxy
