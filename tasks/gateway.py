@@ -253,6 +253,8 @@ def box(settings):
         # disabled first: the watchdog loads an enabled unit's table again once it is gone
         files.absent(name="No gateway: no firewall unit",
                      path=f"{BOX_UNIT_DIR}/multi-user.target.wants/{FIREWALL_UNIT}")
+        gateway.in_system_ruleset(name="No gateway: the system's nftables ruleset includes no "
+                                       "firewall of thorfleet's", present=False)
         gateway.no_firewall(name="No gateway: no firewall table of thorfleet's")
         files.absent(name="No gateway: no firewall unit file", path=unit_path)
         files.absent(name="No gateway: no firewall script", path=BOX_FIREWALL)
@@ -279,3 +281,5 @@ def box(settings):
                           _if=lambda: unit.did_change() or dropin.did_change())
     files.unit_enabled(name="Enable the firewall unit", unit=FIREWALL_UNIT)
     gateway.firewall(name="Load the firewall table (live now)", mark=mark)
+    gateway.in_system_ruleset(name="The system's nftables ruleset loads it too (a reload by hand "
+                                   "leaves no moment open)")

@@ -33,11 +33,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from pyinfra.facts.files import FindInFile
 
+from tests.fast.test_operations import run as plan_run
 from tests.helpers import ROOT, free_port
 from tests.parse_back import PINS, command_words, unit_entries
 from thorfleet import readings
 from thorfleet.gateway.config import firewall_script
+from thorfleet.operations import gateway as ops
 from thorfleet.settings import layout, schema
 from thorfleet.settings.render import Settings
 
@@ -734,6 +737,48 @@ def test_a_ruleset_loaded_by_hand_does_not_open_the_vllm_port(monkeypatch, tmp_p
     assert ("docker", "kill", SERVICE) in calls and ("systemctl", "stop", "--no-block",
                                                      SERVICE) in calls
     assert f"stopping {SERVICE}" in said[-1]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"),
+                    reason="needs root and nft (a network namespace)")
+def test_the_system_ruleset_loads_thorfleets_table_in_its_own_transaction(monkeypatch, tmp_path,
+                                                                             netns):
+    """With a gateway the deploy ends Debian's /etc/nftables.conf with an include of thorfleet's
+    script (operations/gateway.in_system_ruleset): the `nft -f` of it by hand that empties the
+    table fills it again in the same transaction, so the table is there the moment it returns,
+    before any look of the watchdog's. The line is added once, found again by the operation's own
+    pattern, and taken out whole. Breaks without the include (the table is gone at once)."""
+    script, conf = tmp_path / "firewall.nft", tmp_path / "nftables.conf"
+    script.write_text(SCRIPT)
+    conf.write_text(NFTABLES_CONF.rstrip("\n"))  # a last line without its newline, too
+    include = f'include "{script}"'
+    monkeypatch.setattr(ops, "SYSTEM_RULESET", str(conf))
+    monkeypatch.setattr(ops, "RULESET_INCLUDE", include)
+    monkeypatch.setattr(ops, "_INCLUDED", "^" + include.replace(".", "\\.") + "$")
+
+    def nft(*words):
+        return subprocess.run(["ip", "netns", "exec", netns, "nft", *words], capture_output=True,
+                              text=True, timeout=30, check=False)
+
+    def converge(present):
+        """The operation's commands against what grep finds with its pattern, run; its noops."""
+        found = subprocess.run(["grep", "-e", ops._INCLUDED, str(conf)], capture_output=True,
+                               text=True, check=False).stdout.splitlines()
+        commands, noops = plan_run(ops.in_system_ruleset, {FindInFile: found}, present=present)
+        for command in commands:
+            subprocess.run(["sh", "-c", command], check=True)
+        return commands, noops
+
+    assert converge(True)[0] and converge(True) == ([], [f"{conf} includes thorfleet's firewall"])
+    assert conf.read_text() == NFTABLES_CONF + include + "\n"
+    assert nft("-f", str(script)).returncode == 0  # the unit's load
+    loaded = nft("-f", str(conf))
+    assert loaded.returncode == 0, loaded.stderr
+    assert MARK in nft("list", "table", *layout.FIREWALL_TABLE).stdout  # no look came between
+    assert "table inet filter" in nft("list", "ruleset").stdout  # and the system's own is there
+    assert converge(False)[0] and converge(False)[0] == []
+    assert conf.read_text() == NFTABLES_CONF
+    assert plan_run(ops.in_system_ruleset, {FindInFile: None}, present=True)[0] == []
 
 
 # The guard as the watchdog runs it (its nft monitor too), in a process of its own inside the

@@ -11,7 +11,8 @@ certificate naming the address, and each Thor's firewall lets both in. Then:
 - a gateway that was down during a run that changed the door never takes the address: it stays
   out (keepalived's level check) even when the other dies, until a run reaches it;
 - keepalived's config edited by hand is put back by a re-run, which otherwise changes nothing;
-- a ruleset loaded by hand on a Thor never leaves its vLLM port open for long (the watchdog);
+- a ruleset loaded by hand on a Thor never leaves its vLLM port open: `nft -f` of the system's
+  file loads thorfleet's table in its own transaction, and after a flush the watchdog loads it;
 - a run that dies on a gateway between its level file and its reload leaves that gateway out;
 - VRRP adverts at priority 255 from another LAN host never move the address.
 
@@ -20,8 +21,9 @@ stopped); a level check that passes when it cannot read its own level or when th
 differ (the stale gateway takes the address), or keepalived not started on a gateway that comes
 back (nothing holds the address, and the story used to pass on that absence); a drain on the first gateway only (the holder, if
 it is the second, cuts requests in the rollout); a firewall naming one gateway (the other's
-health checks are dropped, every box is down behind it); the watchdog's firewall guard not
-started (`nft -f /etc/nftables.conf` leaves the port open to every host); the door-check reading
+health checks are dropped, every box is down behind it); the system's ruleset not including
+thorfleet's (the table is gone after `nft -f /etc/nftables.conf`); the watchdog's firewall guard
+not started (`nft flush ruleset` leaves the port open to every host); the door-check reading
 its own level from the file a run writes (the stale gateway takes the address); no
 `check_unicast_src` and VRRP accepted from anyone (the rogue's advert takes the address).
 
@@ -219,19 +221,25 @@ FIREWALL_BACK_S = 5  # the watchdog looks every second; nft loads in well under 
 
 
 def test_a_ruleset_loaded_by_hand_never_opens_a_boxs_port(sim_fleet, door, my_boxes):
-    """`nft -f /etc/nftables.conf` by hand on a Thor (its `flush ruleset` removes thorfleet's
-    table, and no unit sees it): within seconds the vLLM port answers no other host again, the
-    table is back, and the gateways still reach the box."""
+    """`nft -f /etc/nftables.conf` by hand on a Thor (Debian's file: `flush ruleset` first, and
+    the deploy's include of thorfleet's script last): thorfleet's table is there the moment the
+    load returns, before any look of the watchdog's (the soak's prober once found the port open in
+    between). `nft flush ruleset` by hand loads no file: within seconds the watchdog loads the
+    table again and the vLLM port answers no other host. The gateways still reach the box."""
     thor, other = my_boxes[0], my_boxes[1]
     probe = (f"curl -s -o /dev/null -m 2 -w '%{{http_code}}' "
              f"http://{sim_fleet.ip(thor)}:8002/health")
     assert sim_fleet.exec(other, probe)[1].strip() == "000"
-    box(sim_fleet, thor, "if [ -f /etc/nftables.conf ]; then nft -f /etc/nftables.conf; "
-                         "else nft flush ruleset; fi")
+    assert box(sim_fleet, thor, f"tail -n1 {layout.SYSTEM_RULESET}") == layout.RULESET_INCLUDE
+    # listed in the same breath as the load: no watchdog look fits between the two
+    box(sim_fleet, thor, f"nft -f {layout.SYSTEM_RULESET} && nft list table inet thorfleet")
+    assert sim_fleet.exec(other, probe)[1].strip() == "000"
+    since = box(sim_fleet, thor, "date +%s")
+    box(sim_fleet, thor, "nft flush ruleset")
     assert wait_for(lambda: sim_fleet.exec(thor, "nft list table inet thorfleet")[0] == 0
                     and sim_fleet.exec(other, probe)[1].strip() == "000", FIREWALL_BACK_S)
-    assert "loaded it again" in box(sim_fleet, thor, "journalctl -t thorfleet-watchdog "
-                                                     "--no-pager -o cat -n 50")
+    assert "loaded it again" in box(sim_fleet, thor, f"journalctl -t thorfleet-watchdog "
+                                                     f"--no-pager -o cat --since @{since}")
     assert wait_for(lambda: door.completion(4)[0], MOVED_S, every=1)
 
 

@@ -20,8 +20,9 @@ The edits that break it (named from the code; not each made and run on the fleet
   the frozen box's restart reaches the client, and the SDK's two retries can land on it too;
 - the gateway's health check back to vLLM's /health (not the watchdog's /healthy): the frozen
   box stays in rotation and its requests wait until the SDK's timeout;
-- the watchdog's firewall guard not started (files/thor/bin/thorfleet-watchdog): after `nft -f` by
-  hand the prober is answered;
+- the system's ruleset not including thorfleet's (tasks/gateway.py, in_system_ruleset): after
+  `nft -f` by hand the port is open until the watchdog's guard loads the table again, and the
+  prober, asking every second, can be answered in between (CI saw it once);
 - no reload of HAProxy when only the clients changed (tasks/gateway.py): carol is served with a
   revoked key.
 A stream already answering on the box whose engine froze fails with an error event: the goal

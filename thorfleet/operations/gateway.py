@@ -3,8 +3,11 @@ taken out of rotation and put back through HAProxy's runtime API (around its res
 
 from __future__ import annotations
 
+from shlex import quote as q
+
 from pyinfra import host
 from pyinfra.api import operation
+from pyinfra.facts.files import FindInFile
 
 from thorfleet import facts
 from thorfleet.operations.commands import fail_host, sh
@@ -19,6 +22,8 @@ from thorfleet.settings.layout import (
     GATEWAY_STATE_LOCK,
     KEEPALIVED_CONFIG,
     KEEPALIVED_UNIT,
+    RULESET_INCLUDE,
+    SYSTEM_RULESET,
 )
 
 # HAProxy, and socat to speak to its runtime API (Debian's haproxy suggests, not depends on it).
@@ -65,6 +70,33 @@ def no_firewall(*, live):
         host.noop("no thorfleet firewall table")
         return
     yield sh("nft", "delete", "table", *FIREWALL_TABLE)
+
+
+# the include line, whole, as grep reads it (BRE: the dots and the quotes taken as they are)
+_INCLUDED = "^" + RULESET_INCLUDE.replace(".", "\\.") + "$"
+
+
+@reads(found=lambda **_: (FindInFile, {"path": SYSTEM_RULESET, "pattern": _INCLUDED}))
+@operation()
+def in_system_ruleset(present=True, *, found):
+    """The system's ruleset (SYSTEM_RULESET) ends by including thorfleet's script, or does not
+    (`present`). Its `flush ruleset` empties every table, thorfleet's too, and the watchdog can
+    load it again only after: a prober saw the port answer in between. Included, the one `nft
+    -f` that empties the table fills it again, in one transaction. A box without the file (no
+    nftables package) is left alone: nothing loads a ruleset there but thorfleet's unit."""
+    if found is None:
+        host.noop(f"no {SYSTEM_RULESET}: thorfleet's unit alone loads its table")
+        return
+    if bool(found) == present:
+        host.noop(f"{SYSTEM_RULESET} {'includes' if present else 'does not include'} "
+                  "thorfleet's firewall")
+        return
+    if present:  # on a line of its own, even after a last line without its newline
+        ruleset = q(SYSTEM_RULESET)
+        yield (f"{{ [ -z \"$(tail -c1 {ruleset})\" ] || echo; echo {q(RULESET_INCLUDE)}; }}"
+               f" >> {ruleset}")
+        return
+    yield sh("sed", "-i", f"\\#{_INCLUDED}#d", SYSTEM_RULESET)
 
 
 @reads(live=lambda **_: (facts.gateway.DoorLevel, {}))

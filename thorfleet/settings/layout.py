@@ -82,6 +82,11 @@ CLOCKS_UNIT = "thorfleet-clocks.service"
 # loaded at boot by its own unit.
 BOX_FIREWALL = f"{BOX_ETC}/firewall.nft"
 FIREWALL_UNIT = "thorfleet-firewall.service"
+# Debian's (and Ubuntu's) ruleset, which `systemctl start|reload nftables` and `nft -f` by hand
+# load, `flush ruleset` first: with a gateway it ends by including BOX_FIREWALL, so that load
+# puts thorfleet's table back in the same transaction (no moment with the port open).
+SYSTEM_RULESET = "/etc/nftables.conf"
+RULESET_INCLUDE = f'include "{BOX_FIREWALL}"'
 # The table as nft listed it once loaded (its digest, written by the firewall unit): a listing
 # that differs later is a table edited by hand.
 BOX_FIREWALL_LISTED = f"{BOX_STATE}/firewall.listed"
