@@ -33,12 +33,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from pyinfra.facts.files import FindInFile
 
 from tests.fast.test_operations import run as plan_run
 from tests.helpers import ROOT, free_port
 from tests.parse_back import PINS, command_words, unit_entries
 from thorfleet import readings
+from thorfleet.facts import gateway as gateway_facts
 from thorfleet.gateway.config import firewall_script
 from thorfleet.operations import gateway as ops
 from thorfleet.settings import layout, schema
@@ -747,24 +747,26 @@ def test_the_system_ruleset_loads_thorfleets_table_in_its_own_transaction(monkey
     script (operations/gateway.in_system_ruleset): the `nft -f` of it by hand that empties the
     table fills it again in the same transaction, so the table is there the moment it returns,
     before any look of the watchdog's. The line is added once, found again by the operation's own
-    pattern, and taken out whole. Breaks without the include (the table is gone at once)."""
+    fact, and taken out whole; a box without the file is left alone. Breaks without the include (the table is gone at once)."""
     script, conf = tmp_path / "firewall.nft", tmp_path / "nftables.conf"
     script.write_text(SCRIPT)
     conf.write_text(NFTABLES_CONF.rstrip("\n"))  # a last line without its newline, too
     include = f'include "{script}"'
-    monkeypatch.setattr(ops, "SYSTEM_RULESET", str(conf))
-    monkeypatch.setattr(ops, "RULESET_INCLUDE", include)
-    monkeypatch.setattr(ops, "_INCLUDED", "^" + include.replace(".", "\\.") + "$")
+    for module in (ops, gateway_facts):
+        monkeypatch.setattr(module, "SYSTEM_RULESET", str(conf))
+        monkeypatch.setattr(module, "RULESET_INCLUDE", include)
 
     def nft(*words):
         return subprocess.run(["ip", "netns", "exec", netns, "nft", *words], capture_output=True,
                               text=True, timeout=30, check=False)
 
     def converge(present):
-        """The operation's commands against what grep finds with its pattern, run; its noops."""
-        found = subprocess.run(["grep", "-e", ops._INCLUDED, str(conf)], capture_output=True,
-                               text=True, check=False).stdout.splitlines()
-        commands, noops = plan_run(ops.in_system_ruleset, {FindInFile: found}, present=present)
+        """The operation's commands against what its fact reads, run; its noops."""
+        fact = gateway_facts.RulesetIncludes()
+        found = fact.process(subprocess.run(["sh", "-c", fact.command()], capture_output=True,
+                                            text=True, check=True).stdout.splitlines())
+        commands, noops = plan_run(ops.in_system_ruleset, {gateway_facts.RulesetIncludes: found},
+                                   present=present)
         for command in commands:
             subprocess.run(["sh", "-c", command], check=True)
         return commands, noops
@@ -776,9 +778,16 @@ def test_the_system_ruleset_loads_thorfleets_table_in_its_own_transaction(monkey
     assert loaded.returncode == 0, loaded.stderr
     assert MARK in nft("list", "table", *layout.FIREWALL_TABLE).stdout  # no look came between
     assert "table inet filter" in nft("list", "ruleset").stdout  # and the system's own is there
+    # a script broken by hand fails the system's whole load, naming it; what was loaded stays
+    script.write_text(SCRIPT + "table inet thorfleet { oops }\n")
+    refused = nft("-f", str(conf))
+    assert refused.returncode != 0 and str(script) in refused.stderr, refused.stderr
+    assert MARK in nft("list", "table", *layout.FIREWALL_TABLE).stdout
+    script.write_text(SCRIPT)
     assert converge(False)[0] and converge(False)[0] == []
     assert conf.read_text() == NFTABLES_CONF
-    assert plan_run(ops.in_system_ruleset, {FindInFile: None}, present=True)[0] == []
+    conf.unlink()  # no nftables package: left alone
+    assert converge(True) == ([], [f"no {conf}: thorfleet's unit alone loads its table"])
 
 
 # The guard as the watchdog runs it (its nft monitor too), in a process of its own inside the

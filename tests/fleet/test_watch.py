@@ -34,6 +34,7 @@ import time
 import pytest
 
 from tests.helpers import ROLLED_ENV, ROOT, SERVICE, box, deploy, outcome, wait_for
+from thorfleet.settings.layout import RULESET_INCLUDE, SYSTEM_RULESET
 
 GATEWAY = "gw-1"
 # Short, so a story takes minutes: checks every 5 s, a verdict after 3 failed ones (15 s plus
@@ -297,13 +298,18 @@ def test_a_stopped_server_stays_stopped_and_status_and_an_alert_name_it(fleet, m
 
 def test_a_firewall_that_fails_at_boot_keeps_the_server_down_and_says_why(fleet, my_boxes):
     """With a gateway the server waits for thorfleet's firewall at every boot: with Debian's
-    nftables.service enabled (its /etc/nftables.conf begins `flush ruleset`) the table is loaded
-    after it and the box serves; with a broken ruleset the server stays down, not open to the LAN,
-    and the watchdog (up, carrying no secret) reports it; the deploy puts it right. The edits that
-    break it: no After=nftables.service (the flush removes the table), no drop-in (the server
-    starts open)."""
+    nftables.service enabled (its /etc/nftables.conf begins `flush ruleset`), and that file the
+    operator's own without the deploy's include of thorfleet's script (rewritten by their own
+    tooling, say), the table is loaded after it and the box serves; with a broken ruleset the
+    server stays down, not open to the LAN, and the watchdog (up, carrying no secret) reports it;
+    the deploy puts it right, the include too. The edits that break it: no
+    After=nftables.service (the flush removes the table), no drop-in (the server starts open).
+    (With the include, a broken script fails the system's whole load as well: the fast test
+    test_watchdog.test_the_system_ruleset_loads_thorfleets_table_in_its_own_transaction.)"""
     host = my_boxes[2]
     family, table = "inet", "thorfleet"
+    assert box(fleet.sim, host, f"tail -n1 {SYSTEM_RULESET}") == RULESET_INCLUDE
+    box(fleet.sim, host, f"sed -i '$d' {SYSTEM_RULESET}")  # the include is the file's last line
     box(fleet.sim, host, "systemctl enable nftables.service")
     try:
         fleet.sim.reboot(host)
@@ -340,3 +346,4 @@ def test_a_firewall_that_fails_at_boot_keeps_the_server_down_and_says_why(fleet,
         run = deploy(fleet.inventory)  # the operator's fix: the deploy writes and loads it again
     assert run.returncode == 0, outcome(run, host)
     assert fleet.serves(host)
+    assert box(fleet.sim, host, f"tail -n1 {SYSTEM_RULESET}") == RULESET_INCLUDE

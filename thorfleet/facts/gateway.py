@@ -14,6 +14,8 @@ from thorfleet.settings.layout import (
     FIREWALL_TABLE,
     GATEWAY_ADMIN_SOCKET,
     GATEWAY_LEVEL,
+    RULESET_INCLUDE,
+    SYSTEM_RULESET,
 )
 
 # What FirewallMark reads when no mark of thorfleet's is the answer: no nft on the box, no
@@ -41,6 +43,19 @@ class FirewallMark(FactBase[str]):
     def process(self, output):
         lines = [line.strip() for line in output if line.strip()]
         return lines[0] if lines else UNMARKED
+
+
+class RulesetIncludes(FactBase[bool | None]):
+    """Whether the system's ruleset (SYSTEM_RULESET) holds thorfleet's include line, whole, on a
+    line of its own; None without the file (no nftables package)."""
+
+    def command(self):
+        return (f"if [ -f {q(SYSTEM_RULESET)} ]; then "
+                f"grep -cxF {q(RULESET_INCLUDE)} {q(SYSTEM_RULESET)} || true; else echo none; fi")
+
+    def process(self, output):
+        lines = [line.strip() for line in output if line.strip()]
+        return None if lines in ([], ["none"]) else int(lines[0]) > 0
 
 
 class DoorLevel(FactBase[tuple[int, str] | None]):

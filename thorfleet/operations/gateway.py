@@ -7,7 +7,6 @@ from shlex import quote as q
 
 from pyinfra import host
 from pyinfra.api import operation
-from pyinfra.facts.files import FindInFile
 
 from thorfleet import facts
 from thorfleet.operations.commands import fail_host, sh
@@ -72,11 +71,7 @@ def no_firewall(*, live):
     yield sh("nft", "delete", "table", *FIREWALL_TABLE)
 
 
-# the include line, whole, as grep reads it (BRE: the dots and the quotes taken as they are)
-_INCLUDED = "^" + RULESET_INCLUDE.replace(".", "\\.") + "$"
-
-
-@reads(found=lambda **_: (FindInFile, {"path": SYSTEM_RULESET, "pattern": _INCLUDED}))
+@reads(found=lambda **_: (facts.gateway.RulesetIncludes, {}))
 @operation()
 def in_system_ruleset(present=True, *, found):
     """The system's ruleset (SYSTEM_RULESET) ends by including thorfleet's script, or does not
@@ -87,16 +82,18 @@ def in_system_ruleset(present=True, *, found):
     if found is None:
         host.noop(f"no {SYSTEM_RULESET}: thorfleet's unit alone loads its table")
         return
-    if bool(found) == present:
+    if found == present:
         host.noop(f"{SYSTEM_RULESET} {'includes' if present else 'does not include'} "
                   "thorfleet's firewall")
         return
+    ruleset = q(SYSTEM_RULESET)
     if present:  # on a line of its own, even after a last line without its newline
-        ruleset = q(SYSTEM_RULESET)
         yield (f"{{ [ -z \"$(tail -c1 {ruleset})\" ] || echo; echo {q(RULESET_INCLUDE)}; }}"
                f" >> {ruleset}")
         return
-    yield sh("sed", "-i", f"\\#{_INCLUDED}#d", SYSTEM_RULESET)
+    # the line whole (sed's basic regex: the dots escaped, the rest as it is)
+    whole = "^" + RULESET_INCLUDE.replace(".", "\\.") + "$"
+    yield sh("sed", "-i", f"\\#{whole}#d", SYSTEM_RULESET)
 
 
 @reads(live=lambda **_: (facts.gateway.DoorLevel, {}))
