@@ -171,7 +171,6 @@ ALLOWED_IMPORTS = {
     "pyinfra.api.exceptions": {"PyinfraError"},
     "pyinfra.operations": "*",
     "pyinfra.facts.server": "*",
-    "pyinfra.facts.files": "*",  # pyinfra's facts are documented, module by module
 }
 # ...and what of the context objects it may touch: the host's documented attributes, the
 # logger's levels, config's upper-case settings.

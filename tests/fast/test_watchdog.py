@@ -747,7 +747,8 @@ def test_the_system_ruleset_loads_thorfleets_table_in_its_own_transaction(monkey
     script (operations/gateway.in_system_ruleset): the `nft -f` of it by hand that empties the
     table fills it again in the same transaction, so the table is there the moment it returns,
     before any look of the watchdog's. The line is added once, found again by the operation's own
-    fact, and taken out whole; a box without the file is left alone. Breaks without the include (the table is gone at once)."""
+    fact, and taken out whole; a box without the file is left alone. Breaks without the include
+    (the table is gone at once)."""
     script, conf = tmp_path / "firewall.nft", tmp_path / "nftables.conf"
     script.write_text(SCRIPT)
     conf.write_text(NFTABLES_CONF.rstrip("\n"))  # a last line without its newline, too
