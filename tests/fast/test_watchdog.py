@@ -674,7 +674,10 @@ def test_a_reload_of_nftables_loads_the_table_again():
 
 @pytest.fixture
 def netns():
-    """A network namespace of its own (removed after): its name."""
+    """A network namespace of its own (removed after): its name. Root and nft are the fast
+    tier's, as the README runs it (.ci/setup installs nftables): without them the tests that use
+    it fail, never skip, so CI cannot pass them unproven."""
+    assert os.geteuid() == 0 and shutil.which("nft"), "needs root and nft (.ci/setup installs it)"
     name = f"tf-wd-{os.getpid()}-{time.monotonic_ns() % 10**9}"
     subprocess.run(["ip", "netns", "add", name], check=True)
     yield name
@@ -693,8 +696,6 @@ table inet filter {
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"),
-                    reason="needs root and nft (a network namespace)")
 def test_a_ruleset_loaded_by_hand_does_not_open_the_vllm_port(monkeypatch, tmp_path, netns):
     """In a network namespace: thorfleet's table loaded, then the ruleset loaded as nftables
     loads it (`flush ruleset` first): the watchdog's look finds the table gone and loads it again;
@@ -739,8 +740,6 @@ def test_a_ruleset_loaded_by_hand_does_not_open_the_vllm_port(monkeypatch, tmp_p
     assert f"stopping {SERVICE}" in said[-1]
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"),
-                    reason="needs root and nft (a network namespace)")
 def test_the_system_ruleset_loads_thorfleets_table_in_its_own_transaction(monkeypatch, tmp_path,
                                                                              netns):
     """With a gateway the deploy ends Debian's /etc/nftables.conf with an include of thorfleet's
@@ -823,8 +822,6 @@ def monitor_runs(netns):
     return False
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"),
-                    reason="needs root and nft (a network namespace)")
 def test_the_guard_loads_the_table_again_as_the_ruleset_changes(tmp_path, netns):
     """A ruleset loaded by hand while the guard runs: its table is back at once, long before its
     next look (60 s here), because nft monitor wakes it. A look every second still let a LAN
