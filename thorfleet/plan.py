@@ -592,6 +592,15 @@ def make_client_keys(policies) -> None:
                   "it opens the gateway's door", file=sys.stderr)
 
 
+def make_door_files(door) -> None:
+    """A door's files on the laptop: the fleet CA and the door's certificate, made or renewed
+    (tls.gateway_pair; an operator's own certificate is theirs to make), and each client's key
+    not made yet. The door then reads them (GatewaySettings.pem, .client_keys)."""
+    if not door.operator_certificate:
+        tls.gateway_pair(door.ca_dir, door.door_holder, door.names)
+    make_client_keys(door.policies)
+
+
 def make_laptop_files(settings, inventory) -> None:
     """The run's side effects on the laptop, in one step before any host is planned: the fleet CA
     and the door's certificate, each client's key not made yet (said on stderr, to hand over),
@@ -601,8 +610,7 @@ def make_laptop_files(settings, inventory) -> None:
     for checked in settings.values():
         door = checked.gateway_role  # a gateway's own, a Thor's that is one too, else None
         if door is not None:
-            door.pem  # noqa: B018 - made or read, then held for the deploy
-            make_client_keys(door.policies)
+            make_door_files(door)
     for h in thors(inventory):
         checked = settings[h.name]
         if fleet_copy(checked, inventory):

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.fast.test_gateway_render import inventory
+from tests.fast.test_gateway_render import inventory, planned
 from thorfleet.__main__ import main
 from thorfleet.cli import bench
 from thorfleet.plan import settings_for_inventory
@@ -220,8 +220,7 @@ def bench_run(tmp_path):
     key_file.chmod(0o600)
     inv = inventory(tmp_path, gateway_data={"gateway_clients": {"alice": str(key_file)}},
                     thor_hosts=MIXED)
-    settings = settings_for_inventory(inv)
-    assert settings["gw-1"].pem  # the fleet CA, made as a deploy makes it: the runs send it
+    settings = planned(inv)  # the fleet CA, made as a deploy makes it: the runs send it
     box = Box(tmp_path)
     err = io.StringIO()
     code = bench.run_all(inv, settings, tmp_path / "out", client="alice", run=box.run, err=err,

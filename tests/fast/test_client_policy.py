@@ -24,6 +24,7 @@ from tests.fast.test_gateway_render import (
     client_files,
     haproxy_check,
     inventory,
+    planned,
     running_door,
     usage_tool,
 )
@@ -163,7 +164,7 @@ def test_a_whole_policy_renders_a_config_haproxy_takes(tmp_path):
             "bob": files["bob"],
             "ci": {"key_file": files["ci"], "priority": "batch", "requests_per_minute": 10,
                    "models": [HF_ID]}}})
-    g = settings_for_inventory(inv)["gw-1"]
+    g = planned(inv)["gw-1"]
     checked = haproxy_check(tmp_path, g)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     maps = {path.rsplit("/", 1)[1]: text for path, text in g.maps.items()}

@@ -34,7 +34,7 @@ from typing import ClassVar
 
 import pytest
 
-from tests.fast.test_gateway_render import client_files, haproxy_check, inventory
+from tests.fast.test_gateway_render import client_files, haproxy_check, inventory, planned
 from tests.helpers import box_program
 from thorfleet.gateway.config import (
     GATEWAY_FIREWALL,
@@ -44,7 +44,6 @@ from thorfleet.gateway.config import (
     firewall_script,
     keepalived_word,
 )
-from thorfleet.plan import settings_for_inventory
 from thorfleet.settings import layout
 from thorfleet.settings.hosts import SettingsError
 
@@ -76,8 +75,7 @@ def root():
 
 
 def pair(tmp_path, gateway_data=VIP, gateway_hosts=PAIR):
-    return settings_for_inventory(inventory(tmp_path, gateway_data=gateway_data,
-                                            gateway_hosts=gateway_hosts))
+    return planned(inventory(tmp_path, gateway_data=gateway_data, gateway_hosts=gateway_hosts))
 
 
 def test_two_gateways_render_one_door_named_by_the_shared_address(tmp_path):
@@ -132,7 +130,7 @@ def test_two_gateways_with_clients_send_each_other_the_clients_table(tmp_path):
 
 
 def test_one_gateway_renders_as_before(tmp_path):
-    g = settings_for_inventory(inventory(tmp_path))["gw-1"]
+    g = planned(inventory(tmp_path))["gw-1"]
     assert g.names == ["10.0.0.9"] and g.peers == [] and "frontend level" not in g.config_text
 
 

@@ -35,7 +35,7 @@ from thorfleet.gateway.config import (
     haproxy_word,
     nft_word,
 )
-from thorfleet.plan import make_laptop_files, settings_for_inventory
+from thorfleet.plan import make_door_files, make_laptop_files, settings_for_inventory
 from thorfleet.settings import layout, schema
 from thorfleet.settings.clients import TOKEN_BUDGETS
 from thorfleet.settings.hosts import SettingsError
@@ -50,9 +50,19 @@ BOX_KEY = "sk-test-the-boxes-own-0123456789"  # a bearer token: the door may sen
 def gateway_settings(tmp_path, **data):
     values, problems = check_gateway({"gateway_ca_dir": str(tmp_path / "ca"), **data})
     assert not problems, problems
-    return GatewaySettings(values, "gw-1", "127.0.0.1", [
+    g = GatewaySettings(values, "gw-1", "127.0.0.1", [
         Backend("thor-1", "thorfleet-thor-1", 8002, 1, 9105),
         Backend("thor-2", "10.0.0.3", 8002, 1, 9105)], box_key=BOX_KEY)
+    make_door_files(g)  # its certificate, as the deploy makes it before it plans a host
+    return g
+
+
+def planned(inv):
+    """Every host's settings as a deploy plans them: checked, then the laptop's files made
+    (the fleet CA, the door's certificate, client keys) before any host is rendered."""
+    settings = settings_for_inventory(inv)
+    make_laptop_files(settings, inv)
+    return settings
 
 
 def local_config(tmp_path, g) -> str:
@@ -419,7 +429,7 @@ def test_an_ipv6_thor_and_gateway_render_as_haproxy_reads_them(tmp_path):
     inv = inventory(tmp_path, thor_hosts=[("thor-1", {"ssh_hostname": "2001:db8::5", **own}),
                                           ("thor-2", {"ssh_hostname": "thor-2.lan", **own})],
                     gateway_hosts=[("gw-1", {"ssh_hostname": "2001:db8::9"})])
-    g = settings_for_inventory(inv)["gw-1"]
+    g = planned(inv)["gw-1"]
     checked = haproxy_check(tmp_path, g)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     lines = [line.strip() for line in g.config_text.splitlines()]
@@ -470,9 +480,7 @@ def running_door(tmp_path, thors=1, gateway_data=None, servers_out=None, thor_da
         for n in range(thors)],
         gateway_hosts=[("gw-1", {"ssh_hostname": "::1"})],
         gateway_data={"gateway_port": door, **(gateway_data or {})})
-    planned = settings_for_inventory(inv)
-    make_laptop_files(planned, inv)  # as the deploy does, before it plans a host
-    g = planned["gw-1"]
+    g = planned(inv)["gw-1"]
     config = local_config(tmp_path, g)
     config = config.replace(layout.GATEWAY_ADMIN_SOCKET, str(tmp_path / "admin.sock"))
     config = config.replace(layout.GATEWAY_SERVER_STATE, str(tmp_path / "server-state"))

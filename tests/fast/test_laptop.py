@@ -63,3 +63,19 @@ def test_check_makes_no_file_and_the_run_makes_each_before_any_host_is_planned(t
     assert [stat.S_IMODE(p.stat().st_mode) for p in made[1:]] == [0o600] * 3
     assert f"made a key for client alice at {clients['alice']}" in capsys.readouterr().err
 
+
+
+def test_the_doors_certificate_is_only_read_where_it_is_asked(tmp_path):
+    """GatewaySettings.pem reads what the run's step made: asked before it (as `check`, status
+    and doctor plan), it says the fix and makes nothing. Breaks with: pem making the CA or the
+    certificate itself, as it did (the planning then had a side effect `check` never saw)."""
+    inv = inventory(tmp_path)
+    ca = tmp_path / "ca"
+    door = settings_for_inventory(inv)["gw-1"]
+    with pytest.raises(ValueError, match="is not made yet: a deploy makes it before it plans"):
+        door.pem  # noqa: B018 - asked, as the deploy's gateway task asks it
+    assert not ca.exists()
+    planned = settings_for_run(SimpleNamespace(inventory=inv))["gw-1"]
+    made = sorted(p.relative_to(ca).as_posix() for p in ca.rglob("*") if p.is_file())
+    assert made == [".lock", "fleet-ca.key", "fleet-ca.pem", "gateways/gw-1.key", "gateways/gw-1.pem"]
+    assert planned.pem.startswith("-----BEGIN CERTIFICATE-----")

@@ -26,7 +26,7 @@ from tests.fast.test_gateway_render import (
     running_door,
 )
 from thorfleet.gateway.config import Backend, GatewaySettings
-from thorfleet.plan import settings_for_inventory
+from thorfleet.plan import make_door_files, settings_for_inventory
 from thorfleet.run import rollout
 from thorfleet.settings import layout
 from thorfleet.settings.recipe import PROFILES, served_names
@@ -89,6 +89,7 @@ def test_a_mixed_fleet_has_a_pool_per_model_and_batches_follow_max_num_seqs(tmp_
                      tuple(served_names(p, HF_ID)))
              for n, p in ((1, "default"), (2, "throughput"), (3, "no-eagle"), (4, "default"))]
     g = GatewaySettings(values, "gw-1", "127.0.0.1", boxes, box_key=BOX_KEY)
+    make_door_files(g)
     checked = haproxy_check(tmp_path, g)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert {pool: [b.name for b in members] for pool, members in g.pools.items()} == {
@@ -151,6 +152,7 @@ def test_a_vision_pool_reads_its_images_whole(tmp_path):
              Backend("thor-2", "10.0.0.2", 8002, 1, 9105, "vision",
                      tuple(served_names("vision", HF_ID)), images=4)]
     g = GatewaySettings(values, "gw-1", "127.0.0.1", boxes, box_key=BOX_KEY)
+    make_door_files(g)
     # 64K tokens of text at 16 bytes, and 4 images of a MiB each
     assert g.body_limit == 65536 * 16 + 4 * (1 << 20)
     assert list(g.pools) == ["thors-mistral-small-4", "thors-mistral-small-4-vision"]

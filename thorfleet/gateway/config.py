@@ -512,7 +512,7 @@ class GatewaySettings(Checked):
         """What clients trust: the fleet CA's certificate, or the operator's chain."""
         if self.operator_certificate:
             return str(Path(self.gateway_tls_cert_file).expanduser())
-        return str(Path(self.gateway_ca_dir).expanduser() / "fleet-ca.pem")
+        return str(self.ca_dir / "fleet-ca.pem")
 
     @property
     def endpoint(self) -> dict:
@@ -520,19 +520,24 @@ class GatewaySettings(Checked):
 
     @cached_property
     def pem(self) -> str:
-        """HAProxy's `crt` file: the certificate (chain) and its key. Read or made on the laptop
-        when first asked, which a deploy does before it plans a host (plan.make_laptop_files; the
-        fleet CA's folder is made then), the same bytes on a re-run."""
+        """HAProxy's `crt` file: the certificate (chain) and its key, read only: the operator's,
+        or the fleet CA's that a deploy made before it planned any host (plan.make_laptop_files),
+        the same bytes on a re-run."""
         if self.operator_certificate:
             pair = tls.operator_pair(Path(self.gateway_tls_cert_file).expanduser(),
-                                             Path(self.gateway_tls_key_file).expanduser(),
-                                             self.names)
+                                     Path(self.gateway_tls_key_file).expanduser(), self.names)
         else:
-            ca_dir = Path(self.gateway_ca_dir).expanduser()
-            tls.ensure_fleet_ca(ca_dir)
-            # one certificate for the door: kept under the first gateway's name, for each
-            pair = tls.gateway_pair(ca_dir, self.pair[0][0], self.names)
+            pair = tls.held_pair(self.ca_dir, self.door_holder, self.names)
         return tls.haproxy_pem(*pair).decode()
+
+    @property
+    def ca_dir(self) -> Path:
+        return Path(self.gateway_ca_dir).expanduser()
+
+    @property
+    def door_holder(self) -> str:
+        """One certificate for the door, on each gateway: kept under the first gateway's name."""
+        return self.pair[0][0]
 
     @cached_property
     def policies(self):

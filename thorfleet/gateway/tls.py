@@ -3,9 +3,11 @@
     names = check_names(["thor-gw.lan", "10.0.0.5"])   # every name a client uses (settings.schema)
     ca = ensure_fleet_ca(ca_dir)                      # made once; the file clients trust
     cert, key = gateway_pair(ca_dir, "gw-1", names)   # kept, reissued only when it must be
+    cert, key = held_pair(ca_dir, "gw-1", names)      # read only: what gateway_pair left
     pem = haproxy_pem(cert, key)                      # what HAProxy's `crt` reads
 
-A re-run returns the same bytes, so the deploy that uploads them changes nothing.
+A re-run returns the same bytes, so the deploy that uploads them changes nothing. Only the
+deploy's one laptop step makes files (thorfleet/plan.py, make_laptop_files); the rest reads them.
 """
 
 from __future__ import annotations
@@ -78,16 +80,13 @@ def gateway_pair(ca_dir: Path, gateway: str, names: list[str]) -> tuple[bytes, b
     """(certificate PEM, key PEM) for inventory host `gateway`, signed by the fleet CA for `names`.
     The chain is the leaf alone: clients hold the CA itself. Kept in ca_dir/gateways/ and returned
     byte for byte until the names change, the CA changes, or it has 30 days left."""
-    if not isinstance(gateway, str) or not INVENTORY_NAME.fullmatch(gateway):
-        raise ValueError(f"gateway host {gateway!r}: an inventory name of letters, digits, '.', "
-                         f"'_' or '-', starting with a letter or digit")
+    cert_file, key_file = _pair_files(ca_dir, gateway)
     names = check_names(names)
     ca_cert_file = ensure_fleet_ca(ca_dir)
     with _locked(ca_dir):
         ca_cert = x509.load_pem_x509_certificate(ca_cert_file.read_bytes())
         ca_key = serialization.load_pem_private_key((ca_dir / "fleet-ca.key").read_bytes(), None)
-        folder = private_dir(ca_dir / "gateways")
-        cert_file, key_file = folder / f"{gateway}.pem", folder / f"{gateway}.key"
+        private_dir(cert_file.parent)
         if cert_file.exists() and key_file.exists():
             cert_pem, key_pem = cert_file.read_bytes(), key_file.read_bytes()
             if _still_good(cert_pem, key_pem, ca_cert, names):
@@ -108,6 +107,34 @@ def gateway_pair(ca_dir: Path, gateway: str, names: list[str]) -> tuple[bytes, b
         write_whole(key_file, key_pem, private=True)
         write_whole(cert_file, cert_pem, private=True)
         return cert_pem, key_pem
+
+
+def held_pair(ca_dir: Path, gateway: str, names: list[str]) -> tuple[bytes, bytes]:
+    """(certificate PEM, key PEM) that gateway_pair left for `gateway` and `names`, read only: a
+    ValueError naming the fix when there is none yet, or it no longer fits (another CA, other
+    names, 30 days left)."""
+    names = check_names(names)
+    cert_file, key_file = _pair_files(ca_dir, gateway)
+    fix = "a deploy makes it before it plans any host (pyinfra INVENTORY deploy.py)"
+    try:
+        ca_cert = x509.load_pem_x509_certificate((ca_dir / "fleet-ca.pem").read_bytes())
+        cert_pem, key_pem = cert_file.read_bytes(), key_file.read_bytes()
+    except FileNotFoundError as error:
+        raise ValueError(f"the door's certificate: {error.filename} is not made yet: {fix}")
+    if not _still_good(cert_pem, key_pem, ca_cert, names):
+        raise ValueError(f"the door's certificate {cert_file} does not fit the fleet CA, the names "
+                         f"{', '.join(names)} or the next 30 days: {fix}")
+    return cert_pem, key_pem
+
+
+def _pair_files(ca_dir: Path, gateway: str) -> tuple[Path, Path]:
+    """Where gateway_pair keeps `gateway`'s certificate and key (an inventory name, checked: it
+    becomes a file name)."""
+    if not isinstance(gateway, str) or not INVENTORY_NAME.fullmatch(gateway):
+        raise ValueError(f"gateway host {gateway!r}: an inventory name of letters, digits, '.', "
+                         f"'_' or '-', starting with a letter or digit")
+    folder = ca_dir / "gateways"
+    return folder / f"{gateway}.pem", folder / f"{gateway}.key"
 
 
 def operator_pair(cert_file: Path, key_file: Path, names: list[str]) -> tuple[bytes, bytes]:
