@@ -11,18 +11,19 @@ from pyinfra.operations import systemd
 
 from thorfleet.operations import files
 from thorfleet.settings.layout import (
-    BOX_COMMON,
     BOX_CONFIG,
     BOX_CONFIG_DIR,
+    BOX_FORMER_LIB,
     BOX_LAYOUT_ENV,
+    BOX_LIB,
     BOX_PROOF_IMAGE,
     BOX_SECRETS_ENV,
     BOX_SERVE,
     BOX_STATE,
     BOX_UNIT_DIR,
-    BOX_USAGE_CODE,
     BOX_USAGE_DIR,
     BOX_VLLM_CACHE,
+    ROOT,
     START_LIMIT_DROPIN,
     THOR_FILES,
     box_unit,
@@ -46,17 +47,15 @@ def run(settings):
     # thorfleet-serve spells no path of the box: it reads them here (thorfleet/settings/layout.py's).
     files.whole_file(name="Write the box layout the start/prove/roll-back tool reads",
                      src=StringIO(layout_env_text()), path=BOX_LAYOUT_ENV, mode="644")
-    # first: thorfleet-serve (and the watchdog, the benchmark) import it from beside them
-    box_code = files.whole_file(name="Install what the box's programs share",
-                                src=str(THOR_FILES / "bin" / "thorfleet_box.py"), path=BOX_COMMON,
-                                mode="644")
-    # Each client's tokens: the journal the server's middleware writes and the watchdog reads
-    # (files/thor/bin/thorfleet_usage.py; its code is in the fingerprint: a new one restarts the server).
+    # first: thorfleet-serve (and the watchdog, the benchmark) import it from beside them. With it
+    # the token counter the server loads (its code is in the fingerprint: a new one restarts it).
+    box_code = files.tree(name="Install the Python the box's programs share (one package)",
+                          src=str(ROOT / "thorfleet" / "box"), dest=BOX_LIB)
+    for former in BOX_FORMER_LIB:
+        files.absent(name=f"No {former} (now in the package)", path=former)
+    # Each client's tokens: the journal the server's middleware writes and the watchdog reads.
     files.directory(name="Create the folder of each client's tokens (root-only)",
                     path=BOX_USAGE_DIR, mode="700")
-    usage_code = files.whole_file(name="Install the token counter the server and watchdog load",
-                                  src=str(THOR_FILES / "bin" / "thorfleet_usage.py"),
-                                  path=BOX_USAGE_CODE, mode="644")
     files.whole_file(name="Install the start/prove/roll-back tool",
                      src=str(THOR_FILES / "bin" / "thorfleet-serve"), path=BOX_SERVE, mode="755")
     files.whole_file(name="Install the picture the proof shows a vision box",
@@ -77,4 +76,4 @@ def run(settings):
     # Enabled only: starting it is the verification step's job, which proves what it starts.
     files.unit_enabled(name=f"Enable {settings.service_name} at boot",
                        unit=f"{settings.service_name}.service")
-    return box_code, usage_code  # the watchdog imports both: a new one restarts it (tasks/watch.py)
+    return box_code  # the watchdog imports it: a new one restarts it (tasks/watch.py)

@@ -21,10 +21,8 @@ from pyinfra.operations import systemd
 
 from thorfleet.operations import files, system
 from thorfleet.settings.layout import (
-    BOX_READINGS,
     BOX_UNIT_DIR,
     BOX_WATCHDOG,
-    ROOT,
     THOR_FILES,
     WATCHDOG_SOCKET,
     WATCHDOG_UNIT,
@@ -32,14 +30,9 @@ from thorfleet.settings.layout import (
 
 
 @deploy("Watchdog")
-def run(settings, box_code=()):
-    """`box_code`: the operations that installed what the box's programs share (tasks/service.py),
-    which the watchdog imports: a change restarts it."""
-    # The parsers the laptop's facts use too (thorfleet/readings.py), beside the watchdog that
-    # imports them: box and laptop read nvpmodel, jetson_clocks and /metrics one way.
-    readings = files.whole_file(name="Install the box readings the watchdog imports",
-                                src=str(ROOT / "thorfleet" / "readings.py"), path=BOX_READINGS,
-                                mode="644")
+def run(settings, box_code=None):
+    """`box_code`: the operation that installed what the box's programs share (tasks/service.py:
+    with the parsers the laptop's facts use too), which the watchdog imports: a change restarts it."""
     tool = files.whole_file(name="Install the watchdog",
                             src=str(THOR_FILES / "bin" / "thorfleet-watchdog"), path=BOX_WATCHDOG,
                             mode="755")
@@ -61,6 +54,6 @@ def run(settings, box_code=()):
                           service=WATCHDOG_UNIT, _if=port.did_change)
     system.reloaded(name="Restart the watchdog for its new code or unit (the server stays up)",
                      unit=WATCHDOG_UNIT, restart=True,
-                     _if=lambda: any(op.did_change() for op in (readings, tool, unit, port, *box_code)))
+                     _if=lambda: any(op.did_change() for op in (tool, unit, port, box_code) if op))
     system.running(name="The watchdog's port is held", unit=WATCHDOG_SOCKET)
     system.running(name="The watchdog is running", unit=WATCHDOG_UNIT)

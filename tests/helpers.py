@@ -112,12 +112,40 @@ def serves(sim_fleet, host, timeout=120):
     return False
 
 
+def box_lib_path() -> str:
+    """A folder holding `thorfleet_box` (this checkout's thorfleet/box, linked), for a PYTHONPATH:
+    a Thor's program run from files/thor/bin finds its package as it does beside it on a box."""
+    import tempfile
+    from pathlib import Path
+
+    global _BOX_LIB
+    if _BOX_LIB is None:
+        _BOX_LIB = tempfile.mkdtemp(prefix="thorfleet-box-lib-")
+        (Path(_BOX_LIB) / Path(layout.BOX_LIB).name).symlink_to(ROOT / "thorfleet" / "box")
+    return _BOX_LIB
+
+
+_BOX_LIB = None
+
+
+def box_package():
+    """thorfleet/box as a Thor's programs import it (`thorfleet_box`, layout.BOX_LIB): this
+    checkout's own modules, so a test and the program it loads share one copy of each."""
+    import sys
+
+    import thorfleet.box
+    from thorfleet.box import common, readings, usage  # noqa: F401 - its modules, for `from`
+
+    return sys.modules.setdefault("thorfleet_box", thorfleet.box)
+
+
 def box_program(name: str):
     """A program of a Thor's or a gateway's (files/thor/bin, files/gateway/bin: thorfleet-serve,
     thorfleet-door-usage, ...) as a module: each runs nothing on import."""
     import importlib.machinery
     import importlib.util
 
+    box_package()
     path = next(folder / name for folder in BINS if (folder / name).exists())
     loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(path))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))

@@ -33,7 +33,7 @@ from sim.base import (
 from thorfleet.settings import layout
 
 VARIANTS = HERE / "variants"
-USAGE_CODE = REPO / "files" / "thor" / "bin" / "thorfleet_usage.py"  # layout.BOX_USAGE_CODE on a box
+USAGE_CODE = REPO / "thorfleet" / "box" / "usage.py"  # layout.BOX_USAGE_CODE on a box
 # As files/thor/systemd/thorfleet-vllm.service.j2 runs it, after `vllm serve /model`.
 SERVE_ARGS = ("--config", "/config/vllm.yaml", "--attention-backend", "TRITON_MLA",
               "--language-model-only")

@@ -1,8 +1,6 @@
 """The benchmark's arithmetic (files/thor/bin/thorfleet-bench against a local http.server standing in for
 vLLM) and the fleet gate (operations.verification: bench_verdict, benchmark_gate)."""
 
-import importlib.machinery
-import importlib.util
 import json
 import threading
 import time
@@ -15,6 +13,7 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.connectors.util import CommandOutput
 from pyinfra.context import ctx_host
 
+from tests.helpers import box_program
 from thorfleet.operations import verification
 from thorfleet.run.runstate import run_state
 from thorfleet.settings import layout
@@ -23,12 +22,7 @@ KEY = "sk-bench-test"
 
 
 def load_bench():
-    path = layout.FILES / "thor" / "bin" / "thorfleet-bench"
-    loader = importlib.machinery.SourceFileLoader("thorfleet_bench", str(path))
-    spec = importlib.util.spec_from_loader("thorfleet_bench", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return box_program("thorfleet-bench")
 
 
 bench = load_bench()

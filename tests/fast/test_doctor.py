@@ -19,7 +19,8 @@ import pytest
 from rich.console import Console
 
 from sim import fleet
-from thorfleet import facts, readings
+from thorfleet import facts
+from thorfleet.box import readings
 from thorfleet.cli import doctor
 from thorfleet.cli.pin import load_inventory
 from thorfleet.doctor import ask, rows

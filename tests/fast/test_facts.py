@@ -202,6 +202,10 @@ def test_tree_state_reads_owners_and_what_is_not_a_file_on_this_machine(tmp_path
     (tmp_path / "b").write_text("b\n")
     (tmp_path / "b").chmod(0o755)
     (tmp_path / "link").symlink_to(tmp_path / "b")
+    # what python3 writes beside the box's package when a program imports it: not the package's
+    # (breaks with: the cache listed, so the package is re-sent and its watchdog restarted each run)
+    (tmp_path / "sub" / "__pycache__").mkdir()
+    (tmp_path / "sub" / "__pycache__" / "a.cpython-312.pyc").write_bytes(b"\0")
     out = subprocess.run(["sh", "-c", facts.system.TreeState().command(str(tmp_path))],
                          capture_output=True, text=True, check=True).stdout.splitlines()
     tree = parse(facts.system.TreeState, out)

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.helpers import ROOT, box_program
+from tests.helpers import ROOT, box_lib_path, box_program
 from thorfleet.settings import layout, schema
 from thorfleet.settings.render import Settings
 
@@ -212,7 +212,7 @@ def box(tmp_path):
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     env = {**os.environ, "PATH": f"{fakes}{os.pathsep}{os.environ['PATH']}",
            "FAKE_BOX": str(fakes), "FAKE_CONFIG": str(paths["CONFIG"]),
-           "FAKE_SECRETS": str(paths["SECRETS_ENV"])}
+           "FAKE_SECRETS": str(paths["SECRETS_ENV"]), "PYTHONPATH": box_lib_path()}
 
     class Box:
         config, unit = paths["CONFIG"], paths["UNIT_DIR"] / f"{SERVICE}.service"
@@ -502,13 +502,7 @@ LOGGED = {
 
 
 def serve_tool():
-    from importlib.machinery import SourceFileLoader
-    from importlib.util import module_from_spec, spec_from_loader
-
-    loader = SourceFileLoader("thorfleet_serve", str(ROOT / "files" / "thor" / "bin" / "thorfleet-serve"))
-    module = module_from_spec(spec_from_loader("thorfleet_serve", loader))
-    loader.exec_module(module)
-    return module
+    return box_program("thorfleet-serve")
 
 
 def test_a_streamed_tool_call_that_went_astray_is_refused_saying_where_it_went():

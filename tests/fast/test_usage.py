@@ -1,4 +1,4 @@
-"""Each client's tokens, counted on the box (files/thor/bin/thorfleet_usage.py): the middleware vLLM
+"""Each client's tokens, counted on the box (thorfleet/box/usage.py): the middleware vLLM
 loads, driven as vLLM's ASGI app drives it (a response start, then body messages, SSE events
 split wherever the transport splits them), and the ledger the watchdog answers GET /usage from.
 
@@ -186,4 +186,4 @@ def test_the_watchdog_answers_usage_on_its_port_and_the_paths_are_one(tmp_path):
     assert seen["clients"]["alice"]["m"]["day"] == {"prompt": 11, "cached": 0, "completion": 4}
     assert usage.DIRECTORY == layout.BOX_USAGE_DIR
     assert usage.CLIENT_HEADER.decode() == layout.GATEWAY_CLIENT_HEADER.lower()
-    assert layout.BOX_USAGE_CODE.rsplit("/", 1)[-1] == "thorfleet_usage.py"
+    assert layout.BOX_USAGE_CODE == f"{layout.BOX_LIB}/usage.py"

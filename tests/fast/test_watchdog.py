@@ -4,8 +4,8 @@ end on temporary folders.
 The box around it is stood in as for thorfleet-serve (tests/fast/test_thorfleet_serve.py): `systemctl`,
 `nvpmodel` and `jetson_clocks` on PATH are one small script keeping the unit's state in a folder,
 and vLLM is a local http.server whose completions can hang (a wedged engine: /health stays 200).
-The tool runs from a folder of its own with thorfleet/readings.py copied beside it as
-thorfleet_readings.py, as the box has them (layout.BOX_WATCHDOG, layout.BOX_READINGS): the test
+The tool runs from a folder of its own with thorfleet/box copied beside it as the package
+thorfleet_box, as the box has them (layout.BOX_WATCHDOG, layout.BOX_LIB): the test
 runs the import the box runs, not a fallback only a checkout has.
 
 The edits that break the firewall's (in a network namespace): an existing table counted as loaded
@@ -35,9 +35,9 @@ from pathlib import Path
 import pytest
 
 from tests.fast.test_operations import run as plan_run
-from tests.helpers import ROOT, free_port
+from tests.helpers import ROOT, box_package, free_port
 from tests.parse_back import PINS, command_words, unit_entries
-from thorfleet import readings
+from thorfleet.box import readings
 from thorfleet.facts import gateway as gateway_facts
 from thorfleet.gateway.config import firewall_script
 from thorfleet.operations import gateway as ops
@@ -50,8 +50,8 @@ KEY = "sk-watchdog-key-0123456789"
 
 
 def load_tool():
-    """The tool as a module, its thorfleet_readings being this checkout's thorfleet.readings."""
-    sys.modules.setdefault("thorfleet_readings", readings)
+    """The tool as a module, its thorfleet_box being this checkout's thorfleet.box."""
+    box_package()
     loader = importlib.machinery.SourceFileLoader("thorfleet_watchdog", str(TOOL))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(module)
@@ -343,10 +343,8 @@ class Box:
         for folder in (self.folder, self.stubs, self.bin):
             folder.mkdir()
         shutil.copy(TOOL, self.bin / Path(layout.BOX_WATCHDOG).name)
-        shutil.copy(ROOT / "thorfleet" / "readings.py", self.bin / Path(layout.BOX_READINGS).name)
-        shutil.copy(layout.FILES / "thor" / "bin" / "thorfleet_box.py", self.bin / Path(layout.BOX_COMMON).name)
-        shutil.copy(layout.FILES / "thor" / "bin" / "thorfleet_usage.py",
-                    self.bin / Path(layout.BOX_USAGE_CODE).name)
+        shutil.copytree(ROOT / "thorfleet" / "box", self.bin / Path(layout.BOX_LIB).name,
+                        ignore=shutil.ignore_patterns("__pycache__"))
         for tool in ("systemctl", "docker", "nvpmodel", "jetson_clocks"):
             (self.stubs / tool).write_text(FAKE_BOX)
             (self.stubs / tool).chmod(0o755)
@@ -918,14 +916,13 @@ def test_the_layout_the_deploy_writes_is_the_one_the_tools_read():
                  if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "LAYOUT_KEYS")
     # every key written is read by one of the two tools
     assert set(written) == set(wd.LAYOUT_KEYS) | set(ast.literal_eval(serve))
-    assert Path(layout.BOX_READINGS).parent == Path(layout.BOX_WATCHDOG).parent
-    assert Path(layout.BOX_READINGS).stem == "thorfleet_readings"
-    # the programs import what they share from beside them, by its name there
+    # the programs import what they share from the package beside them, by its name there
     for program in (layout.BOX_SERVE, layout.BOX_WATCHDOG, layout.BOX_BENCH):
-        assert Path(layout.BOX_COMMON).parent == Path(program).parent
-        assert "import thorfleet_box as box" in (layout.FILES / "thor" / "bin" / Path(program).name
-                                                 ).read_text()
-    assert Path(layout.BOX_COMMON).name == "thorfleet_box.py"
+        assert Path(layout.BOX_LIB).parent == Path(program).parent
+        assert "from thorfleet_box import common as box" in (
+            layout.FILES / "thor" / "bin" / Path(program).name).read_text()
+    assert Path(layout.BOX_LIB).name == "thorfleet_box"
+    assert layout.BOX_USAGE_CODE == f"{layout.BOX_LIB}/usage.py"
 
 
 def watchdog_unit(**change):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
-from thorfleet import readings
+from thorfleet.box import readings
 from thorfleet.doctor.ask import Answer
 from thorfleet.operations import preflight
 from thorfleet.settings.recipe import (

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from pyinfra.api import FactBase
 
-from thorfleet import readings
+from thorfleet.box import readings
 from thorfleet.settings.layout import (
     BOX_REBOOT_MARKER,
     FILES,

@@ -1,12 +1,12 @@
 """Power: the nvpmodel mode and the modes and GPU masks it offers, and the clocks as
-`jetson_clocks --show` prints them (read as the box's watchdog reads them: thorfleet/readings.py).
+`jetson_clocks --show` prints them (read as the box's watchdog reads them: thorfleet/box/readings.py).
 """
 
 from __future__ import annotations
 
 from pyinfra.api import FactBase
 
-from thorfleet import readings
+from thorfleet.box import readings
 
 
 class PowerMode(FactBase[int | None]):

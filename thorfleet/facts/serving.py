@@ -12,7 +12,7 @@ from pyinfra.api import FactBase
 from thorfleet.settings.layout import (
     BOX_CLEAN,
     BOX_LAYOUT_ENV,
-    BOX_READINGS,
+    BOX_LIB,
     BOX_SERVE,
     BOX_WATCHDOG,
     BOX_WEIGHTS,
@@ -153,7 +153,7 @@ class ServerMetrics(BoxToolFact):
     server does not answer there."""
 
     tool = BOX_WATCHDOG
-    needs = (BOX_LAYOUT_ENV, BOX_READINGS)
+    needs = (BOX_LAYOUT_ENV, f"{BOX_LIB}/readings.py")
 
     @staticmethod
     def default():

@@ -61,9 +61,14 @@ class PasswdEntry(FactBase[dict | None]):
         return {"uid": int(fields[2]), "home": fields[5], "shell": fields[6]}
 
 
+_NO_CACHE = "-name __pycache__ -prune -o"
+
+
 class TreeState(FactBase[dict]):
     """Every file under `path` as {relative path: {"sha256", "mode", "owner"}} ({} when `path` is
-    absent); anything that is not a regular file (a link, a fifo) is listed with type "other"."""
+    absent); anything that is not a regular file (a link, a fifo) is listed with type "other".
+    Python's bytecode caches (`__pycache__`, which python3 writes beside what it imports on the
+    box) are not listed: derived from the files, and checked against them by python itself."""
 
     @staticmethod
     def default():
@@ -71,9 +76,9 @@ class TreeState(FactBase[dict]):
 
     def command(self, path):
         return (f"if [ -d {q(path)} ]; then cd {q(path)} && "
-                "find . -type f -exec stat -c 'mode %a %U:%G %n' {} + && "
-                "find . ! -type f ! -type d -exec stat -c 'other %F %n' {} + && "
-                "find . -type f -exec sha256sum {} +; fi")
+                f"find . {_NO_CACHE} -type f -exec stat -c 'mode %a %U:%G %n' {{}} + && "
+                f"find . {_NO_CACHE} ! -type f ! -type d -exec stat -c 'other %F %n' {{}} + && "
+                f"find . {_NO_CACHE} -type f -exec sha256sum {{}} +; fi")
 
     def process(self, output):
         tree = {}

@@ -22,11 +22,14 @@ BOX_WEIGHTS = f"{BOX_BIN}/thorfleet-weights"  # verify (system python3), fetch (
 BOX_CLEAN = f"{BOX_BIN}/thorfleet-clean"  # what old revisions, images and build contexts to remove
 BOX_BENCH = f"{BOX_BIN}/thorfleet-bench"  # the recipe's decode benchmark (system python3)
 # Proves between runs that the server generates, restarts it when wedged, exports the box's figures
-# (system python3); it imports thorfleet/readings.py, installed beside it under this name.
+# (system python3).
 BOX_WATCHDOG = f"{BOX_BIN}/thorfleet-watchdog"
-BOX_READINGS = f"{BOX_BIN}/thorfleet_readings.py"
-# What the box programs share (layout file, API key, local request), imported from beside them.
-BOX_COMMON = f"{BOX_BIN}/thorfleet_box.py"
+# What the box programs share (thorfleet/box/: the layout file, the API key, a local request, the
+# readings' parsers, the token counter), one package beside them: `import thorfleet_box` finds it.
+BOX_LIB = f"{BOX_BIN}/thorfleet_box"
+# Where releases before the package installed those files, one by one: each run removes them.
+BOX_FORMER_LIB = tuple(f"{BOX_BIN}/{name}" for name in (
+    "thorfleet_box.py", "thorfleet_readings.py", "thorfleet_usage.py"))
 WATCHDOG_UNIT = "thorfleet-watchdog.service"
 WATCHDOG_SOCKET = "thorfleet-watchdog.socket"  # its port, held across its restarts
 BOX_IMAGE_CONTEXT = f"{BOX_HOME}/image"  # one build context per image inputs hash
@@ -42,10 +45,10 @@ BOX_HF_TOKEN = f"{BOX_ETC}/hf_token"
 BOX_LAYOUT_ENV = f"{BOX_ETC}/layout.env"  # where thorfleet-serve reads the paths below from
 BOX_VLLM_CACHE = "/var/cache/thorfleet/vllm"  # vLLM's compile cache, kept across restarts
 BOX_STATE = "/var/lib/thorfleet"  # proven fingerprint, last-good copies, serve.lock
-# Each client's tokens: the server's journal of its answers' usage (files/thor/bin/thorfleet_usage.py,
-# vLLM's middleware, mounted into the container at the same path with this code beside it).
+# Each client's tokens: the server's journal of its answers' usage (thorfleet/box/usage.py, vLLM's
+# middleware, mounted into the container at the same path with this code beside it).
 BOX_USAGE_DIR = f"{BOX_STATE}/usage"
-BOX_USAGE_CODE = "/opt/thorfleet/bin/thorfleet_usage.py"  # also the watchdog's, for GET /usage
+BOX_USAGE_CODE = f"{BOX_LIB}/usage.py"  # mounted as thorfleet_usage.py; the watchdog's GET /usage
 IMAGE_USAGE_HOME = "/opt/thorfleet/usage"  # where the container finds it (its PYTHONPATH)
 # thorfleet-serve's copy of the last good version's unit (STATE_DIR/last-good/unit): what a
 # roll-back starts, so disk hygiene keeps the weights and image it names.

@@ -243,5 +243,5 @@ class Settings(Frozen):
         `secrets_proven`), so a key cannot be guessed offline from the fingerprint."""
         # and the token counter vLLM loads (a new one is only read by a new server)
         parts = (self.unit_text, self.config_text,
-                 (layout.THOR_FILES / "bin" / "thorfleet_usage.py").read_text())
+                 (layout.ROOT / "thorfleet" / "box" / "usage.py").read_text())
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()

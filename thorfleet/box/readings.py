@@ -1,8 +1,8 @@
 """How thorfleet reads what a Thor prints: the one parser of each output, for both sides.
 
-Stdlib only. The laptop's facts import it as `thorfleet.readings`; on the box it is copied beside
-the watchdog as `thorfleet_readings.py` (layout.BOX_READINGS), so the box and the laptop read a
-power mode, a clock lock or a metric one way.
+Stdlib only. The laptop's facts import it as `thorfleet.box.readings`; on the box the watchdog
+imports the same file from the package beside it (`thorfleet_box.readings`, layout.BOX_LIB), so
+the box and the laptop read a power mode, a clock lock or a metric one way.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What thorfleet's programs on a Thor all need (stdlib only): the layout file the deploy writes,
 the API key from the box's root-only secrets file, and a request to the local vLLM server.
 
-Installed beside them (layout.BOX_COMMON, in layout.BOX_BIN), where `python3 <program>` finds it:
-thorfleet-serve, thorfleet-watchdog and thorfleet-bench import it.
+In the package beside them (`thorfleet_box.common`, layout.BOX_LIB), where `python3 <program>`
+finds it: thorfleet-serve, thorfleet-watchdog and thorfleet-bench import it.
 """
 
 import json
