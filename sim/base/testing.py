@@ -280,7 +280,7 @@ def serving(client, image: str, model: Path, config: str = SEED_CONFIG, args=SER
         # the unit's usage middleware (vllm.yaml names it): its code on PYTHONPATH, its journal
         (Path(tmp) / "usage").mkdir()
         volumes[str(Path(tmp) / "usage")] = {"bind": layout.BOX_USAGE_DIR, "mode": "rw"}
-        volumes[str(USAGE_CODE)] = {"bind": f"{layout.IMAGE_USAGE_HOME}/{USAGE_CODE.name}",
+        volumes[str(USAGE_CODE)] = {"bind": layout.IMAGE_USAGE_CODE,
                                     "mode": "ro"}
         if draft:
             volumes[str(model.with_name(model.name + ".eagle"))] = {"bind": "/eagle", "mode": "ro"}

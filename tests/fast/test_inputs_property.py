@@ -170,7 +170,7 @@ def unit_reads_back(s):
     mounts = [f"{s.model_dir}:/model:ro", *([f"{s.draft_dir}:/eagle:ro"] if eagle else []),
               f"{layout.BOX_VLLM_CACHE}:/root/.cache/vllm", f"{layout.BOX_CONFIG_DIR}:/config:ro",
               f"{layout.BOX_USAGE_DIR}:{layout.BOX_USAGE_DIR}",
-              f"{layout.BOX_USAGE_CODE}:{layout.IMAGE_USAGE_HOME}/thorfleet_usage.py:ro"]
+              f"{layout.BOX_USAGE_CODE}:{layout.IMAGE_USAGE_HOME}/thorfleet_usage.py:ro"]  # vllm.yaml's
     assert pairs(start, "-v") == mounts
     env = {**RECIPE_ENV, **{k: str(v) for k, v in s.service_extra_env.items()}}
     assert pairs(start, "-e") == [f"PYTHONPATH={layout.IMAGE_USAGE_HOME}"] + [

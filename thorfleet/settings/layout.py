@@ -50,6 +50,8 @@ BOX_STATE = "/var/lib/thorfleet"  # proven fingerprint, last-good copies, serve.
 BOX_USAGE_DIR = f"{BOX_STATE}/usage"
 BOX_USAGE_CODE = f"{BOX_LIB}/usage.py"  # mounted as thorfleet_usage.py; the watchdog's GET /usage
 IMAGE_USAGE_HOME = "/opt/thorfleet/usage"  # where the container finds it (its PYTHONPATH)
+# the counter's name there, the module vllm.yaml's `middleware` names (thorfleet_usage.Usage)
+IMAGE_USAGE_CODE = f"{IMAGE_USAGE_HOME}/thorfleet_usage.py"
 # thorfleet-serve's copy of the last good version's unit (STATE_DIR/last-good/unit): what a
 # roll-back starts, so disk hygiene keeps the weights and image it names.
 BOX_LAST_GOOD_UNIT = f"{BOX_STATE}/last-good/unit"
