@@ -8,9 +8,9 @@ why); deploy.py checks again, for the Python API.
 
 import sys
 
-from thorfleet.plan import settings_for_run
+from thorfleet.plan import no_hosts, settings_for_run
 from thorfleet.run import pyinfra_hooks, report
-from thorfleet.settings.hosts import SettingsError, no_hosts
+from thorfleet.settings.schema import SettingsError
 
 
 def _refuse_bad_group_data(state):

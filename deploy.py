@@ -9,8 +9,7 @@ nothing, a drifted box is put right.
 
 from pyinfra import config, host
 
-from thorfleet.plan import settings_for_run
-from thorfleet.settings.hosts import refuse_outside_the_repository
+from thorfleet.plan import refuse_outside_the_repository, settings_for_run
 
 # Run elsewhere, pyinfra loads neither config.py (the check before connecting) nor group_data/
 # (thorfleet's strict host-key default): stop before anything is planned, saying where to run.

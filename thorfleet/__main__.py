@@ -109,8 +109,8 @@ def _checked(source, host_keys=False):
     """(inventory, {name: Settings}) of an inventory file, or None once it said why not.
     `host_keys`: also refuse a box whose host key the laptop lacks (check's, not status')."""
     from thorfleet.cli.pin import PinError, load_inventory
-    from thorfleet.plan import host_key_problems, settings_for_inventory
-    from thorfleet.settings.hosts import SettingsError, no_hosts
+    from thorfleet.plan import host_key_problems, no_hosts, settings_for_inventory
+    from thorfleet.settings.schema import SettingsError
 
     try:
         inventory = load_inventory(source)

@@ -3,15 +3,16 @@
     settings_for_inventory(inventory)  # {host name: Settings}, or SettingsError naming every problem
     settings_for_run(state)            # the same, built once per pyinfra run and held by the run
 
-One host's data is settings/hosts.py's (settings_for); here, what needs more than one host: the
-gateway (or the pair) and the boxes it sends to, its clients, the monitors and their targets, the
-canary and the batches, the copy keys, the boxes sharing an address, the laptop's SSH files.
+One host's data checked, with the laptop's secrets it names (settings_for); then what needs more
+than one host: the gateway (or the pair) and the boxes it sends to, its clients, the monitors and
+their targets, the canary and the batches, the copy keys, the boxes sharing an address, the
+laptop's SSH files.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import secrets
+import os
 import sys
 from pathlib import Path
 
@@ -22,7 +23,12 @@ from thorfleet.gateway import tls
 from thorfleet.gateway.config import CLIENT_KEY, SERVER_NAME, Backend, GatewaySettings, client_key
 from thorfleet.gateway.monitor import MonitorSettings, Target, label_value, target
 from thorfleet.run import pyinfra_hooks
-from thorfleet.run.laptop import write_whole
+from thorfleet.run.laptop import (
+    make_client_keys,
+    private_file_problems,
+    private_folder_problems,
+    read_secret_of,
+)
 from thorfleet.run.peers import (
     dial_host,
     fleet_copy,
@@ -33,9 +39,8 @@ from thorfleet.run.peers import (
 from thorfleet.run.runstate import run_state
 from thorfleet.run.unreachable import keyscan, known_hosts_name, no_host_key
 from thorfleet.settings.clients import key_file
-from thorfleet.settings.hosts import private_file_problems, private_folder_problems, settings_for
-from thorfleet.settings.layout import GATEWAY_DOOR_USAGE_LISTEN, IMAGE_USER
-from thorfleet.settings.render import image_files_hash
+from thorfleet.settings.layout import GATEWAY_DOOR_USAGE_LISTEN, IMAGE_USER, ROOT
+from thorfleet.settings.render import Settings, image_files_hash
 from thorfleet.settings.roles import (
     is_gateway,
     is_monitor_host,
@@ -49,12 +54,52 @@ from thorfleet.settings.schema import (
     CLIENT_BUDGETS,
     SettingsError,
     budget_problems,
+    check,
     check_gateway,
     check_monitor,
     check_names,
     is_host,
     is_ip_address,
 )
+
+
+def refuse_outside_the_repository(cwd=None) -> None:
+    """Exit 2 with one line when pyinfra runs from another folder than this checkout: it reads
+    config.py and group_data/ from its working directory only, so thorfleet's check of every
+    host's data before connecting and its strict host-key default would be off."""
+    here = Path(cwd or os.getcwd()).resolve()
+    if here != ROOT:
+        print(f"thorfleet: run pyinfra from the repository root, not {here}: cd {ROOT} && "
+              "pyinfra INVENTORY deploy.py (pyinfra reads config.py and group_data/ from the "
+              "working directory; without them the settings check and strict host keys are "
+              "off). No operation ran.", file=sys.stderr)
+        sys.exit(2)
+
+
+def no_hosts(source) -> str:
+    """What `check` and a deploy say of an inventory with no host in it (the example as shipped)."""
+    return (f"{source}: no hosts: list your boxes in a group "
+            "(uncomment the examples in inventory/example.py)")
+
+
+def settings_for(data, *, groups=None, image_files=None):
+    """Settings for one host's data, or SettingsError naming every problem.
+
+    `groups`: the inventory's group names (rollout_canary_group must be one); `image_files`: the
+    run's image_files_hash(), so the image's files are read once, not once per host.
+    """
+    data = dict(data)
+    api_key, key_unread = read_secret_of(data, "service_api_key_file", "THORFLEET_API_KEY")
+    hf_token, token_unread = read_secret_of(data, "weights_hf_token_file", "HF_TOKEN")
+    # a key file that cannot be read is its own problem, not "no API key": the rest still checked
+    values, problems = check(data, api_key=api_key or key_unread is not None, hf_token=hf_token,
+                             groups=groups)
+    problems = [p for p in (key_unread, token_unread) if p] + problems
+    for key in ("service_api_key_file", "weights_hf_token_file"):
+        problems += private_file_problems(key, data.get(key))
+    if problems:
+        raise SettingsError(problems)
+    return Settings(values, api_key=api_key, hf_token=hf_token, image_files=image_files)
 
 
 def ssh_file_problems(inventory) -> list[str]:
@@ -479,7 +524,7 @@ def box_key_problems(box_keys) -> list[str]:
 def client_problems(clients, box_keys) -> list[str]:
     """What is wrong with the door's client keys (gateway_clients), each naming the file or
     setting (never a key). A key file not there yet is made by the deploy
-    (make_client_keys)."""
+    (laptop.make_client_keys)."""
     problems, seen = [], {}
     files = {}  # {the file, resolved: the first client naming it}
     for name, entry in sorted(clients.items()):
@@ -577,19 +622,6 @@ def _one_batch_size(settings):
                 "group_data/all.py, or in the data of a group every host is in)")
         return [line]
     return []
-
-
-def make_client_keys(policies) -> None:
-    """Each client's key file not made yet (gateway_clients): a fresh key, 0600 in a 0700 folder,
-    whole or not at all (as the fleet CA's keys are), said on stderr for the operator to hand
-    over. The door's map then reads them all (GatewaySettings.client_keys)."""
-    for name, policy in policies.items():
-        file = Path(policy.key_file).expanduser()
-        if not file.exists():
-            tls.private_dir(file.parent)
-            write_whole(file, (secrets.token_hex(24) + "\n").encode(), private=True)
-            print(f"thorfleet: made a key for client {name} at {file} (0600): hand it to them; "
-                  "it opens the gateway's door", file=sys.stderr)
 
 
 def make_door_files(door) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.fast.test_gateway_render import client_files, gateway_settings, inventory
 from thorfleet.plan import settings_for_inventory
-from thorfleet.settings.hosts import SettingsError
+from thorfleet.settings.schema import SettingsError
 
 
 def refused(tmp_path, clients):

@@ -32,8 +32,8 @@ from tests.fast.test_models import chat, post
 from thorfleet.gateway.policy import fair_share, queue_class
 from thorfleet.plan import settings_for_inventory
 from thorfleet.settings.clients import ClientPolicy, policies
-from thorfleet.settings.hosts import SettingsError
 from thorfleet.settings.layout import GATEWAY_CLIENT_TABLE, GATEWAY_PEERS_PORT
+from thorfleet.settings.schema import SettingsError
 
 KEYS = {"alice": "alice-key-0123456789abcdef", "bob": "bob-key-0123456789abcdefg",
         "ci": "ci-key-0123456789abcdefgh"}

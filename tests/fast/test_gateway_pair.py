@@ -45,7 +45,7 @@ from thorfleet.gateway.config import (
     keepalived_word,
 )
 from thorfleet.settings import layout
-from thorfleet.settings.hosts import SettingsError
+from thorfleet.settings.schema import SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "files" / "gateway" / "bin" / "thorfleet-door-check"

@@ -38,9 +38,8 @@ from thorfleet.gateway.config import (
 from thorfleet.plan import make_door_files, make_laptop_files, settings_for_inventory
 from thorfleet.settings import layout, schema
 from thorfleet.settings.clients import TOKEN_BUDGETS
-from thorfleet.settings.hosts import SettingsError
 from thorfleet.settings.roles import gateway_of, is_gateway, is_thor, thors
-from thorfleet.settings.schema import check_gateway
+from thorfleet.settings.schema import SettingsError, check_gateway
 
 PINS = {"weights_model_revision": "4" * 40, "weights_draft_revision": "5" * 40,
         "image_base": "registry.example/vllm@sha256:" + "a" * 64}

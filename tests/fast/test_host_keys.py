@@ -23,7 +23,7 @@ from tests.helpers import known_hosts
 from thorfleet import plan
 from thorfleet.__main__ import main
 from thorfleet.plan import host_key_problems, settings_for_inventory
-from thorfleet.settings.hosts import SettingsError
+from thorfleet.settings.schema import SettingsError
 
 
 @pytest.mark.parametrize("entries, hashed, address, port, fix", [

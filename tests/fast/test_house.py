@@ -74,6 +74,21 @@ def test_settings_is_a_leaf():
     assert outside == {}
 
 
+def test_settings_reads_no_file_of_the_operators():
+    """The settings room checks and renders what it is given: the files a host's data names on
+    the laptop (the API key, the hub token, client keys, certificates, under ~) are read by the
+    run's plan and run/laptop.py, which also refuse them when others could read them. Breaks
+    with: a path of the operator's expanded or opened in settings/ (settings_for was there)."""
+    reads = {}
+    for path in sorted((PACKAGE / "settings").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("expanduser", "home"):
+                reads.setdefault(path.name, []).append(node.attr)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "open":
+                reads.setdefault(path.name, []).append("open")
+    assert reads == {}
+
+
 def test_every_import_points_down_with_no_cycle():
     graph = imports()
     order, placed = [], set()

@@ -30,8 +30,8 @@ from tests.parse_back import (
 from thorfleet.plan import settings_for_inventory
 from thorfleet.run import peers
 from thorfleet.settings import schema
-from thorfleet.settings.hosts import SettingsError
 from thorfleet.settings.render import Settings
+from thorfleet.settings.schema import SettingsError
 
 KEY = "sk-test-key-0123456789"
 

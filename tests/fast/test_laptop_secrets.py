@@ -19,7 +19,8 @@ from tests.fast.test_gateway_render import PINS, client_files, inventory
 from tests.helpers import known_hosts
 from thorfleet.__main__ import main
 from thorfleet.plan import settings_for_inventory
-from thorfleet.settings.hosts import SettingsError, private_folder_problems
+from thorfleet.run.laptop import private_folder_problems
+from thorfleet.settings.schema import SettingsError
 
 
 def refused(inv):

@@ -27,9 +27,8 @@ from thorfleet.gateway.monitor import (
 )
 from thorfleet.plan import settings_for_inventory
 from thorfleet.settings import layout
-from thorfleet.settings.hosts import SettingsError
 from thorfleet.settings.roles import is_thor, monitors_of, thors
-from thorfleet.settings.schema import check_monitor
+from thorfleet.settings.schema import SettingsError, check_monitor
 
 PINS = {"weights_model_revision": "4" * 40, "weights_draft_revision": "5" * 40,
         "image_base": "registry.example/vllm@sha256:" + "a" * 64}

@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 from pyinfra.api import Inventory
 
-from thorfleet.plan import settings_for_inventory, settings_for_run
+from thorfleet.plan import settings_for, settings_for_inventory, settings_for_run
 from thorfleet.run import rollout
 from thorfleet.settings import layout, render
-from thorfleet.settings.hosts import SettingsError, settings_for
 from thorfleet.settings.layout import BOX_MODELS
-from thorfleet.settings.schema import FIELDS, PREFIXES, REQUIRED
+from thorfleet.settings.schema import FIELDS, PREFIXES, REQUIRED, SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL_PY = ROOT / "group_data" / "all.py"

@@ -24,7 +24,7 @@ from tests.fast.test_gateway_render import inventory
 from thorfleet import facts
 from thorfleet.operations.gateway import shared_address_problem
 from thorfleet.plan import settings_for_inventory
-from thorfleet.settings.hosts import SettingsError
+from thorfleet.settings.schema import SettingsError
 
 PAIR = [("gw-1", {"ssh_hostname": "10.0.0.9"}), ("gw-2", {"ssh_hostname": "10.0.0.8"})]
 THORS = [("thor-1", {"ssh_hostname": "10.0.0.1"}), ("thor-2", {"ssh_hostname": "10.0.0.200"}),

@@ -12,7 +12,7 @@ from pyinfra.facts.server import Which
 from tasks import cleanup, image, memory, power, preflight, service, verification, weights
 from tests.fast.test_settings import GOOD
 from thorfleet import facts
-from thorfleet.settings.hosts import settings_for
+from thorfleet.plan import settings_for
 
 TASKS = (preflight, power, memory, image, weights, service, verification, cleanup)
 READY = {facts.lock.RunLock: {"held": True, "why": None}, facts.box.L4TRelease: "38.2", facts.box.MemTotalGiB: 122.0, facts.box.FreeDiskGiB: 500.0,

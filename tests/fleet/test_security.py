@@ -13,7 +13,7 @@ import pytest
 from sim import fleet as sim
 from sim.hub import set_token
 from tests.helpers import SERVICE, SHARD, box, deploy, downloads, hub, model_dir
-from thorfleet.settings.hosts import settings_for
+from thorfleet.plan import settings_for
 
 # Where another user (nobody) could read a secret on the box; Docker's image layers are skipped
 # (they hold no deploy data), its container configs and logs are searched.

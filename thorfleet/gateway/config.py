@@ -550,7 +550,8 @@ class GatewaySettings(Checked):
     @cached_property
     def client_keys(self) -> dict[str, str]:
         """{client name: its key} from the laptop's key files (gateway_clients), read only: a
-        deploy has made the missing ones before it plans a host (plan.make_client_keys)."""
+        deploy has made the missing ones before it plans a host (laptop.make_client_keys, in
+        plan.make_laptop_files)."""
         keys = {}
         for name, policy in self.policies.items():
             file = Path(policy.key_file).expanduser()

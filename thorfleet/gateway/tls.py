@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from thorfleet.run.laptop import write_whole
+from thorfleet.run.laptop import private_dir, write_whole
 from thorfleet.settings.schema import check_names, ip_address_or_none
 
 # An inventory name becomes a file name under ca_dir/gateways: no '/', no '.' or '..' alone.
@@ -247,9 +247,3 @@ def _locked(ca_dir: Path):
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
         yield
 
-
-def private_dir(path: Path) -> Path:
-    with contextlib.suppress(FileExistsError):  # another deploy may make it first
-        path.mkdir(parents=True)
-        path.chmod(0o700)  # keys live here; mkdir's mode is cut by the umask
-    return path
