@@ -32,7 +32,8 @@ from thorfleet.settings.layout import (
 @deploy("Watchdog")
 def run(settings, box_code=None):
     """`box_code`: the operation that installed what the box's programs share (tasks/service.py:
-    with the parsers the laptop's facts use too), which the watchdog imports: a change restarts it."""
+    with the parsers the laptop's facts use too), which the watchdog imports: a change restarts
+    it."""
     tool = files.whole_file(name="Install the watchdog",
                             src=str(THOR_FILES / "bin" / "thorfleet-watchdog"), path=BOX_WATCHDOG,
                             mode="755")

@@ -10,7 +10,7 @@ from tests.helpers import ROOT
 PACKAGE = ROOT / "thorfleet"
 # Modules that import nothing of thorfleet's: facts of the world, not logic, and the one module
 # that touches pyinfra's run machinery (pyinfra_hooks), which host is what (roles), the laptop's
-# one file writer (laptop), and the box's own package (common, readings, usage: shipped to it whole).
+# one file writer (laptop), and the box's own package (common, readings, usage: shipped whole).
 LEAVES = {"common", "laptop", "layout", "pyinfra_hooks", "readings", "recipe", "roles", "runstate",
           "rollout", "usage"}
 # What the box-facing side (facts, operations) may import: never settings, schema or the report.

@@ -77,5 +77,6 @@ def test_the_doors_certificate_is_only_read_where_it_is_asked(tmp_path):
     assert not ca.exists()
     planned = settings_for_run(SimpleNamespace(inventory=inv))["gw-1"]
     made = sorted(p.relative_to(ca).as_posix() for p in ca.rglob("*") if p.is_file())
-    assert made == [".lock", "fleet-ca.key", "fleet-ca.pem", "gateways/gw-1.key", "gateways/gw-1.pem"]
+    assert made == [".lock", "fleet-ca.key", "fleet-ca.pem", "gateways/gw-1.key",
+                    "gateways/gw-1.pem"]
     assert planned.pem.startswith("-----BEGIN CERTIFICATE-----")

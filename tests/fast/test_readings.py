@@ -1,6 +1,6 @@
-"""thorfleet/box/readings.py: the parsers the laptop's facts and the box's watchdog share. The box runs
-its package (thorfleet/box, shipped whole) with its system python3 and nothing else, so each of its
-modules may import the standard library only."""
+"""thorfleet/box/readings.py: the parsers the laptop's facts and the box's watchdog share. The box
+runs its package (thorfleet/box, shipped whole) with its system python3 and nothing else, so each
+of its modules may import the standard library only."""
 
 import ast
 import sys

@@ -1,5 +1,6 @@
 """Power: the nvpmodel mode and the modes and GPU masks it offers, and the clocks as
-`jetson_clocks --show` prints them (read as the box's watchdog reads them: thorfleet/box/readings.py).
+`jetson_clocks --show` prints them (read as the box's watchdog reads them:
+thorfleet/box/readings.py).
 """
 
 from __future__ import annotations
