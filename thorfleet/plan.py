@@ -20,11 +20,11 @@ import yaml
 from paramiko import HostKeys
 
 from thorfleet.gateway import tls
-from thorfleet.gateway.config import CLIENT_KEY, SERVER_NAME, Backend, GatewaySettings, client_key
+from thorfleet.gateway.config import SERVER_NAME, Backend, GatewaySettings
 from thorfleet.gateway.monitor import MonitorSettings, Target, label_value, target
 from thorfleet.run import pyinfra_hooks
 from thorfleet.run.laptop import (
-    make_client_keys,
+    client_keys,
     private_file_problems,
     private_folder_problems,
     read_secret_of,
@@ -38,7 +38,6 @@ from thorfleet.run.peers import (
 )
 from thorfleet.run.runstate import run_state
 from thorfleet.run.unreachable import keyscan, known_hosts_name, no_host_key
-from thorfleet.settings.clients import key_file
 from thorfleet.settings.layout import GATEWAY_DOOR_USAGE_LISTEN, IMAGE_USER, ROOT
 from thorfleet.settings.render import Settings, image_files_hash
 from thorfleet.settings.roles import (
@@ -52,8 +51,8 @@ from thorfleet.settings.roles import (
 from thorfleet.settings.schema import (
     API_KEY_MIN,
     CLIENT_BUDGETS,
+    CLIENT_KEY,
     SettingsError,
-    budget_problems,
     check,
     check_gateway,
     check_monitor,
@@ -89,8 +88,10 @@ def settings_for(data, *, groups=None, image_files=None):
     run's image_files_hash(), so the image's files are read once, not once per host.
     """
     data = dict(data)
-    api_key, key_unread = read_secret_of(data, "service_api_key_file", "THORFLEET_API_KEY")
-    hf_token, token_unread = read_secret_of(data, "weights_hf_token_file", "HF_TOKEN")
+    api_key, key_unread = read_secret_of("service_api_key_file", data.get("service_api_key_file"),
+                                         "THORFLEET_API_KEY")
+    hf_token, token_unread = read_secret_of("weights_hf_token_file",
+                                            data.get("weights_hf_token_file"), "HF_TOKEN")
     # a key file that cannot be read is its own problem, not "no API key": the rest still checked
     values, problems = check(data, api_key=api_key or key_unread is not None, hf_token=hf_token,
                              groups=groups)
@@ -189,8 +190,9 @@ def _ssh_user_left_behind(inventory) -> list[str]:
             if not is_thor(h) and not h.data.dict().get("ssh_user")]
 
 
-def settings_for_inventory(inventory):
-    """Settings for every host of the inventory, or SettingsError naming each host's problems."""
+def settings_for_inventory(inventory, make=False):
+    """Settings for every host of the inventory, or SettingsError naming each host's problems.
+    `make`: a client key file not there yet is made as it is read (a deploy's plan)."""
     found, settings, boxes = [], {}, {}
     groups = set(inventory.groups)
     image_files = image_files_hash()
@@ -217,7 +219,7 @@ def settings_for_inventory(inventory):
             found.append(f"{', '.join(names)}: the same box ({addr}:{ssh_port}) twice with "
                          f"service_port={port}: two services cannot share one port")
     found += _one_batch_size(settings)
-    gateways, problems = _the_gateway(inventory, settings)
+    gateways, problems = _the_gateway(inventory, settings, make=make and not found)
     found += problems
     monitors, problems = _the_monitors(inventory, settings, gateways)
     found += problems
@@ -322,7 +324,7 @@ def _monitor_targets(inventory, settings, gateways, source):
     return targets, problems
 
 
-def _the_gateway(inventory, settings):
+def _the_gateway(inventory, settings, make=False):
     """({name: GatewaySettings}, [problem]) of the inventory's gateways (group `gateway`: one
     host, or two sharing gateway_virtual_ip), and each Thor told where the gateways connect from
     (Settings.gateway_sources), for its firewall."""
@@ -403,19 +405,18 @@ def _the_gateway(inventory, settings):
     box_keys = {settings[b.name].api_key for b in backends}
     box_key = next(iter(box_keys)) if len(box_keys) == 1 else None
     problems += [f"{hosts[0].name}: {p}" for p in box_key_problems(box_keys)]
-    if first.gateway_clients:
-        problems += [f"{hosts[0].name}: {p}"
-                     for p in client_problems(first.gateway_clients, box_keys)]
-        problems += [f"{hosts[0].name}: {p}"
-                     for p in client_model_problems(first.gateway_clients, backends)]
-        fleet = {setting: getattr(first, setting) for setting in CLIENT_BUDGETS.values()}
-        problems += [f"{hosts[0].name}: {p}"
-                     for p in budget_problems(first.gateway_clients, fleet)]
+    # each client's key read once (made first in a deploy, when nothing else is wrong), for
+    # both gateways of a pair: they hold one set of keys
+    keyed, unkeyed = client_keys(first.client_policies, box_keys, CLIENT_KEY,
+                                 make=make and not problems)
+    problems += [f"{hosts[0].name}: {p}" for p in unkeyed]
+    problems += [f"{hosts[0].name}: {p}"
+                 for p in client_model_problems(first.client_policies, backends)]
     if problems:
         return {}, problems
     pair = list(zip((h.name for h in hosts), sources))
     found = {h.name: GatewaySettings(values, h.name, address, backends, box_key=box_key,
-                                     names=names, pair=pair)
+                                     names=names, pair=pair, policies=keyed)
              for (h, values, _), address in zip(checked, addresses)}
     for b in backends:  # each box's pool at the door: where its drain is set
         settings[b.name].gateway_pool = found[hosts[0].name].pool_of(b.name)
@@ -521,51 +522,15 @@ def box_key_problems(box_keys) -> list[str]:
              "24)")]
 
 
-def client_problems(clients, box_keys) -> list[str]:
-    """What is wrong with the door's client keys (gateway_clients), each naming the file or
-    setting (never a key). A key file not there yet is made by the deploy
-    (laptop.make_client_keys)."""
-    problems, seen = [], {}
-    files = {}  # {the file, resolved: the first client naming it}
-    for name, entry in sorted(clients.items()):
-        key_name = f"gateway_clients[{name!r}]"
-        path = key_file(entry)
-        problems += private_file_problems(key_name, path)
-        file = Path(path).expanduser()
-        # one file, two clients (made or not: the run would make one key for both): revoking one
-        # would leave the key working under the other's name
-        same = files.setdefault(file.resolve(), name)
-        if same != name:
-            problems.append(f"{key_name}: {file} is client {same!r}'s key file too: each client "
-                            f"needs a file (and a key) of its own, or revoking one leaves the key "
-                            f"working as the other; point {key_name} at another file")
-            continue
-        if not file.exists():
-            continue
-        try:
-            key = client_key(name, file)
-        except (OSError, ValueError) as error:
-            problems.append(f"{key_name}: {getattr(error, 'strerror', None) or error}")
-            continue
-        if key in box_keys:
-            problems.append(f"{key_name}: {file} holds the boxes' own key (service_api_key_file): "
-                            "a client key must be one no box takes; make it another")
-        if key in seen:
-            problems.append(f"{key_name}: {file} holds the same key as client {seen[key]!r}: "
-                            "each client needs a key of its own, or a revocation locks out both")
-        seen.setdefault(key, name)
-    return problems
-
-
-def client_model_problems(clients, backends) -> list[str]:
+def client_model_problems(policies, backends) -> list[str]:
     """A client's `models` naming one no box of the inventory serves (service_profile: the
     names each box answers to)."""
     served = {n for b in backends for n in b.names}
     own = sorted({b.model for b in backends})
     return [f"gateway_clients[{name!r}]: models has {model!r}, which no box here serves: name "
             f"one of {', '.join(own)} (a box's service_profile serves it)"
-            for name, entry in sorted(clients.items()) if isinstance(entry, dict)
-            for model in entry.get("models") or () if model not in served]
+            for name, policy in sorted(policies.items())
+            for model in policy.models or () if model not in served]
 
 
 def _family_problems(name, who, target, source, key) -> list[str]:
@@ -626,19 +591,20 @@ def _one_batch_size(settings):
 
 def make_door_files(door) -> None:
     """A door's files on the laptop: the fleet CA and the door's certificate, made or renewed
-    (tls.gateway_pair; an operator's own certificate is theirs to make), and each client's key
-    not made yet. The door then reads them (GatewaySettings.pem, .client_keys)."""
+    (tls.gateway_pair; an operator's own certificate is theirs to make). The door then reads
+    them (GatewaySettings.pem). Its clients' keys are made and read as its plan is built
+    (_the_gateway: laptop.client_keys)."""
     if not door.operator_certificate:
         tls.gateway_pair(door.ca_dir, door.door_holder, door.names)
-    make_client_keys(door.policies)
 
 
 def make_laptop_files(settings, inventory) -> None:
-    """The run's side effects on the laptop, in one step before any host is planned: the fleet CA
-    and the door's certificate, each client's key not made yet (said on stderr, to hand over),
-    the boxes' copy keys. Each is made through one writer (run/laptop.py), whole or not at all;
-    the deploy then reads what this made (each is cached where it is read), so no task makes a
-    file while it plans. `check`, status and doctor make none: they plan without this step."""
+    """The run's side effects on the laptop, in one step once the plan is built and before any
+    host is planned: the fleet CA and the door's certificate, the boxes' copy keys. Each is made
+    through one writer (run/laptop.py), whole or not at all; the deploy then reads what this
+    made (each is cached where it is read), so no task makes a file while it plans. The
+    clients' keys are made as the plan reads them (settings_for_inventory(make=True)), once the
+    checks before have passed. `check`, status and doctor make none."""
     for checked in settings.values():
         door = checked.gateway_role  # a gateway's own, a Thor's that is one too, else None
         if door is not None:
@@ -662,7 +628,7 @@ def settings_for_run(state):
     held = run.settings
     if held is None:
         try:
-            held = settings_for_inventory(state.inventory)
+            held = settings_for_inventory(state.inventory, make=True)
             make_laptop_files(held, state.inventory)
         except SettingsError as error:
             held = error

@@ -3,9 +3,9 @@ naming one key file (made already or not, spelt alike or not) or two files holdi
 refused before anything connects, naming both clients; the door's map never lists a digest twice.
 
 Fast: no Docker, no SSH. The edits that break these (each tried once):
-client_problems comparing the files as written (not resolved); it skipping the file check for a
-file not made yet (the check after `if not file.exists()`); GatewaySettings.client_keys taking a
-key another client holds.
+laptop.client_keys comparing the files as written (not resolved); it skipping the file check for
+a file not made yet (the check after `if not file.exists()`); GatewaySettings.client_keys taking
+a key another client holds.
 """
 
 import hashlib

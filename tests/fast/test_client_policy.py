@@ -31,9 +31,9 @@ from tests.fast.test_gateway_render import (
 from tests.fast.test_models import chat, post
 from thorfleet.gateway.policy import fair_share, queue_class
 from thorfleet.plan import settings_for_inventory
-from thorfleet.settings.clients import ClientPolicy, policies
+from thorfleet.settings.clients import ClientPolicy
 from thorfleet.settings.layout import GATEWAY_CLIENT_TABLE, GATEWAY_PEERS_PORT
-from thorfleet.settings.schema import SettingsError
+from thorfleet.settings.schema import SettingsError, policies
 
 KEYS = {"alice": "alice-key-0123456789abcdef", "bob": "bob-key-0123456789abcdefg",
         "ci": "ci-key-0123456789abcdefgh"}

@@ -36,10 +36,11 @@ from thorfleet.gateway.config import (
     nft_word,
 )
 from thorfleet.plan import make_door_files, make_laptop_files, settings_for_inventory
+from thorfleet.run.laptop import client_keys
 from thorfleet.settings import layout, schema
 from thorfleet.settings.clients import TOKEN_BUDGETS
 from thorfleet.settings.roles import gateway_of, is_gateway, is_thor, thors
-from thorfleet.settings.schema import SettingsError, check_gateway
+from thorfleet.settings.schema import CLIENT_KEY, SettingsError, check_gateway
 
 PINS = {"weights_model_revision": "4" * 40, "weights_draft_revision": "5" * 40,
         "image_base": "registry.example/vllm@sha256:" + "a" * 64}
@@ -49,9 +50,11 @@ BOX_KEY = "sk-test-the-boxes-own-0123456789"  # a bearer token: the door may sen
 def gateway_settings(tmp_path, **data):
     values, problems = check_gateway({"gateway_ca_dir": str(tmp_path / "ca"), **data})
     assert not problems, problems
+    # its clients' keys made and read as a deploy's plan does (the problems are the plan's)
+    keyed, _ = client_keys(values.client_policies, {BOX_KEY}, CLIENT_KEY, make=True)
     g = GatewaySettings(values, "gw-1", "127.0.0.1", [
         Backend("thor-1", "thorfleet-thor-1", 8002, 1, 9105),
-        Backend("thor-2", "10.0.0.3", 8002, 1, 9105)], box_key=BOX_KEY)
+        Backend("thor-2", "10.0.0.3", 8002, 1, 9105)], box_key=BOX_KEY, policies=keyed)
     make_door_files(g)  # its certificate, as the deploy makes it before it plans a host
     return g
 
@@ -59,7 +62,7 @@ def gateway_settings(tmp_path, **data):
 def planned(inv):
     """Every host's settings as a deploy plans them: checked, then the laptop's files made
     (the fleet CA, the door's certificate, client keys) before any host is rendered."""
-    settings = settings_for_inventory(inv)
+    settings = settings_for_inventory(inv, make=True)
     make_laptop_files(settings, inv)
     return settings
 

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from thorfleet.gateway.monitor import target
-from thorfleet.settings.clients import key_file
 
 # The shapes people compare (input tokens, output tokens, concurrencies, prompts at each).
 # seed 004's: 1024 in / 512 out at concurrency 1 (and, `seed-large`, 1000 prompts at 100);
@@ -249,13 +248,15 @@ def the_door(inventory, settings, err):
 def door_key(g, box, client: str | None) -> str:
     """The key a benchmark asks the door with: client's (gateway_clients), else the fleet's one
     key when the door has no clients. ValueError naming the fix; OSError for an unreadable file."""
-    from thorfleet.gateway.config import client_key
-
     if client:
         if client not in (g.gateway_clients or {}):
             raise ValueError(f"--client {client}: not one of gateway_clients "
                              f"({', '.join(sorted(g.gateway_clients or {})) or 'none'})")
-        return client_key(client, Path(key_file(g.gateway_clients[client])).expanduser())
+        policy = g.policies[client]  # its key as the run's plan read it
+        if policy.key is None:
+            raise ValueError(f"--client {client}: its key file {policy.key_file} is not there "
+                             "yet: a deploy makes it (pyinfra INVENTORY deploy.py)")
+        return policy.key
     if g.gateway_clients:
         raise ValueError("the door takes client keys only (gateway_clients): name one with "
                          "--client NAME; its limits apply to the benchmark")

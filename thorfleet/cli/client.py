@@ -6,8 +6,8 @@
     snippet(url, ca_file, key_file, model)  # OpenAI SDK code reading the key from its file
 
 Read only, on the laptop alone: no host is asked, and nothing is made. A missing key file is the
-deploy's to make (laptop.make_client_keys, in plan.make_laptop_files), as the fleet CA is, so the
-handout says so rather than make one here that no door knows yet. The key itself is never
+deploy's to make (laptop.client_keys, as the run's plan reads the keys), as the fleet CA is, so
+the handout says so rather than make one here that no door knows yet. The key itself is never
 printed, only its file's path: the operator hands the file over, and a key never lands in a
 terminal's scrollback.
 """

@@ -28,7 +28,7 @@ from thorfleet.gateway import tls
 from thorfleet.gateway.monitor import target
 from thorfleet.gateway.policy import AT_SHARE_CLASS, fair_share
 from thorfleet.settings import layout
-from thorfleet.settings.clients import PRIORITY_CLASS, TOKEN_BUDGETS, policies
+from thorfleet.settings.clients import PRIORITY_CLASS
 from thorfleet.settings.recipe import (
     BODY_BYTES_PER_TOKEN,
     IMAGE_BODY_BYTES,
@@ -36,7 +36,7 @@ from thorfleet.settings.recipe import (
     PREFILL_MARGIN,
     PROFILES,
 )
-from thorfleet.settings.schema import API_KEY_MIN, Checked, check_names
+from thorfleet.settings.schema import Checked, check_names
 
 # HAProxy's config words (configuration.txt, 2.2 "Quoting and escaping"): outside quotes a space
 # or '#' ends a word, '\', '"', "'" and '$' start an escape, a quote or a variable. A plain word
@@ -155,9 +155,6 @@ _NFT = _environment(nft_word)
 _KEEPALIVED = _environment(keepalived_word)
 
 
-# A client key, as a bearer token goes (RFC 6750's b64token): letters, digits and -._~+/=, and
-# long enough that nobody guesses it.
-CLIENT_KEY = re.compile(rf"[A-Za-z0-9._~+/-]{{{API_KEY_MIN},512}}=*")
 # The name the clients map gives the fleet's one key (service_api_key_file), which opens the door
 # without gateway_clients. Outside schema.CLIENT_NAME's grammar (a letter first), so no client is
 # ever named so; and the map holds it only when there are no clients.
@@ -183,16 +180,6 @@ def lf_error_body(status, kind, message, **samples) -> str:
     for name, expression in samples.items():
         body = body.replace(json.dumps(marks[name])[1:-1], f"%[{expression}]")
     return body
-
-
-def client_key(name, file: Path) -> str:
-    """Client `name`'s key from `file`, or ValueError naming the file (never the key)."""
-    key = file.read_text().strip()
-    if not CLIENT_KEY.fullmatch(key):
-        raise ValueError(f"client {name}'s key file {file} holds no key: one line of 16 to 512 "
-                         "letters, digits and -._~+/= (a bearer token); make one with "
-                         f"(umask 077; openssl rand -hex 24 > {file})")
-    return key
 
 
 def pool_name(model: str) -> str:
@@ -279,8 +266,11 @@ class GatewaySettings(Checked):
     """The gateway host's checked settings (`g.gateway_port`, ...) and what is rendered from them."""
 
     def __init__(self, values, name: str, address: str, backends: list[Backend], box_key: str,
-                 names=None, pair=None):
+                 names=None, pair=None, policies=None):
         super().__init__(values, name)
+        # {client name: its ClientPolicy}, each with its key once the run's plan has read it
+        # (run/laptop.client_keys); else as gateway_clients declares them (values.client_policies)
+        self.policies = values.client_policies if policies is None else policies
         self.address = address  # how the laptop reaches it (ssh_hostname): a name clients use
         # Every name clients use for the door, the certificate's: the virtual address first (two
         # gateways), then each gateway's inventory address, then gateway_names.
@@ -539,31 +529,22 @@ class GatewaySettings(Checked):
         """One certificate for the door, on each gateway: kept under the first gateway's name."""
         return self.pair[0][0]
 
-    @cached_property
-    def policies(self):
-        """{client name: its ClientPolicy}: its own limits, models, priority and token
-        budgets, else the fleet's (gateway_client_*)."""
-        return policies(self.gateway_clients, self.gateway_client_max_inflight,
-                        self.gateway_client_requests_per_minute,
-                        {name: getattr(self, f"gateway_client_{name}") for name in TOKEN_BUDGETS})
-
-    @cached_property
+    @property
     def client_keys(self) -> dict[str, str]:
-        """{client name: its key} from the laptop's key files (gateway_clients), read only: a
-        deploy has made the missing ones before it plans a host (laptop.make_client_keys, in
-        plan.make_laptop_files)."""
+        """{client name: its key}, as the run's plan read them from the laptop's key files
+        (gateway_clients; run/laptop.client_keys, which a deploy has made the missing ones)."""
+        missing = [p for p in self.policies.values() if p.key is None]
+        if missing:
+            raise ValueError(f"client {missing[0].name}'s key file {missing[0].key_file} is not "
+                             "read: a deploy makes and reads it before it plans any host "
+                             "(pyinfra INVENTORY deploy.py)")
         keys = {}
         for name, policy in self.policies.items():
-            file = Path(policy.key_file).expanduser()
-            if not file.exists():
-                raise ValueError(f"client {name}'s key file {file} is not there: a deploy makes "
-                                 "it before it plans any host (pyinfra INVENTORY deploy.py)")
-            key = client_key(name, file)
-            same = next((other for other, taken in keys.items() if taken == key), None)
-            if same is not None:  # the settings check refuses it first (plan.client_problems)
-                raise ValueError(f"client {name}'s key file {file} holds client {same}'s key: "
-                                 "each client needs a key of its own")
-            keys[name] = key
+            same = next((other for other, taken in keys.items() if taken == policy.key), None)
+            if same is not None:  # the plan refuses it first (laptop.client_keys)
+                raise ValueError(f"client {name}'s key file {policy.key_file} holds client "
+                                 f"{same}'s key: each client needs a key of its own")
+            keys[name] = policy.key
         return keys
 
     @property
@@ -583,7 +564,7 @@ class GatewaySettings(Checked):
         """HAProxy's map of the one key the door sends the boxes (the boxes' service key)."""
         return map_line("box", self.box_key)
 
-    @property
+    @cached_property
     def maps(self) -> dict[str, str]:
         """{path on the gateway: text} of every map haproxy.cfg reads, root-only beside it: the
         door's keys always; each client's policy with gateway_clients. The deploy writes them

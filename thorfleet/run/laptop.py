@@ -7,6 +7,7 @@ or replace them."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import sys
@@ -47,17 +48,61 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def make_client_keys(policies) -> None:
-    """Each client's key file not made yet (gateway_clients): a fresh key, 0600 in a 0700 folder,
-    whole or not at all (as the fleet CA's keys are), said on stderr for the operator to hand
-    over. The door's map then reads them all (GatewaySettings.client_keys)."""
-    for name, policy in policies.items():
+def client_keys(policies, box_keys, pattern, make=False):
+    """({client name: its policy with its key}, [problem]) of the door's clients (their parsed
+    gateway_clients): each key file read once, here, and refused when others could read or
+    replace it, when two clients share a file or a key, or when a box takes it; each line names
+    the file or setting, never a key. `make`: a file not there yet is made first (a fresh key,
+    0600 in a 0700 folder, whole or not at all, said on stderr for the operator to hand over);
+    else (`check`, status, doctor) its client is left without a key, for the deploy to make.
+    `box_keys`: the keys the boxes take (service_api_key_file); `pattern`: what a key may be
+    (schema.CLIENT_KEY)."""
+    problems, keyed, seen, files = [], {}, {}, {}  # files: {the file, resolved: its first client}
+    for name, policy in sorted(policies.items()):
+        said = f"gateway_clients[{name!r}]"
+        problems += private_file_problems(said, policy.key_file)
         file = Path(policy.key_file).expanduser()
-        if not file.exists():
+        # one file, two clients (made or not: the run would make one key for both): revoking one
+        # would leave the key working under the other's name
+        same = files.setdefault(file.resolve(), name)
+        if same != name:
+            problems.append(f"{said}: {file} is client {same!r}'s key file too: each client "
+                            f"needs a file (and a key) of its own, or revoking one leaves the key "
+                            f"working as the other; point {said} at another file")
+            continue
+        if not file.exists() and make and not problems:
             private_dir(file.parent)
             write_whole(file, (secrets.token_hex(24) + "\n").encode(), private=True)
             print(f"thorfleet: made a key for client {name} at {file} (0600): hand it to them; "
                   "it opens the gateway's door", file=sys.stderr)
+        if not file.exists():
+            keyed[name] = policy  # the deploy makes it
+            continue
+        try:
+            key = client_key(name, file, pattern)
+        except (OSError, ValueError) as error:
+            problems.append(f"{said}: {getattr(error, 'strerror', None) or error}")
+            continue
+        if key in box_keys:
+            problems.append(f"{said}: {file} holds the boxes' own key (service_api_key_file): "
+                            "a client key must be one no box takes; make it another")
+        if key in seen:
+            problems.append(f"{said}: {file} holds the same key as client {seen[key]!r}: "
+                            "each client needs a key of its own, or a revocation locks out both")
+        seen.setdefault(key, name)
+        keyed[name] = dataclasses.replace(policy, key=key)
+    return keyed, problems
+
+
+def client_key(name, file: Path, pattern) -> str:
+    """Client `name`'s key from `file` if `pattern` takes it, or ValueError naming the file
+    (never the key)."""
+    key = file.read_text().strip()
+    if not pattern.fullmatch(key):
+        raise ValueError(f"client {name}'s key file {file} holds no key: one line of 16 to 512 "
+                         "letters, digits and -._~+/= (a bearer token); make one with "
+                         f"(umask 077; openssl rand -hex 24 > {file})")
+    return key
 
 
 def _umask() -> int:
@@ -72,16 +117,17 @@ def _read_secret(path, env_name):
     return os.environ.get(env_name) or None
 
 
-def read_secret_of(data, key, env_name):
-    """(the secret or None, None), or (None, the problem) when `key`'s file cannot be read."""
+def read_secret_of(key, path, env_name):
+    """(the secret or None, None), or (None, the problem) when setting `key`'s file `path`
+    cannot be read; with no file, the secret in `env_name`."""
     try:
-        return _read_secret(data.get(key), env_name), None
+        return _read_secret(path, env_name), None
     except (OSError, TypeError) as error:
-        path = Path(str(data.get(key))).expanduser()
-        fix = (f"make it: mkdir -p -m 700 {path.parent}; (umask 077; openssl rand -hex 24 > "
-               f"{path})" if key == "service_api_key_file" else "put the token alone in it")
+        file = Path(str(path)).expanduser()
+        fix = (f"make it: mkdir -p -m 700 {file.parent}; (umask 077; openssl rand -hex 24 > "
+               f"{file})" if key == "service_api_key_file" else "put the token alone in it")
         why = getattr(error, "strerror", None) or str(error)
-        return None, (f"{key}={data.get(key)!r} cannot be read ({why}): {fix}, or point {key} at "
+        return None, (f"{key}={path!r} cannot be read ({why}): {fix}, or point {key} at "
                       "the file that holds it")
 
 

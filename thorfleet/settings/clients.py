@@ -1,15 +1,14 @@
-"""Each client of the door, as the operator declares it (gateway_clients): its policy, parsed.
-
-    policies(clients, max_inflight, requests_per_minute, budgets)  # {name: ClientPolicy}, defaults filled
+"""Each client of the door, as the operator declares it (gateway_clients): its policy.
 
 An entry of gateway_clients is a key file path, or a dict of the client's own policy; the schema
-has checked each key of it (schema.client_entry_problems), the run's plan the models it names.
-What the door does with a policy is gateway/policy.py's.
+checks each key of it and parses it (schema.check_gateway: GatewaySchema.client_policies), the
+run's plan the models it names, the laptop its key (run/laptop.client_keys). What the door does
+with a policy is gateway/policy.py's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Where a request waits in a pool's queue, by its client's priority: HAProxy dequeues the lowest
 # class first (http-request set-priority-class), and within a class the first come. A person at
@@ -24,7 +23,8 @@ TOKEN_BUDGETS = ("tokens_per_minute", "tokens_per_day", "tokens_per_month")
 class ClientPolicy:
     """One client at the door: its key file on the laptop, its limits (its own, else the
     fleet's gateway_client_* settings), the model names it may call (None: every one), its
-    priority in the queues, and its token budgets (None: no budget)."""
+    priority in the queues, and its token budgets (None: no budget). `key`: what its file holds,
+    once the run's plan has read it (run/laptop.client_keys); never in a repr."""
 
     name: str
     key_file: str
@@ -35,6 +35,7 @@ class ClientPolicy:
     tokens_per_minute: int | None = None
     tokens_per_day: int | None = None
     tokens_per_month: int | None = None
+    key: str | None = field(default=None, repr=False)
 
     @property
     def budgets(self) -> dict[str, int | None]:
@@ -45,21 +46,3 @@ class ClientPolicy:
 def key_file(entry) -> str:
     """The laptop path of a client's key file, in either form of its entry."""
     return entry["key_file"] if isinstance(entry, dict) else entry
-
-
-def policies(clients, max_inflight: int, requests_per_minute: int,
-             budgets: dict | None = None) -> dict[str, ClientPolicy]:
-    """{client name: its policy}, sorted by name, each limit it does not set the fleet's;
-    `budgets`: the fleet's {TOKEN_BUDGETS name: tokens or None}. A budget the entry sets to None
-    is none for that client, whatever the fleet's."""
-    fleet = {name: (budgets or {}).get(name) for name in TOKEN_BUDGETS}
-    found = {}
-    for name, entry in sorted((clients or {}).items()):
-        own = entry if isinstance(entry, dict) else {}
-        models = own.get("models")
-        found[name] = ClientPolicy(
-            name, key_file(entry), own.get("max_inflight", max_inflight),
-            own.get("requests_per_minute", requests_per_minute),
-            None if models is None else tuple(models), own.get("priority", "interactive"),
-            **{budget: own.get(budget, tokens) for budget, tokens in fleet.items()})
-    return found

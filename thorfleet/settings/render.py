@@ -91,7 +91,7 @@ class Settings(Frozen):
     """One host's checked settings (`s.service_port`, ...), with what is derived and rendered."""
 
     def __init__(self, values: Schema, *, api_key=None, hf_token=None, image_files=None):
-        self.values = values
+        self.hold(values)  # a declared setting reads as an attribute: s.service_port
         self.api_key = api_key
         self.hf_token = hf_token
         self._image_files = image_files
@@ -103,12 +103,6 @@ class Settings(Frozen):
         self.gateway_role = None
         self.monitor_role = None  # a gateway serving the model too, as the monitor: MonitorSettings
         self.monitor_source = None  # a monitor host of its own: the IP it scrapes this box from
-
-    def __getattr__(self, name):
-        # A declared setting reads as an attribute: s.service_port. Nothing else does.
-        if name in Schema.model_fields:
-            return getattr(self.__dict__["values"], name)
-        raise AttributeError(name)
 
     def __repr__(self):  # never the secrets
         return f"Settings({self.values!r})"

@@ -25,6 +25,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     StrictBool,
     StrictFloat,
     StrictInt,
@@ -34,7 +35,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from thorfleet.settings.clients import PRIORITY_CLASS, TOKEN_BUDGETS, policies
+from thorfleet.settings.clients import PRIORITY_CLASS, TOKEN_BUDGETS, ClientPolicy
 from thorfleet.settings.layout import (
     BOX_BIN,
     BOX_ETC,
@@ -402,6 +403,25 @@ def client_entry_problems(name, entry) -> list[str]:
         problems.append(f"{where}: priority={priority!r} is not a priority: use "
                         f"{' or '.join(map(repr, PRIORITY_CLASS))} (the default)")
     return problems
+
+
+def policies(clients, max_inflight: int, requests_per_minute: int,
+             budgets: dict | None = None) -> dict[str, ClientPolicy]:
+    """{client name: its policy} of gateway_clients' entries (checked by client_entry_problems),
+    sorted by name, each limit it does not set the fleet's; `budgets`: the fleet's
+    {TOKEN_BUDGETS name: tokens or None}. A budget the entry sets to None is none for that
+    client, whatever the fleet's."""
+    fleet = {name: (budgets or {}).get(name) for name in TOKEN_BUDGETS}
+    found = {}
+    for name, entry in sorted((clients or {}).items()):
+        own = entry if isinstance(entry, dict) else {"key_file": entry}
+        models = own.get("models")
+        found[name] = ClientPolicy(
+            name, own["key_file"], own.get("max_inflight", max_inflight),
+            own.get("requests_per_minute", requests_per_minute),
+            None if models is None else tuple(models), own.get("priority", "interactive"),
+            **{budget: own.get(budget, tokens) for budget, tokens in fleet.items()})
+    return found
 
 
 def budget_problems(clients, fleet: dict) -> list[str]:
@@ -934,6 +954,9 @@ API_KEY = re.compile(r"[!#%&(-\[\]-_a-~]+")
 # As short as the boxes' key, or a client's (gateway.config.CLIENT_KEY), may be: long enough that
 # nobody guesses it.
 API_KEY_MIN = 16
+# A client key, as a bearer token goes (RFC 6750's b64token): letters, digits and -._~+/=, and
+# long enough that nobody guesses it.
+CLIENT_KEY = re.compile(rf"[A-Za-z0-9._~+/-]{{{API_KEY_MIN},512}}=*")
 _TOKEN = re.compile(r"[!-~]+")
 
 
@@ -1034,9 +1057,25 @@ def check(data, *, api_key=None, hf_token=None, groups=None):
 # so the Thors' required pins and key need not be in its data.
 GATEWAY_KEYS = tuple(k for k in FIELDS if k.startswith(("ssh_", "gateway_", "monitor_"))) + (
     "rollout_drain_timeout_s", "preflight_lock_wait_s")
-def _role_schema(name, keys):
+class _Role(BaseModel):
+    model_config = Schema.model_config
+
+
+class _Door(_Role):
+    """A gateway's settings, with each client of gateway_clients parsed (check_gateway)."""
+
+    _client_policies: dict = PrivateAttr(default_factory=dict)
+
+    @property
+    def client_policies(self) -> dict[str, ClientPolicy]:
+        """{client name: its ClientPolicy}: its own limits, models, priority and token budgets,
+        else the fleet's (gateway_client_*); {} without gateway_clients."""
+        return self._client_policies
+
+
+def _role_schema(name, keys, base=_Role):
     """The schema of a host that is no Thor: the settings `keys` alone, declared as for a Thor."""
-    return create_model(name, __config__=Schema.model_config,
+    return create_model(name, __base__=base,
                         **{key: (FIELDS[key].annotation, FIELDS[key]) for key in keys})
 
 
@@ -1060,6 +1099,15 @@ class Frozen:
     def freeze(self):
         self.__dict__["_frozen"] = True
 
+    def hold(self, values) -> None:
+        """`values` (a checked schema) kept, each of its settings a plain attribute beside it
+        (`s.service_port`): a task, a template or the report reads it as it reads any attribute."""
+        clash = sorted(set(type(values).model_fields) & set(dir(type(self))))
+        if clash:  # a declared name would hide, or be hidden by, what the class derives
+            raise TypeError(f"{type(self).__name__} derives {', '.join(clash)}: a setting's name")
+        self.__dict__.update(values.__dict__)
+        self.__dict__["values"] = values
+
     def __setattr__(self, name, value):
         if self.__dict__.get("_frozen"):
             raise AttributeError(f"{type(self).__name__}.{name}: a host's settings are not changed "
@@ -1071,30 +1119,32 @@ class Checked(Frozen):
     """A checked host's settings read as attributes (`g.gateway_port`), the schema's only."""
 
     def __init__(self, values, name: str):
-        self.values = values
+        self.hold(values)
         self.name = name  # its inventory name
-
-    def __getattr__(self, name):
-        fields = type(self.__dict__["values"]).model_fields
-        if name in fields:
-            return getattr(self.__dict__["values"], name)
-        raise AttributeError(name)
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r}, {self.values!r})"
 
 
-GatewaySchema = _role_schema("GatewaySchema", GATEWAY_KEYS)
+GatewaySchema = _role_schema("GatewaySchema", GATEWAY_KEYS, base=_Door)
 
 
 def check_gateway(data):
-    """(GatewaySchema, []) for the data of a gateway that is no Thor, or (None, problems)."""
+    """(GatewaySchema, []) for the data of a gateway (or of a Thor's gateway role), its clients'
+    policies parsed (GatewaySchema.client_policies), or (None, problems)."""
     values, problems = _check_role(GatewaySchema, GATEWAY_KEYS, data)
     problems += _ssh_port_problems(values, data, ("gateway_port",))
     cert, key = data.get("gateway_tls_cert_file"), data.get("gateway_tls_key_file")
     if (cert is None) != (key is None):
         problems.append("gateway_tls_cert_file and gateway_tls_key_file go together: set both "
                         "(your certificate and its key), or neither (the fleet CA signs one)")
+    if values is not None and values.gateway_clients:
+        fleet = {setting: getattr(values, setting) for setting in CLIENT_BUDGETS.values()}
+        problems += budget_problems(values.gateway_clients, fleet)
+        values._client_policies = policies(
+            values.gateway_clients, values.gateway_client_max_inflight,
+            values.gateway_client_requests_per_minute,
+            {name: fleet[setting] for name, setting in CLIENT_BUDGETS.items()})
     return (None if problems else values), problems
 
 
