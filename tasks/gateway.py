@@ -76,7 +76,7 @@ def run(g, lock=True):
     files.directory(name="Create the folder of the gateway's certificate (root-only)",
                     path=GATEWAY_PEM.rsplit("/", 1)[0], mode="700")
     pem = files.secret_file(name="Install the gateway's certificate and key (root-only)",
-                            path=GATEWAY_PEM, content=g.pem)
+                            path=GATEWAY_PEM, src=StringIO(g.pem))
     files.whole_file(name="Install the rotation tool (drain, ready through the runtime API)",
                      src=str(GATEWAY_FILES / "bin" / "thorfleet-rotation"), path=GATEWAY_ROTATION,
                      mode="755")
@@ -190,7 +190,7 @@ def _door_maps(g):
     Returns whether any changed: a reload then (idle connections close, so a revoked key's next
     request comes on a new one, and is refused)."""
     ops = [files.secret_file(name=f"Write the map of {MAPS_HOLD[path]} (root-only)", path=path,
-                             content=text) for path, text in g.maps.items()]
+                             src=StringIO(text)) for path, text in g.maps.items()]
     for path in set(MAPS_HOLD) - set(g.maps):
         files.absent(name=f"No gateway_clients: no map of {MAPS_HOLD[path]}", path=path)
     return lambda: any(op.did_change() for op in ops)

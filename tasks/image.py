@@ -79,7 +79,7 @@ def image_access(settings):
                                   f"{IMAGE_USER} ALL=(root) NOPASSWD: {BOX_IMAGE_TOOL} save *\n"))
     files.directory(name=f"Create {BOX_ETC}", path=BOX_ETC, mode="755")
     files.secret_file(name="Install the fleet's image key (root-only)", path=BOX_IMAGE_KEY,
-                      content=private)
+                      src=StringIO(private))
     files.directory(name=f"Create {BOX_STATE}", path=BOX_STATE, mode="700")
     files.whole_file(name="Install the boxes' host keys for the copy (as the laptop knows them)",
                      path=BOX_PEER_KNOWN_HOSTS, src=StringIO(peers.peer_known_hosts(inventory)))

@@ -43,7 +43,7 @@ def run(settings):
     files.whole_file(name=f"Write the vLLM runtime config ({settings.service_profile} profile)",
                      src=StringIO(settings.config_text), path=BOX_CONFIG, mode="644")
     files.secret_file(name="Write the service secrets (root-only)", path=BOX_SECRETS_ENV,
-                      content=settings.secrets_env_text)
+                      src=StringIO(settings.secrets_env_text))
     # thorfleet-serve spells no path of the box: it reads them here (thorfleet/settings/layout.py's).
     files.whole_file(name="Write the box layout the start/prove/roll-back tool reads",
                      src=StringIO(layout_env_text()), path=BOX_LAYOUT_ENV, mode="644")

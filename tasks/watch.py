@@ -28,6 +28,9 @@ from thorfleet.settings.layout import (
     WATCHDOG_UNIT,
 )
 
+# The watchdog's unit, rendered with the host's settings by its operation (files.template).
+UNIT_TEMPLATE = "thor/systemd/thorfleet-watchdog.service.j2"
+
 
 @deploy("Watchdog")
 def run(settings, box_code=None):
@@ -37,12 +40,9 @@ def run(settings, box_code=None):
     tool = files.whole_file(name="Install the watchdog",
                             src=str(THOR_FILES / "bin" / "thorfleet-watchdog"), path=BOX_WATCHDOG,
                             mode="755")
-    unit = files.whole_file(
-        name=f"Write the watchdog's unit: a check every {settings.watchdog_interval_s}s, a "
-             f"restart after {settings.watchdog_failures} failed, at most "
-             f"{settings.watchdog_max_restarts_per_hour} an hour",
-        src=StringIO(settings.watchdog_unit_text), path=f"{BOX_UNIT_DIR}/{WATCHDOG_UNIT}",
-        mode="644")
+    unit = files.template(name="Write the watchdog's unit (its watchdog_* settings)",
+                          src=UNIT_TEMPLATE,
+                          path=f"{BOX_UNIT_DIR}/{WATCHDOG_UNIT}", settings=settings)
     port = files.whole_file(
         name=f"Write the watchdog's socket: port {settings.watchdog_port}, held across its restarts",
         src=StringIO(settings.watchdog_socket_text), path=f"{BOX_UNIT_DIR}/{WATCHDOG_SOCKET}",

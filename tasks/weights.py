@@ -38,7 +38,7 @@ def run(settings):
     files.directory(name=f"Create {BOX_ETC}", path=BOX_ETC, mode="755")
     if settings.hf_token:
         files.secret_file(name="Install the Hugging Face token (root-only)", path=BOX_HF_TOKEN,
-                          content=settings.hf_token + "\n")
+                          src=StringIO(settings.hf_token + "\n"))
     else:
         files.absent(name="No Hugging Face token configured", path=BOX_HF_TOKEN)
     files.directory(name=f"Create {settings.weights_dir}", path=settings.weights_dir, mode="755")
@@ -84,7 +84,7 @@ def peer_access(settings):
                         f"{RRSYNC} -ro {shlex.quote(settings.weights_dir)}",
                         f"read {settings.weights_dir}")
     files.secret_file(name="Install the fleet's copy key (root-only)", path=BOX_PEER_KEY,
-                      content=private)
+                      src=StringIO(private))
     files.directory(name=f"Create {BOX_MANIFESTS}", path=BOX_MANIFESTS, mode="755")
     # the laptop checked each box's host key when it connected: the boxes check them the same way
     files.whole_file(name="Install the boxes' host keys for the copy (as the laptop knows them)",

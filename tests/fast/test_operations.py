@@ -590,6 +590,16 @@ def test_a_tree_uploads_only_the_files_that_differ_and_removes_the_extra(tmp_pat
     assert len(commands) == 1 + 3 * 3
 
 
+class Renders:
+    """A host's settings as files.template asks them: each template renders to `text`."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def render(self, template):
+        return self.text
+
+
 # Every operation, with arguments and the box as it reads it: once with nothing in place (the
 # commands that put it there) and once already right (a noop).
 ABSENT_AND_RIGHT = {
@@ -610,6 +620,10 @@ ABSENT_AND_RIGHT = {
         {facts.system.FileState: {"type": "regular file", "sha256": SHA_OF_HELLO, "mode": "644",
                            "user": "root",
                            "group": "root"}}]),
+    files.template: ({"path": "/etc/x", "src": "t.j2", "settings": Renders("hello\n")}, [
+        {facts.system.FileState: None},
+        {facts.system.FileState: {"type": "regular file", "sha256": SHA_OF_HELLO, "mode": "644",
+                                  "user": "root", "group": "root"}}]),
     files.directory: ({"path": "/etc/t"}, [
         {facts.system.PathState: None},
         {facts.system.PathState: {"type": "directory", "mode": "755", "user": "root", "group": "root"}}]),

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.watch import UNIT_TEMPLATE
 from tests.fast.test_operations import run as plan_run
 from tests.helpers import ROOT, box_package, free_port
 from tests.parse_back import PINS, command_words, unit_entries
@@ -950,7 +951,8 @@ def test_the_unit_runs_the_tool_with_the_settings_and_needs_no_server():
     s = watchdog_unit(watchdog_interval_s=7, watchdog_failures=4, watchdog_timeout_s=9,
                       watchdog_restart_backoff_s=30, watchdog_max_restarts_per_hour=2,
                       watchdog_port=9200)
-    entries = {(section, key): value for section, key, value in unit_entries(s.watchdog_unit_text)}
+    entries = {(section, key): value
+               for section, key, value in unit_entries(s.render(UNIT_TEMPLATE))}
     assert entries[("Service", "Restart")] == "always"
     assert entries[("Service", "RestartSec")] == "5"
     assert entries[("Service", "SyslogIdentifier")] == "thorfleet-watchdog"
@@ -971,13 +973,14 @@ def test_the_unit_runs_the_tool_with_the_settings_and_needs_no_server():
     assert port[("Install", "WantedBy")] == "sockets.target"
     # its own start grace, not service_health_timeout_s (a version's, which a roll-back undoes)
     assert (parsed.start_timeout, parsed.decode_gate) == (1800, 27)
-    assert KEY not in s.watchdog_unit_text
+    assert KEY not in s.render(UNIT_TEMPLATE)
 
 
 def test_a_watchdog_setting_never_changes_the_servers_fingerprint():
     assert watchdog_unit().fingerprint == watchdog_unit(watchdog_interval_s=5,
                                                         watchdog_port=9300).fingerprint
-    assert watchdog_unit().watchdog_unit_text != watchdog_unit(watchdog_port=9300).watchdog_unit_text
+    assert watchdog_unit().render(UNIT_TEMPLATE) != \
+        watchdog_unit(watchdog_port=9300).render(UNIT_TEMPLATE)
 
 
 # What systemd does for a socket-activated service: the socket as descriptor 3, LISTEN_PID the

@@ -3,6 +3,7 @@ replaced whole, and nothing is touched that is already right."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from io import BytesIO, StringIO
 from pathlib import Path, PurePosixPath
@@ -47,7 +48,32 @@ def whole_file(path, src, mode="644", check=(), *, current):
         whole_file(name="Install the API key", path=layout.BOX_SECRETS_ENV,
                    src=StringIO("VLLM_API_KEY=...\\n"), mode="600")
     """
-    content = _text_of(src)
+    yield from _put(path, _text_of(src), mode, check, current)
+
+
+@reads(current=lambda path, **_: (facts.system.FileState, {"path": path}))
+@operation()
+def template(path, src, settings, mode="644", *, current):
+    """A root-owned file at `path` rendered from the template `src` (its name under files/, as
+    the settings' emitters render it: a unit's words as systemd reads them, YAML by PyYAML's
+    emitter) with `settings`, one host's; replaced whole, as whole_file does.
+
+    + path: where the file goes on the box
+    + src: the template, by its name under files/ (``thor/systemd/thorfleet-watchdog.service.j2``)
+    + settings: the host's settings the template reads (``s``)
+    + mode: its permissions, as chmod takes them
+
+    .. code:: python
+
+        template(name="Write the watchdog's unit", path="/etc/systemd/system/x.service",
+                 src="thor/systemd/thorfleet-watchdog.service.j2", settings=settings)
+    """
+    yield from _put(path, settings.render(src).encode(), mode, (), current)
+
+
+def _put(path, content, mode, check, current):
+    """The commands that make `path` hold `content` with `mode` (whole_file, template): none when
+    it does already."""
     wanted = hashlib.sha256(content).hexdigest()
     if current == {"type": "regular file", "sha256": wanted, "mode": mode, "user": "root",
                    "group": "root"}:
@@ -84,9 +110,8 @@ def _replace(path, content, mode, check=()):
                         "exit $status", _sudo=False)
 
 
-def secret_file(path, content, **kwargs):
-    """A root-only (0600) file with secret `content`: whole_file with mode 600."""
-    return whole_file(path=path, src=StringIO(content), mode="600", **kwargs)
+# A root-only (0600) file of secret content (src: a StringIO): whole_file with mode 600.
+secret_file = functools.partial(whole_file, mode="600")
 
 
 @reads(current=lambda path, **_: (facts.system.PathState, {"path": path}))

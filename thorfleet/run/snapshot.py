@@ -66,13 +66,16 @@ def reads(*declare, **named):
         if named:
             op = _answered(op, named)
         params = pyinfra_hooks.operation_parameters(op)
+        # pyinfra's own arguments (name, _sudo, ...) bound apart, then dropped: never a read's
+        loose = params.replace(parameters=[*params.parameters.values(),
+                                           Parameter("_pyinfra", Parameter.VAR_KEYWORD)])
 
         def declared_for(*args, **kwargs):
-            own = params.bind_partial(
-                *args, **{k: v for k, v in kwargs.items() if k in params.parameters})
+            own = loose.bind_partial(*args, **kwargs)
+            own.arguments.pop("_pyinfra", None)
             own.apply_defaults()
             return [*(query for d in declare for query in d(**own.arguments)),
-                    *_named_queries(named, own.arguments).values()]
+                    *_named_queries(named, own).values()]
 
         @functools.wraps(op)
         def planned(*args, **kwargs):  # called while the deploy is planned: declared before run
@@ -91,9 +94,10 @@ def declared(op, *args, **kwargs):
     return declare(*args, **kwargs) if declare else []
 
 
-def _named_queries(named, arguments):
-    """{name: (FactClass, {args})} of the named reads that apply to these arguments."""
-    queries = {name: query(**arguments) for name, query in named.items()}
+def _named_queries(named, bound):
+    """{name: (FactClass, {args})} of the named reads that apply to the operation's arguments
+    (`bound`, inspect's BoundArguments)."""
+    queries = {name: query(**bound.arguments) for name, query in named.items()}
     return {name: query for name, query in queries.items() if query is not None}
 
 
@@ -113,7 +117,7 @@ def _answered(op, named):
         arguments = own.bind(*args, **kwargs)
         arguments.apply_defaults()
         answers = dict.fromkeys(named)
-        for name, (fact, fact_kwargs) in _named_queries(named, arguments.arguments).items():
+        for name, (fact, fact_kwargs) in _named_queries(named, arguments).items():
             answers[name] = read(fact, **fact_kwargs)
         yield from body(*args, **kwargs, **answers)
 

@@ -192,6 +192,10 @@ class Settings(Frozen):
 
     # --- rendered files ---------------------------------------------------------------------------
     def render(self, template):
+        """The file `template` (its name under files/) renders to with these settings, each value
+        by the emitter of the file it lands in. What is not in the fingerprint is rendered by
+        its operation (operations/files.template): the watchdog's unit, whose settings changed
+        restart the watchdog, never the server."""
         emitter = next(e for suffix, e in _templates.items() if template.endswith(suffix))
         return emitter.get_template(template).render(
             s=self, profile=PROFILES[self.service_profile], layout=layout)
@@ -205,12 +209,6 @@ class Settings(Frozen):
         """The server unit's drop-in bounding its own restarts (from watchdog_max_restarts_per_hour).
         Not part of the fingerprint: systemd reads it at a daemon-reload, without a restart."""
         return self.render("thor/systemd/thorfleet-start-limit.conf.j2")
-
-    @cached_property
-    def watchdog_unit_text(self):
-        """The watchdog's unit (files/thor/bin/thorfleet-watchdog). Not part of the fingerprint: a
-        watchdog setting changed restarts the watchdog, never the server."""
-        return self.render("thor/systemd/thorfleet-watchdog.service.j2")
 
     @cached_property
     def watchdog_socket_text(self):
