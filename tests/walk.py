@@ -11,9 +11,14 @@ file that landed, with its own parser.
 
 A file counts where its code has the value in hand: a line runs with it in a local variable
 (itself, in text rendered from it, or in a list or mapping of such), or a function of it returns
-it. A file that only hands on an object holding the value (the run's Settings, pyinfra's host)
-does not count: a reader follows the value past it without opening it. A return is the value
-coming back into a file it had left for another.
+it, or a call it made returns it. A file that only hands on an object holding the value (the
+run's Settings, pyinfra's host), or a wrapper's `*args` and `**kwargs`, does not count: a reader
+follows the value past it without opening it. A visit lasts while the file's frames that were
+running when the value arrived run; a return is the value arriving again in a file whose every
+visit had ended.
+
+THORFLEET_WALK_EVERY=1 in the environment also prints, on stderr, every line that has the value
+in hand: where to look when a walk grows.
 """
 
 from __future__ import annotations

@@ -247,7 +247,8 @@ def the_door(inventory, settings, err):
 
 def door_key(g, box, client: str | None) -> str:
     """The key a benchmark asks the door with: client's (gateway_clients), else the fleet's one
-    key when the door has no clients. ValueError naming the fix; OSError for an unreadable file."""
+    key when the door has no clients (the client's as the run's plan read it). ValueError naming
+    the fix."""
     if client:
         if client not in (g.gateway_clients or {}):
             raise ValueError(f"--client {client}: not one of gateway_clients "

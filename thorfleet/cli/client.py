@@ -17,7 +17,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from thorfleet.settings.clients import key_file
+from thorfleet.settings.schema import key_file
 
 # What --json prints, in this order; text() shows the same.
 HANDOUT_FIELDS = ("client", "url", "also", "ca_file", "ca_file_exists", "key_file", "key_file_exists",

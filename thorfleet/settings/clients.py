@@ -41,8 +41,3 @@ class ClientPolicy:
     def budgets(self) -> dict[str, int | None]:
         """{budget name (TOKEN_BUDGETS): its tokens, or None}."""
         return {name: getattr(self, name) for name in TOKEN_BUDGETS}
-
-
-def key_file(entry) -> str:
-    """The laptop path of a client's key file, in either form of its entry."""
-    return entry["key_file"] if isinstance(entry, dict) else entry

@@ -405,6 +405,11 @@ def client_entry_problems(name, entry) -> list[str]:
     return problems
 
 
+def key_file(entry) -> str:
+    """The laptop path of a client's key file, in either form of its entry."""
+    return entry["key_file"] if isinstance(entry, dict) else entry
+
+
 def policies(clients, max_inflight: int, requests_per_minute: int,
              budgets: dict | None = None) -> dict[str, ClientPolicy]:
     """{client name: its policy} of gateway_clients' entries (checked by client_entry_problems),
@@ -414,24 +419,24 @@ def policies(clients, max_inflight: int, requests_per_minute: int,
     fleet = {name: (budgets or {}).get(name) for name in TOKEN_BUDGETS}
     found = {}
     for name, entry in sorted((clients or {}).items()):
-        own = entry if isinstance(entry, dict) else {"key_file": entry}
+        own = entry if isinstance(entry, dict) else {}
         models = own.get("models")
         found[name] = ClientPolicy(
-            name, own["key_file"], own.get("max_inflight", max_inflight),
+            name, key_file(entry), own.get("max_inflight", max_inflight),
             own.get("requests_per_minute", requests_per_minute),
             None if models is None else tuple(models), own.get("priority", "interactive"),
             **{budget: own.get(budget, tokens) for budget, tokens in fleet.items()})
     return found
 
 
-def budget_problems(clients, fleet: dict) -> list[str]:
+def budget_problems(clients, fleet: dict, parsed: dict) -> list[str]:
     """A token budget above the next longer one set (tokens_per_minute above tokens_per_day, a
-    day above a month), after the fleet's (`fleet`: {gateway_client_* setting: its value}) are
-    filled in: it could never be spent. Each line names the client (or the fleet settings) and
-    both keys. Run on entries client_entry_problems passed."""
-    named = {budget: fleet.get(setting) for budget, setting in CLIENT_BUDGETS.items()}
-    problems = _order_problems(named, CLIENT_BUDGETS, lambda b, v: f"{CLIENT_BUDGETS[b]}={v}")
-    for name, policy in policies(clients, 1, 1, named).items():
+    day above a month), after the fleet's (`fleet`: {TOKEN_BUDGETS name: the gateway_client_*
+    setting's tokens}) are filled in: it could never be spent. Each line names the client (or
+    the fleet settings) and both keys. Run on entries client_entry_problems passed, `parsed`
+    their policies (policies(), with the fleet's budgets)."""
+    problems = _order_problems(fleet, CLIENT_BUDGETS, lambda b, v: f"{CLIENT_BUDGETS[b]}={v}")
+    for name, policy in parsed.items():
         own = clients[name] if isinstance(clients[name], dict) else {}
 
         def said(budget, value, own=own):
@@ -1139,12 +1144,11 @@ def check_gateway(data):
         problems.append("gateway_tls_cert_file and gateway_tls_key_file go together: set both "
                         "(your certificate and its key), or neither (the fleet CA signs one)")
     if values is not None and values.gateway_clients:
-        fleet = {setting: getattr(values, setting) for setting in CLIENT_BUDGETS.values()}
-        problems += budget_problems(values.gateway_clients, fleet)
+        fleet = {name: getattr(values, setting) for name, setting in CLIENT_BUDGETS.items()}
         values._client_policies = policies(
             values.gateway_clients, values.gateway_client_max_inflight,
-            values.gateway_client_requests_per_minute,
-            {name: fleet[setting] for name, setting in CLIENT_BUDGETS.items()})
+            values.gateway_client_requests_per_minute, fleet)
+        problems += budget_problems(values.gateway_clients, fleet, values.client_policies)
     return (None if problems else values), problems
 
 
