@@ -472,32 +472,66 @@ def running_door(tmp_path, thors=1, gateway_data=None, servers_out=None, thor_da
         servers_out.extend(servers)
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
-    door = free_port("::1")
-    inv = inventory(tmp_path, thor_hosts=[(f"thor-{n + 1}", {
-        "ssh_hostname": "::1", "service_port": servers[2 * n].server_address[1],
-        "watchdog_port": servers[2 * n + 1].server_address[1],
-        # more than one box at ::1: none can fetch from another
-        **({"weights_source": "hub", "image_source": "build"} if thors > 1 else {}),
-        **(thor_data[n] if n < len(thor_data) else {})})
-        for n in range(thors)],
-        gateway_hosts=[("gw-1", {"ssh_hostname": "::1"})],
-        gateway_data={"gateway_port": door, **(gateway_data or {})})
-    g = planned(inv)["gw-1"]
-    config = local_config(tmp_path, g)
-    config = config.replace(layout.GATEWAY_ADMIN_SOCKET, str(tmp_path / "admin.sock"))
-    config = config.replace(layout.GATEWAY_SERVER_STATE, str(tmp_path / "server-state"))
-    config = config.replace("    log /dev/log local0\n", "").replace("    chroot /var/lib/haproxy\n", "")
-    # the clients table's local peer on a port of this test's own (tests run side by side)
-    config = config.replace(f"127.0.0.1:{layout.GATEWAY_PEERS_PORT}", f"127.0.0.1:{free_port()}")
-    (tmp_path / "haproxy.cfg").write_text(config)
-    running = _Haproxy(tmp_path / "haproxy.cfg", door, ssl.create_default_context(cafile=g.ca_file))
+    # a free port can be taken by a test beside this one before HAProxy binds it: then again,
+    # on other ports (HAProxy says so and exits; nothing else is retried)
+    for attempt in range(3):
+        door = free_port("::1")
+        inv = inventory(tmp_path, thor_hosts=[(f"thor-{n + 1}", {
+            "ssh_hostname": "::1", "service_port": servers[2 * n].server_address[1],
+            "watchdog_port": servers[2 * n + 1].server_address[1],
+            # more than one box at ::1: none can fetch from another
+            **({"weights_source": "hub", "image_source": "build"} if thors > 1 else {}),
+            **(thor_data[n] if n < len(thor_data) else {})})
+            for n in range(thors)],
+            gateway_hosts=[("gw-1", {"ssh_hostname": "::1"})],
+            gateway_data={"gateway_port": door, **(gateway_data or {})})
+        g = planned(inv)["gw-1"]
+        config = local_config(tmp_path, g)
+        config = config.replace(layout.GATEWAY_ADMIN_SOCKET, str(tmp_path / "admin.sock"))
+        config = config.replace(layout.GATEWAY_SERVER_STATE, str(tmp_path / "server-state"))
+        config = config.replace("    log /dev/log local0\n", "").replace(
+            "    chroot /var/lib/haproxy\n", "")
+        # the clients table's local peer on a port of this test's own (tests run side by side)
+        config = config.replace(f"127.0.0.1:{layout.GATEWAY_PEERS_PORT}",
+                                f"127.0.0.1:{free_port()}")
+        (tmp_path / "haproxy.cfg").write_text(config)
+        running = _Haproxy(tmp_path / "haproxy.cfg", door,
+                           ssl.create_default_context(cafile=g.ca_file))
+        try:
+            running.start()
+            break
+        except AssertionError as error:
+            if "Address already in use" not in str(error) or attempt == 2:
+                for server in servers:
+                    server.shutdown()
+                raise
     try:
-        running.start()
         yield door, g, running
     finally:
         running.stop()
         for server in servers:
             server.shutdown()
+
+
+def test_a_door_port_taken_before_haproxy_binds_it_is_tried_again_on_another(tmp_path,
+                                                                              monkeypatch):
+    """The harness's own race (tests run side by side): the port free_port gave is listened on
+    by someone else when HAProxy binds; the door comes up on another, and answers."""
+    taken = socket.socket(socket.AF_INET6)
+    taken.bind(("::1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    given = iter([port])
+    real = free_port
+    monkeypatch.setattr(sys.modules[__name__], "free_port",
+                        lambda host="127.0.0.1": next(given, None) or real(host))
+    try:
+        with running_door(tmp_path) as (door, g, _):
+            assert door != port
+            status, _ = ask(door, g, "/v1/models", BOX_KEY)
+            assert status == 200
+    finally:
+        taken.close()
 
 
 class _Haproxy:
@@ -522,6 +556,8 @@ class _Haproxy:
 
     def _answering(self):
         for _ in range(50):
+            if self.process.poll() is not None:
+                break  # HAProxy exited: it says why
             try:
                 urllib.request.urlopen(f"https://[::1]:{self.door}/health", timeout=5,
                                        context=self.context)
